@@ -1,0 +1,32 @@
+# Two commands matter: `make run` and `make test`. Both create .venv on demand.
+PY      ?= python3.11
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+
+.PHONY: run test lint venv clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -c "from node.store.codec import CRC_USES_C_EXTENSION as c; assert c, 'crcmod C extension missing'"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: the main job (see README)
+run: $(STAMP)
+	$(VPY) -m tools.demo
+
+## test: lint, then the whole suite; pytest exit 5 (no tests ran) is a failure
+test: $(STAMP)
+	$(VENV)/bin/ruff check node ipc tools tests
+	$(VPY) -m pytest -q tests; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "no tests ran" >&2; exit 1; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check node ipc tools tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,114 @@
+"""What every log store offers (the segment store and the memory store), and how it fails.
+
+Kept apart from both implementations so the handler, the tests and embedding code program
+against one interface (hashicorp/raft's LogStore idea) and can swap the memory store in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from node.store.codec import BLANK_SIZE, HEADER_SIZE, Entry
+
+DEFAULT_DATA_FILE_SIZE = 1 << 30  # DLedger: 1 GiB
+DEFAULT_INDEX_FILE_SIZE = 5_242_880 * 32  # DLedger: 160 MiB = 5,242,880 index records
+FLUSH_MODES = ("async", "sync")
+
+
+class StoreError(Exception):
+    """A request the store refuses. `code_name` is the DLedgerResponseCode name to answer with."""
+
+    code_name = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, code_name: str | None = None) -> None:
+        super().__init__(message)
+        if code_name:
+            self.code_name = code_name
+
+
+class IndexOutOfRange(StoreError):
+    code_name = "INDEX_OUT_OF_RANGE"
+
+
+class InconsistentAppend(StoreError):
+    """A follower append that is not exactly ledgerEnd + 1, or whose term goes backwards."""
+
+    code_name = "INCONSISTENT_INDEX"
+
+
+class CorruptEntry(StoreError):
+    """A stored entry failed its checks on read (magic, index, CRC)."""
+
+    code_name = "DISK_ERROR"
+
+
+class StoreCorruptError(StoreError):
+    """Recovery found a *committed* entry damaged or missing: refuse to start, loudly.
+
+    Serving it or silently cutting it would break the promise that committed entries are
+    forever; an operator must decide (restore the replica from a healthy peer).
+    """
+
+    code_name = "DISK_ERROR"
+
+
+class AppendResult(NamedTuple):
+    index: int
+    term: int
+    pos: int
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    store_dir: str
+    data_file_size: int = DEFAULT_DATA_FILE_SIZE
+    index_file_size: int = DEFAULT_INDEX_FILE_SIZE
+    flush_mode: str = "async"  # "async": flushed by a background service; "sync": per append
+    flush_interval_ms: int = 100
+    checkpoint_interval_ms: int = 1000
+    recover_verify_files: int = 3  # data files at the tail whose entries get CRC-checked at open
+    verify_push_crc: bool = True  # a follower checks the body CRC of entries it receives
+
+    def validate(self) -> list[str]:
+        """One message per bad field, so the launcher can report them all at once."""
+        errs = []
+        if self.data_file_size < 4096:
+            errs.append(f"data_file_size must be >= 4096 (got {self.data_file_size})")
+        if self.index_file_size < 32 or self.index_file_size % 32:
+            errs.append(f"index_file_size must be a positive multiple of 32 (got {self.index_file_size})")
+        if self.flush_mode not in FLUSH_MODES:
+            errs.append(f"flush_mode must be one of {FLUSH_MODES} (got {self.flush_mode!r})")
+        if self.flush_interval_ms < 1:
+            errs.append("flush_interval_ms must be >= 1")
+        if self.checkpoint_interval_ms < 1:
+            errs.append("checkpoint_interval_ms must be >= 1")
+        return errs
+
+    @property
+    def max_body_size(self) -> int:
+        """The largest body that fits in one data file with its header and a BLANK marker."""
+        return self.data_file_size - HEADER_SIZE - BLANK_SIZE
+
+
+class LogStore(Protocol):
+    """The store interface the handler and dispatchers use."""
+
+    ledger_begin_index: int
+    ledger_end_index: int
+    ledger_end_term: int
+    committed_index: int
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def append_leader(self, body: bytes, term: int, magic: int = ...) -> AppendResult: ...
+    def append_leader_batch(self, bodies: list[bytes], term: int) -> list[AppendResult]: ...
+    def append_follower(self, blob: bytes | memoryview) -> int: ...
+    def get(self, index: int) -> Entry: ...
+    def get_range(self, index: int, count: int) -> list[Entry]: ...
+    def get_raw(self, index: int, max_count: int, max_bytes: int) -> tuple[memoryview | bytes, int]: ...
+    def term_at(self, index: int) -> int: ...
+    def first_index_of_term(self, term: int, from_index: int) -> int: ...
+    def truncate(self, index: int) -> None: ...
+    def set_committed_index(self, index: int) -> None: ...
+    def flush(self) -> None: ...

@@ -1,0 +1,149 @@
+"""The on-disk layout of one node's store directory, readable without opening the store.
+
+    DIR/data/00000000000000000000     data segment files, named by their first byte's global
+    DIR/data/00000000001073741824     offset (20 digits); all the same size, preallocated
+    DIR/index/00000000000000000000    index segment files, 32-byte records, entry i at i*32
+    DIR/checkpoint                    committedIndex / endIndex (Java-properties text)
+    DIR/currterm                      currTerm / voteLeader (see node.store.term_vote)
+
+Pure file-system reading (no mmap writes, no locks): `dledger dump`, the Spark decoder and the
+dispatchers' read-only readers all start here, so there is one definition of "the layout".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_DIR = "data"
+INDEX_DIR = "index"
+CHECKPOINT_FILE = "checkpoint"
+TERM_FILE = "currterm"
+LOCK_FILE = "member.lock"
+_SEGMENT_NAME = re.compile(r"^\d{20}$")
+
+
+class LayoutError(ValueError):
+    """The directory is not a store this version can read (foreign files, holes, bad sizes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    start: int  # global offset of the file's first byte
+    path: Path
+    size: int  # file length on disk
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+def segment_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+def list_segments(directory: str | os.PathLike[str]) -> list[Segment]:
+    """The segment files of one list, in order. Temp files (`.tmp`) and others are ignored.
+
+    Raises LayoutError when files overlap, leave a hole, or differ in size — a store we wrote
+    never looks like that, so guessing would risk serving the wrong bytes.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    segs = sorted(
+        (Segment(int(p.name), p, p.stat().st_size) for p in d.iterdir() if _SEGMENT_NAME.match(p.name)),
+        key=lambda s: s.start,
+    )
+    for prev, cur in zip(segs, segs[1:], strict=False):
+        if prev.size != cur.size:
+            raise LayoutError(f"{cur.path}: size {cur.size} differs from {prev.path.name} ({prev.size})")
+        if prev.end != cur.start:
+            raise LayoutError(f"{cur.path}: expected start offset {prev.end}, found {cur.start}")
+    return segs
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    committed_index: int = -1
+    end_index: int = -1
+
+
+def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a tiny `key=value` file (DLedger writes Java properties). Missing file → {}."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#!" or "=" not in line:
+            continue
+        k, v = line.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def write_properties_atomically(path: str | os.PathLike[str], values: dict[str, object]) -> None:
+    """Write `key=value` lines durably: temp file, fsync, rename, fsync the directory.
+
+    A crash leaves either the old file or the new one, never a half-written one.
+    """
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    data = "".join(f"{k}={v}\n" for k, v in values.items()).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, p)
+    dfd = os.open(p.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_checkpoint(store_dir: str | os.PathLike[str]) -> Checkpoint:
+    props = read_properties(Path(store_dir) / CHECKPOINT_FILE)
+    try:
+        return Checkpoint(int(props.get("committedIndex", -1)), int(props.get("endIndex", -1)))
+    except ValueError as e:
+        raise LayoutError(f"{Path(store_dir) / CHECKPOINT_FILE}: {e}") from e
+
+
+def write_checkpoint(store_dir: str | os.PathLike[str], cp: Checkpoint) -> None:
+    write_properties_atomically(
+        Path(store_dir) / CHECKPOINT_FILE,
+        {"committedIndex": cp.committed_index, "endIndex": cp.end_index},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLayout:
+    """What a reader needs to locate any entry: both segment lists and the checkpoint."""
+
+    store_dir: Path
+    data: list[Segment]
+    index: list[Segment]
+    checkpoint: Checkpoint
+
+    @property
+    def data_file_size(self) -> int | None:
+        return self.data[0].size if self.data else None
+
+    @property
+    def index_file_size(self) -> int | None:
+        return self.index[0].size if self.index else None
+
+
+def read_layout(store_dir: str | os.PathLike[str]) -> StoreLayout:
+    d = Path(store_dir)
+    if not d.is_dir():
+        raise LayoutError(f"{d}: not a directory")
+    return StoreLayout(d, list_segments(d / DATA_DIR), list_segments(d / INDEX_DIR), read_checkpoint(d))

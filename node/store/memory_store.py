@@ -1,0 +1,140 @@
+"""A store with the segment store's interface and no files (DLedgerMemoryStore's role):
+for unit tests of the handler logic, scenario tests, and embedding that needs no durability.
+Entries are kept encoded exactly as on disk, so raw reads and follower appends behave alike.
+"""
+
+from __future__ import annotations
+
+from node.store import codec
+from node.store.base import (
+    AppendResult,
+    CorruptEntry,
+    InconsistentAppend,
+    IndexOutOfRange,
+    StoreError,
+)
+from node.store.codec import MAGIC_NORMAL, Entry
+
+
+class MemoryStore:
+    def __init__(self, max_body_size: int = 4 << 20) -> None:
+        self.max_body_size = max_body_size
+        self._entries: list[bytes] = []  # encoded, index = begin + position
+        self._pos = 0
+        self.ledger_begin_index = -1
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.committed_index = -1
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def _push(self, encoded: bytes, index: int, term: int) -> None:
+        if self.ledger_begin_index < 0:
+            self.ledger_begin_index = index
+        self._entries.append(encoded)
+        self._pos += len(encoded)
+        self.ledger_end_index, self.ledger_end_term = index, term
+
+    def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
+        if term < self.ledger_end_term:
+            raise InconsistentAppend(f"term {term} below ledger end term {self.ledger_end_term}")
+        if len(body) > self.max_body_size:
+            raise StoreError(f"body of {len(body)} bytes too large", "UNEXPECTED_ARGUMENT")
+        idx, pos = self.ledger_end_index + 1, self._pos
+        self._push(codec.encode_entry(idx, term, pos, bytes(body), magic), idx, term)
+        return AppendResult(idx, term, pos)
+
+    def append_leader_batch(self, bodies: list[bytes], term: int) -> list[AppendResult]:
+        if not bodies:
+            raise StoreError("empty batch", "REQUEST_WITH_EMPTY_BODYS")
+        if any(len(b) > self.max_body_size for b in bodies):
+            raise StoreError("body too large", "UNEXPECTED_ARGUMENT")
+        return [self.append_leader(b, term) for b in bodies]
+
+    def append_follower(self, blob: bytes | memoryview) -> int:
+        expected, prev = self.ledger_end_index + 1, self.ledger_end_term
+        staged = []
+        try:
+            for _off, e in codec.iter_entries(blob):
+                if e.index != expected or e.term < prev:
+                    raise InconsistentAppend(f"push entry {e.index}/{e.term}, expected index {expected}")
+                staged.append(e)
+                expected, prev = e.index + 1, e.term
+        except codec.CodecError as ex:
+            raise StoreError(str(ex), "UNEXPECTED_ARGUMENT") from ex
+        for e in staged:
+            pos = self._pos
+            self._push(codec.encode_entry(e.index, e.term, pos, bytes(e.body), e.magic), e.index, e.term)
+        return self.ledger_end_index
+
+    def _check_range(self, index: int) -> None:
+        if self.ledger_begin_index < 0 or not self.ledger_begin_index <= index <= self.ledger_end_index:
+            raise IndexOutOfRange(f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]")
+
+    def get(self, index: int, verify_crc: bool = True) -> Entry:
+        self._check_range(index)
+        try:
+            return codec.decode_entry(self._entries[index - self.ledger_begin_index], 0, verify_crc)
+        except codec.CodecError as e:
+            raise CorruptEntry(str(e)) from e
+
+    def get_range(self, index: int, count: int) -> list[Entry]:
+        self._check_range(index)
+        last = min(self.ledger_end_index, index + max(count, 0) - 1)
+        return [self.get(i) for i in range(index, last + 1)]
+
+    def get_raw(self, index: int, max_count: int, max_bytes: int) -> tuple[bytes, int]:
+        self._check_range(index)
+        out, size = [], 0
+        for i in range(index, min(self.ledger_end_index, index + max(max_count, 1) - 1) + 1):
+            b = self._entries[i - self.ledger_begin_index]
+            if out and size + len(b) > max_bytes:
+                break
+            out.append(b)
+            size += len(b)
+        return b"".join(out), len(out)
+
+    def term_at(self, index: int) -> int:
+        self._check_range(index)
+        return codec.HEADER.unpack_from(self._entries[index - self.ledger_begin_index])[3]
+
+    def first_index_of_term(self, term: int, from_index: int) -> int:
+        if self.term_at(from_index) != term:
+            raise StoreError(f"entry {from_index} is not of term {term}", "UNEXPECTED_ARGUMENT")
+        i = from_index
+        while i > self.ledger_begin_index and self.term_at(i - 1) == term:
+            i -= 1
+        return i
+
+    def truncate(self, index: int) -> None:
+        if index <= self.committed_index:
+            raise StoreError(f"truncate({index}) would drop committed entries", "UNEXPECTED_ARGUMENT")
+        if index > self.ledger_end_index:
+            return
+        if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0):
+            raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
+        keep = index - self.ledger_begin_index
+        dropped = self._entries[keep:]
+        del self._entries[keep:]
+        self._pos -= sum(map(len, dropped))
+        if not self._entries:
+            self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+        else:
+            self.ledger_end_index = index - 1
+            self.ledger_end_term = self.term_at(index - 1)
+
+    def set_committed_index(self, index: int) -> None:
+        index = min(index, self.ledger_end_index)
+        if index > self.committed_index:
+            self.committed_index = index
+
+    @property
+    def size_bytes(self) -> int:
+        return self._pos

@@ -1,0 +1,113 @@
+"""Read-only access to a live store from another process (dispatchers, GET helpers).
+
+The handler is the only writer. A reader maps the same files read-only and reads entries only
+up to an end the writer has *published* (the ledger end in the shared block): the writer puts
+data, then the index record, then publishes, so everything at or below a published end is
+complete. Files the writer created or deleted since the last look are picked up by `refresh`.
+A reader never trusts bytes blindly: every record is checked against the index it was asked
+for, and a mismatch (a truncation racing the read) is reported as `StaleRead`, never served.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from node.store import codec
+from node.store.codec import INDEX, INDEX_SIZE
+from node.store.layout import DATA_DIR, INDEX_DIR, list_segments
+from node.store.mmap_file import MappedFileList
+
+
+class StaleRead(Exception):
+    """What the reader found does not match what it was asked for; refresh and retry, or
+    give up until the writer publishes a consistent end."""
+
+
+class StoreReader:
+    def __init__(self, store_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(store_dir)
+        self._data: MappedFileList | None = None
+        self._index: MappedFileList | None = None
+        self.refresh()
+
+    def _lists(self) -> tuple[MappedFileList, MappedFileList]:
+        if self._data is None or self._index is None:
+            raise StaleRead(f"{self.dir}: store has no files yet")
+        return self._data, self._index
+
+    def refresh(self) -> None:
+        for name, attr in ((DATA_DIR, "_data"), (INDEX_DIR, "_index")):
+            lst = getattr(self, attr)
+            if lst is None:
+                segs = list_segments(self.dir / name)
+                if not segs:
+                    continue
+                lst = MappedFileList(self.dir / name, segs[0].size, readonly=True)
+                setattr(self, attr, lst)
+            lst.refresh()
+
+    def _record(self, index: int) -> tuple[int, int, int, int, int]:
+        _data, idx = self._lists()
+        f = idx.find(index * INDEX_SIZE)
+        if f is None:
+            raise StaleRead(f"index record {index} not mapped")
+        rel = index * INDEX_SIZE - f.start
+        rec = INDEX.unpack_from(f.mm, rel)
+        if rec[0] not in codec.ENTRY_MAGICS or rec[3] != index:
+            raise StaleRead(f"index record {index} not (yet) valid: {rec}")
+        return rec
+
+    def term_at(self, index: int) -> int:
+        return self._with_refresh(lambda: self._record(index)[4])
+
+    def get_raw(self, index: int, end_index: int, max_count: int, max_bytes: int) -> tuple[memoryview, int]:
+        """Consecutive encoded entries [index, ...] as one zero-copy slice of a data file, at most
+        `max_count` entries / `max_bytes` bytes (at least one entry), never past `end_index`
+        (the published ledger end) nor across a data file end."""
+        if index > end_index:
+            raise StaleRead(f"index {index} beyond published end {end_index}")
+        return self._with_refresh(lambda: self._get_raw(index, end_index, max_count, max_bytes))
+
+    def _get_raw(self, index: int, end_index: int, max_count: int, max_bytes: int) -> tuple[memoryview, int]:
+        data, _idx = self._lists()
+        _m, pos, size, _i, term = self._record(index)
+        f = data.find(pos)
+        if f is None:
+            raise StaleRead(f"data for entry {index} (pos {pos}) not mapped")
+        rel = pos - f.start
+        h = codec.HEADER.unpack_from(f.mm, rel)
+        if h[2] != index or h[3] != term or h[1] != size:
+            raise StaleRead(f"entry at pos {pos} is index {h[2]}/term {h[3]}, expected {index}/{term}")
+        end_pos, count = pos + size, 1
+        last = min(end_index, index + max(max_count, 1) - 1)
+        while index + count <= last:
+            try:
+                _m, p, s, _i, _t = self._record(index + count)
+            except StaleRead:
+                break
+            if p != end_pos or p + s > f.end or end_pos + s - pos > max_bytes:
+                break
+            end_pos += s
+            count += 1
+        return f.view[rel: rel + (end_pos - pos)], count
+
+    def get(self, index: int, end_index: int) -> codec.Entry:
+        blob, _n = self.get_raw(index, end_index, 1, 1)
+        try:
+            return codec.decode_entry(blob)
+        except codec.CodecError as e:
+            raise StaleRead(str(e)) from e
+
+    def _with_refresh(self, fn):  # noqa: ANN001, ANN202 - tiny retry helper
+        try:
+            return fn()
+        except StaleRead:
+            self.refresh()
+            return fn()
+
+    def close(self) -> None:
+        for lst in (self._data, self._index):
+            if lst is not None:
+                lst.close()
+        self._data = self._index = None

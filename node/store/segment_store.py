@@ -1,0 +1,591 @@
+"""The segment store: DLedger's DLedgerMmapFileStore — a data list and an index list of
+memory-mapped files, a checkpoint, and recovery.
+
+Single writer: only the handler process opens a `SegmentStore`; other processes read the same
+files through `node.store.reader.StoreReader`. Write order on every append is data, then index,
+then the in-memory ledger end (which the handler publishes to the shared block afterwards), so
+anything a reader can see published is already in the files.
+
+Recovery (`open`) trusts the data list and nothing else: it walks entries from the first data
+file, checking magic, size, index continuity, term monotonicity, pos, and — in the last
+`recover_verify_files` files — the body CRC. The first entry that fails ends the log: the torn
+tail is zeroed and later files deleted, and the index list is rewritten wherever it disagrees.
+If that cut would remove an entry at or below the checkpoint's committed index the store refuses
+to open (StoreCorruptError) instead of losing a committed entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from node.store import codec
+from node.store.base import (
+    AppendResult,
+    CorruptEntry,
+    InconsistentAppend,
+    IndexOutOfRange,
+    StoreConfig,
+    StoreCorruptError,
+    StoreError,
+)
+from node.store.codec import (
+    BLANK_SIZE,
+    ENTRY_MAGICS,
+    HEADER,
+    HEADER_SIZE,
+    INDEX,
+    INDEX_SIZE,
+    MAGIC_BLANK,
+    MAGIC_NORMAL,
+    Entry,
+)
+from node.store.layout import (
+    DATA_DIR,
+    INDEX_DIR,
+    Checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
+from node.store.mmap_file import MappedFileList
+
+log = logging.getLogger("dledger.store")
+
+_BLANK = codec.BLANK
+_POS_FIELD = codec._POS
+_crc32 = codec.crc32
+
+
+class SegmentStore:
+    """A node's log on disk. Not thread-safe for writers: the handler is the one writer;
+    the flush service thread only syncs and checkpoints (under `_lock`)."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        errs = config.validate()
+        if errs:
+            raise ValueError("; ".join(errs))
+        self.config = config
+        self.dir = Path(config.store_dir)
+        self.data = MappedFileList(self.dir / DATA_DIR, config.data_file_size)
+        self.index = MappedFileList(self.dir / INDEX_DIR, config.index_file_size)
+        self.ledger_begin_index = -1
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.committed_index = -1
+        self._checkpointed = Checkpoint()
+        self._lock = threading.Lock()  # file-list changes vs. the flush service
+        self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._opened = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data.load()
+        self.index.load()
+        self._recover()
+        self._opened = True
+        if self.config.flush_mode == "async":
+            self._flusher = threading.Thread(target=self._flush_service, name="dledger-flush", daemon=True)
+            self._flusher.start()
+
+    def close(self) -> None:
+        if not self._opened:
+            return
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=5)
+            self._flusher = None
+        self.flush()
+        self.checkpoint()
+        self.data.close()
+        self.index.close()
+        self._opened = False
+
+    def __enter__(self) -> SegmentStore:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        cp = read_checkpoint(self.dir)
+        files = self.data.files
+        verify_from = max(0, len(files) - self.config.recover_verify_files)
+        expected_index: int | None = None
+        prev_term = -1
+        begin = -1
+        end_pos = files[0].start if files else 0
+        problem: str | None = None
+        records: list[tuple[int, int, int, int, int]] = []  # (magic, pos, size, index, term)
+
+        for fi, f in enumerate(files):
+            off, verify = 0, fi >= verify_from
+            mm = f.mm
+            while True:
+                if f.size - off < BLANK_SIZE:
+                    problem = f"{f.path.name}: {f.size - off} trailing bytes without a BLANK marker"
+                    break
+                magic, size = _BLANK.unpack_from(mm, off)
+                if magic == 0 and size == 0:
+                    break  # the zeroed space after the last entry: end of the log
+                if magic == MAGIC_BLANK:
+                    if size != f.size - off:
+                        problem = f"{f.path.name}@{off}: BLANK of {size} bytes, file has {f.size - off} left"
+                    break
+                if magic not in ENTRY_MAGICS:
+                    problem = f"{f.path.name}@{off}: bad magic {magic}"
+                    break
+                if f.size - off < HEADER_SIZE or not HEADER_SIZE <= size <= f.size - off:
+                    problem = f"{f.path.name}@{off}: entry size {size} does not fit"
+                    break
+                _m, _s, idx, term, pos, _c, _cc, body_crc, body_size = HEADER.unpack_from(mm, off)
+                if body_size != size - HEADER_SIZE:
+                    problem = f"{f.path.name}@{off}: body size {body_size} disagrees with size {size}"
+                elif expected_index is not None and idx != expected_index:
+                    problem = f"{f.path.name}@{off}: index {idx}, expected {expected_index}"
+                elif term < prev_term:
+                    problem = f"{f.path.name}@{off}: term {term} after term {prev_term}"
+                elif pos != f.start + off:
+                    problem = f"{f.path.name}@{off}: pos field {pos}, entry is at {f.start + off}"
+                elif verify and _crc32(f.view[off + HEADER_SIZE: off + size]) != body_crc:
+                    problem = f"{f.path.name}@{off}: body CRC mismatch for index {idx}"
+                if problem:
+                    break
+                if begin < 0:
+                    begin = idx
+                records.append((magic, pos, size, idx, term))
+                expected_index, prev_term = idx + 1, term
+                off += size
+                end_pos = f.start + off
+            if problem or (magic == 0 and size == 0):
+                break  # later files hold nothing of the log (an empty roll, or a torn tail)
+            end_pos = f.end  # the file ended in a BLANK: the log continues in the next one
+
+        end = (expected_index - 1) if expected_index is not None else -1
+        if problem is not None:
+            first_lost = end + 1
+            if cp.committed_index >= first_lost:
+                raise StoreCorruptError(
+                    f"{self.dir}: committed entry {first_lost} (committed index {cp.committed_index}) "
+                    f"is damaged: {problem}. Refusing to start; restore this replica from a healthy peer.")
+            log.warning("%s: cutting the log after index %d: %s", self.dir, end, problem)
+        if cp.committed_index > end:
+            raise StoreCorruptError(
+                f"{self.dir}: checkpoint says entries up to {cp.committed_index} are committed but the "
+                f"log ends at {end}. Refusing to start; restore this replica from a healthy peer.")
+        if cp.end_index > end and problem is None:
+            log.warning("%s: checkpoint recorded ledger end %d, recovered end is %d", self.dir, cp.end_index, end)
+
+        self.data.set_wrote_position(end_pos)
+        self._rebuild_index(records, begin, end)
+        self.ledger_begin_index = begin
+        self.ledger_end_index = end
+        self.ledger_end_term = records[-1][4] if records else -1
+        self.committed_index = cp.committed_index
+        self._checkpointed = cp
+        log.info("%s: recovered begin=%d end=%d term=%d committed=%d", self.dir, begin, end,
+                 self.ledger_end_term, self.committed_index)
+
+    def _rebuild_index(self, records: list[tuple[int, int, int, int, int]], begin: int, end: int) -> None:
+        """Make the index list agree with the data list, record by record."""
+        start_off = max(begin, 0) * INDEX_SIZE
+        if begin < 0 or (self.index.files and self.index.files[0].start > start_off):
+            # An empty log needs no index; one starting before the first index file is
+            # rebuilt from scratch.
+            self.index.delete_all()
+        # Index files that end before the first entry's record are leftovers of retention.
+        self.index.delete_files_before(start_off)
+        if begin < 0:
+            return
+        fixed = 0
+        for magic, pos, size, idx, term in records:
+            off = idx * INDEX_SIZE
+            f = self.index.find(off)
+            if f is None:
+                f = self.index.last_file_for_append(off)
+            rel = off - f.start
+            want = INDEX.pack(magic, pos, size, idx, term)
+            if f.mm[rel:rel + INDEX_SIZE] != want:
+                f.mm[rel:rel + INDEX_SIZE] = want
+                fixed += 1
+            f.wrote = rel + INDEX_SIZE
+        self.index.set_wrote_position((end + 1) * INDEX_SIZE)
+        if fixed:
+            log.warning("%s: rewrote %d index records from the data list", self.dir, fixed)
+
+    # ------------------------------------------------------------------ appends
+    def _room_for(self, size: int):
+        """DLedger's preAppend: the file the next `size` bytes go to, padding the current one
+        with a BLANK record when the entry plus a future BLANK marker do not fit."""
+        f = self.data.files[-1] if self.data.files else None
+        if f is None or f.wrote >= f.size:
+            with self._lock:
+                return self.data.last_file_for_append(self.data.wrote_position)
+        if size + BLANK_SIZE > f.size - f.wrote:
+            remaining = f.size - f.wrote
+            _BLANK.pack_into(f.mm, f.wrote, MAGIC_BLANK, remaining)
+            f.wrote = f.size
+            with self._lock:
+                return self.data.last_file_for_append()
+        return f
+
+    def _index_file(self, idx: int):
+        off = idx * INDEX_SIZE
+        f = self.index.files[-1] if self.index.files else None
+        if f is None or f.wrote >= f.size:
+            with self._lock:
+                f = self.index.last_file_for_append(off)
+        return f
+
+    def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
+        """Append one entry with index = ledgerEnd + 1 in `term` (the caller checked leadership)."""
+        if term < self.ledger_end_term:
+            raise InconsistentAppend(f"term {term} below ledger end term {self.ledger_end_term}")
+        n = len(body)
+        size = HEADER_SIZE + n
+        self._check_size(size)
+        f = self._room_for(size)
+        idx = self.ledger_end_index + 1
+        off = f.wrote
+        pos = f.start + off
+        mm = f.mm
+        HEADER.pack_into(mm, off, magic, size, idx, term, pos, 0, 0, _crc32(body), n)
+        mm[off + HEADER_SIZE: off + size] = body
+        f.wrote = off + size
+        try:
+            xf = self._index_file(idx)
+        except BaseException:
+            self._rollback(pos, idx)
+            raise
+        INDEX.pack_into(xf.mm, xf.wrote, magic, pos, size, idx, term)
+        xf.wrote += INDEX_SIZE
+        self._advance(idx, idx, term)
+        if self.config.flush_mode == "sync":
+            self.flush()
+        return AppendResult(idx, term, pos)
+
+    def _check_size(self, size: int) -> None:
+        if size + BLANK_SIZE > self.config.data_file_size:
+            raise StoreError(f"entry of {size} bytes does not fit in a data file of "
+                             f"{self.config.data_file_size} bytes", "UNEXPECTED_ARGUMENT")
+
+    def _rollback(self, data_pos: int, first_index: int) -> None:
+        """Undo a half-done append (e.g. ENOSPC creating a file) so the files never hold
+        entries beyond the ledger end that recovery would later resurrect."""
+        with self._lock:
+            self.data.set_wrote_position(data_pos, dirty_end=self.data.wrote_position)
+            self.index.set_wrote_position(first_index * INDEX_SIZE, dirty_end=self.index.wrote_position)
+
+    def append_batch_raw(self, bodies: list[bytes], term: int) -> tuple[int, list[int]]:
+        """Append many bodies as consecutive entries; returns (first index, positions).
+
+        The hot path for BATCH_APPEND: no per-entry object beyond the position int, and a
+        `sync` store flushes once for the whole batch.
+        """
+        if not bodies:
+            raise StoreError("empty batch", "REQUEST_WITH_EMPTY_BODYS")
+        if term < self.ledger_end_term:
+            raise InconsistentAppend(f"term {term} below ledger end term {self.ledger_end_term}")
+        self._check_size(HEADER_SIZE + max(map(len, bodies)))
+        first = idx = self.ledger_end_index + 1
+        positions: list[int] = []
+        start_pos = self.data.wrote_position
+        try:
+            self._write_batch(bodies, term, idx, positions)
+        except BaseException:
+            self._rollback(positions[0] if positions else start_pos, first)
+            raise
+        self._advance(first, first + len(bodies) - 1, term)
+        if self.config.flush_mode == "sync":
+            self.flush()
+        return first, positions
+
+    def _write_batch(self, bodies: list[bytes], term: int, idx: int, positions: list[int]) -> None:
+        hpack, ipack, crc = HEADER.pack_into, INDEX.pack_into, _crc32  # locals: hot loop
+        f = self.data.files[-1] if self.data.files else None
+        xf = None
+        for body in bodies:
+            n = len(body)
+            size = HEADER_SIZE + n
+            if f is None or size + BLANK_SIZE > f.size - f.wrote:
+                f = self._room_for(size)
+            off = f.wrote
+            pos = f.start + off
+            mm = f.mm
+            hpack(mm, off, MAGIC_NORMAL, size, idx, term, pos, 0, 0, crc(body), n)
+            mm[off + HEADER_SIZE: off + size] = body
+            f.wrote = off + size
+            if xf is None or xf.wrote >= xf.size:
+                xf = self._index_file(idx)
+            ipack(xf.mm, xf.wrote, MAGIC_NORMAL, pos, size, idx, term)
+            xf.wrote += INDEX_SIZE
+            positions.append(pos)
+            idx += 1
+
+    def append_leader_batch(self, bodies: list[bytes], term: int) -> list[AppendResult]:
+        first, positions = self.append_batch_raw(bodies, term)
+        return [AppendResult(first + i, term, p) for i, p in enumerate(positions)]
+
+    def append_follower(self, blob: bytes | memoryview) -> int:
+        """Store entries pushed by the leader, as received: `blob` is consecutive encoded entries
+        starting at exactly ledgerEnd + 1. Only the pos field is re-stamped to the local position
+        (no re-encoding). Validates everything before writing anything. Returns the new end."""
+        mv = memoryview(blob)
+        n = len(mv)
+        spans: list[tuple[int, int, int, int, int]] = []  # (offset in blob, size, index, term, magic)
+        off, expected, prev_term = 0, self.ledger_end_index + 1, self.ledger_end_term
+        verify = self.config.verify_push_crc
+        try:
+            while off < n:
+                h = codec.decode_header(mv, off)
+                if off + h.size > n:
+                    raise codec.CodecError(f"entry {h.index} truncated in push")
+                if h.index != expected:
+                    raise InconsistentAppend(f"push entry index {h.index}, expected {expected}")
+                if h.term < prev_term:
+                    raise InconsistentAppend(f"push entry term {h.term} after {prev_term}")
+                if verify and _crc32(mv[off + HEADER_SIZE: off + h.size]) != h.body_crc:
+                    raise codec.CodecError(f"push entry {h.index}: body CRC mismatch")
+                if h.size + BLANK_SIZE > self.config.data_file_size:
+                    raise codec.CodecError(f"push entry {h.index} larger than a data file")
+                spans.append((off, h.size, h.index, h.term, h.magic))
+                off += h.size
+                expected += 1
+                prev_term = h.term
+        except codec.CodecError as e:
+            raise StoreError(str(e), "UNEXPECTED_ARGUMENT") from e
+        if not spans:
+            return self.ledger_end_index
+        ipack = INDEX.pack_into
+        start_pos, first = self.data.wrote_position, spans[0][2]
+        try:
+            self._write_spans(mv, spans, ipack)
+        except BaseException:
+            self._rollback(start_pos, first)
+            raise
+        last = spans[-1]
+        self._advance(first, last[2], last[3])
+        if self.config.flush_mode == "sync":
+            self.flush()
+        return self.ledger_end_index
+
+    def _write_spans(self, mv: memoryview, spans: list[tuple[int, int, int, int, int]], ipack) -> None:  # noqa: ANN001
+        i = 0
+        while i < len(spans):
+            f = self._room_for(spans[i][1])
+            # Copy the longest run of entries that fits in this file with one memcpy.
+            j, room, run = i, f.size - f.wrote, 0
+            while j < len(spans) and run + spans[j][1] + BLANK_SIZE <= room:
+                run += spans[j][1]
+                j += 1
+            base = f.wrote
+            src = spans[i][0]
+            f.mm[base: base + run] = mv[src: src + run]
+            for boff, size, idx, term, magic in spans[i:j]:
+                rel = base + (boff - src)
+                pos = f.start + rel
+                _POS_FIELD.pack_into(f.mm, rel + codec.POS_OFFSET, pos)
+                xf = self._index_file(idx)
+                ipack(xf.mm, xf.wrote, magic, pos, size, idx, term)
+                xf.wrote += INDEX_SIZE
+            f.wrote = base + run
+            i = j
+
+    def _advance(self, first_index: int, end_index: int, end_term: int) -> None:
+        if self.ledger_begin_index < 0:
+            self.ledger_begin_index = first_index
+        self.ledger_end_index = end_index
+        self.ledger_end_term = end_term
+
+    # ------------------------------------------------------------------ reads
+    def _check_range(self, index: int) -> None:
+        if self.ledger_begin_index < 0 or not self.ledger_begin_index <= index <= self.ledger_end_index:
+            raise IndexOutOfRange(
+                f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]")
+
+    def index_record(self, index: int) -> codec.IndexRecord:
+        self._check_range(index)
+        try:
+            rec = codec.decode_index(self.index.read(index * INDEX_SIZE, INDEX_SIZE))
+        except (codec.CodecError, OSError) as e:
+            raise CorruptEntry(f"index record {index}: {e}") from e
+        if rec.index != index:
+            raise CorruptEntry(f"index record at {index} names index {rec.index}")
+        return rec
+
+    def get(self, index: int, verify_crc: bool = True) -> Entry:
+        """Entry `index`, verified (magic, index, pos, CRC). The body is a zero-copy view of the
+        mapped file: copy it if it must outlive a later truncate."""
+        rec = self.index_record(index)
+        try:
+            buf = self.data.read(rec.pos, rec.size)
+            e = codec.decode_entry(buf, 0, verify_crc)
+        except (codec.CodecError, OSError) as ex:
+            raise CorruptEntry(f"entry {index} at pos {rec.pos}: {ex}") from ex
+        if e.index != index or e.pos != rec.pos:
+            raise CorruptEntry(f"entry at pos {rec.pos} is index {e.index}/pos {e.pos}, expected {index}")
+        return e
+
+    def get_range(self, index: int, count: int) -> list[Entry]:
+        self._check_range(index)
+        last = min(self.ledger_end_index, index + max(count, 0) - 1)
+        return [self.get(i) for i in range(index, last + 1)]
+
+    def get_raw(self, index: int, max_count: int, max_bytes: int) -> tuple[memoryview, int]:
+        """Consecutive encoded entries from `index` as ONE zero-copy slice of a data file:
+        at least one entry, then as many as fit in `max_count`/`max_bytes` without crossing a
+        file end. How dispatchers and GET build frames without decoding entries."""
+        first = self.index_record(index)
+        last_idx = min(self.ledger_end_index, index + max(max_count, 1) - 1)
+        f = self.data.find(first.pos)
+        if f is None:
+            raise CorruptEntry(f"pos {first.pos} of entry {index} is not in any data file")
+        file_end = f.start + f.wrote
+        end_pos = first.pos + first.size
+        count = 1
+        # Extend by index records (O(1) each) until a bound is hit.
+        while index + count <= last_idx:
+            rec = codec.INDEX.unpack_from(self.index.read((index + count) * INDEX_SIZE, INDEX_SIZE))
+            _m, pos, size, _i, _t = rec
+            if pos != end_pos or pos + size > file_end or end_pos + size - first.pos > max_bytes:
+                break
+            end_pos += size
+            count += 1
+        rel = first.pos - f.start
+        return f.view[rel: rel + (end_pos - first.pos)], count
+
+    def term_at(self, index: int) -> int:
+        return self.index_record(index).term
+
+    def first_index_of_term(self, term: int, from_index: int) -> int:
+        """getFirstLogOfTargetTerm: walk back from `from_index` to the first entry of `term`."""
+        self._check_range(from_index)
+        i = from_index
+        if self.term_at(i) != term:
+            raise StoreError(f"entry {from_index} is not of term {term}", "UNEXPECTED_ARGUMENT")
+        while i > self.ledger_begin_index and self.term_at(i - 1) == term:
+            i -= 1
+        return i
+
+    # ------------------------------------------------------------------ truncation, commit
+    def truncate(self, index: int) -> None:
+        """Drop entries >= index. Never below the committed index (that would lose committed
+        data). Dropped bytes are zeroed so a crash can never bring them back."""
+        if index <= self.committed_index:
+            raise StoreError(f"truncate({index}) would drop committed entries (committed "
+                             f"{self.committed_index})", "UNEXPECTED_ARGUMENT")
+        if index > self.ledger_end_index:
+            return
+        if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0):
+            # Emptying a log whose begin is past 0 would need a snapshot to continue from.
+            raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
+        rec = self.index_record(index)
+        with self._lock:
+            data_end = self.data.wrote_position
+            idx_end = self.index.wrote_position
+            self.data.set_wrote_position(rec.pos, dirty_end=data_end)
+            self.index.set_wrote_position(index * INDEX_SIZE, dirty_end=idx_end)
+        if index == self.ledger_begin_index:
+            self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+        else:
+            self.ledger_end_index = index - 1
+            self.ledger_end_term = self.term_at(index - 1)
+        if self.config.flush_mode == "sync":
+            self.flush()
+
+    def set_committed_index(self, index: int) -> None:
+        """Advance the committed index (monotonic, never past the ledger end)."""
+        if index > self.ledger_end_index:
+            index = self.ledger_end_index
+        if index > self.committed_index:
+            self.committed_index = index
+
+    # ------------------------------------------------------------------ durability
+    def flush(self) -> None:
+        with self._lock:
+            self.data.sync()
+            self.index.sync()
+
+    def checkpoint(self) -> None:
+        """Persist committed index and ledger end — only as far as data is durable, so a
+        checkpoint never claims more than recovery can find (DLedger #285: never refuse a
+        store we wrote ourselves)."""
+        committed, end = self.committed_index, self.ledger_end_index
+        self.flush()  # data first, then a checkpoint that claims no more than that
+        self._write_checkpoint(committed, end)
+
+    def _write_checkpoint(self, committed: int, end: int) -> None:
+        cp = Checkpoint(min(committed, end), end)
+        if cp != self._checkpointed:
+            write_checkpoint(self.dir, cp)
+            self._checkpointed = cp
+
+    def _flush_service(self) -> None:
+        interval = self.config.flush_interval_ms / 1000
+        cp_every = self.config.checkpoint_interval_ms / 1000
+        next_cp = time.monotonic() + cp_every
+        while not self._stop.wait(interval):
+            try:
+                committed, end = self.committed_index, self.ledger_end_index
+                self.flush()
+                now = time.monotonic()
+                if now >= next_cp:
+                    self._write_checkpoint(committed, end)
+                    next_cp = now + cp_every
+            except Exception:  # noqa: BLE001 - keep flushing; the error is logged
+                log.exception("%s: flush service error", self.dir)
+
+    # ------------------------------------------------------------------ retention
+    def delete_before(self, index: int) -> int:
+        """Delete whole data files whose entries are all below `index` (never past the committed
+        index). Returns files deleted. The retention service and tests call it."""
+        index = min(index, self.committed_index + 1)
+        if index <= self.ledger_begin_index or self.ledger_begin_index < 0:
+            return 0
+        index = min(index, self.ledger_end_index)
+        pos = self.index_record(index).pos
+        with self._lock:
+            n = self.data.delete_files_before(pos)
+            if n:
+                first_pos = self.data.files[0].start
+                # The new begin: the first entry in the first remaining file (positions grow
+                # with the index, so bisect over index records).
+                lo, hi = self.ledger_begin_index, index
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if self.index_record(mid).pos < first_pos:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                self.ledger_begin_index = lo
+                self.index.delete_files_before(lo * INDEX_SIZE)
+        return n
+
+    def disk_usage_ratio(self) -> float:
+        u = shutil.disk_usage(self.dir)
+        return (u.total - u.free) / u.total if u.total else 0.0
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "ledger_begin_index": self.ledger_begin_index,
+            "ledger_end_index": self.ledger_end_index,
+            "ledger_end_term": self.ledger_end_term,
+            "committed_index": self.committed_index,
+            "data_files": len(self.data.files),
+            "index_files": len(self.index.files),
+            "data_wrote_position": self.data.wrote_position,
+        }
+
+
+def open_store(store_dir: str | os.PathLike[str], **kwargs: object) -> SegmentStore:
+    """Convenience for tools and tests: configure, open and return a store."""
+    st = SegmentStore(StoreConfig(store_dir=str(store_dir), **kwargs))  # type: ignore[arg-type]
+    st.open()
+    return st
