@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Final
 
@@ -49,12 +50,20 @@ INDEX_OFFSET: Final = 8
 TERM_OFFSET: Final = 16
 _POS = struct.Struct(">q")
 
-# crcmod is the design's CRC library; its C extension makes it ~30x faster than pure Python.
-# `CRC_USES_C_EXTENSION` is exported so `make test` and the docs can say which one is live.
-crc32 = crcmod.predefined.mkCrcFun("crc-32")
+# crcmod is the design's CRC library and the reference: `crc32_crcmod` ("crc-32", the same
+# polynomial, reflection and final XOR as zlib). The hot path uses zlib.crc32, which computes
+# identical values ~5x faster (0.8 vs 4.4 us per KiB here: with crcmod the CRC was over half of
+# a batch append's cost). Equality is checked below at import, and on random data by
+# tests/unit/test_codec.py. Without crcmod's C extension only the reference gets slow (~30x).
+crc32_crcmod = crcmod.predefined.mkCrcFun("crc-32")
 # (crcmod/__init__ re-exports names over its submodule, so reach `crcmod.crcmod` via importlib.)
 CRC_USES_C_EXTENSION: Final[bool] = bool(
     getattr(importlib.import_module("crcmod.crcmod"), "_usingExtension", False))
+crc32 = zlib.crc32
+for _probe in (b"", b"123456789", bytes(range(256)) * 5):
+    if crc32(_probe) != crc32_crcmod(_probe):  # pragma: no cover - would mean a broken zlib
+        crc32 = crc32_crcmod
+        break
 
 TYPE_NAMES: Final = {MAGIC_NORMAL: "NORMAL", MAGIC_NOOP: "NOOP"}
 
