@@ -48,7 +48,9 @@ def _available() -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dledger", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dledger", description="DLedger for Python: a Raft-replicated commit log. "
+        "Run `dledger COMMAND --help` for one command.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, mod in _available().items():

@@ -1,0 +1,139 @@
+"""Every number that travels on the wire with a meaning: response codes, vote results, roles.
+
+One module so the client, the node roles and the CLI agree. The response-code numbers are
+DLedger's ``DLedgerResponseCode`` (SPEC §6 table) and must never be renumbered: users read them
+in logs and compare them with DLedger's documentation. ``VoteResult`` and ``ParseResult`` are
+DLedger's ``VoteResponse.RESULT`` / ``VoteResponse.ParseResult`` in declaration order.
+
+``Role`` here is the canonical role enum (CANDIDATE=0, FOLLOWER=1, LEADER=2) used by the
+election core and the wire (METADATA); other modules should import it from here.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ResponseCode(IntEnum):
+    """DLedgerResponseCode, with DLedger's numbers (SPEC §6)."""
+
+    UNKNOWN = -1
+    SUCCESS = 200
+    TIMEOUT = 300
+    METADATA_ERROR = 301
+    NETWORK_ERROR = 302
+    UNSUPPORTED = 303
+    UNKNOWN_GROUP = 400
+    UNKNOWN_MEMBER = 401
+    UNEXPECTED_MEMBER = 402
+    EXPIRED_TERM = 403
+    NOT_LEADER = 404
+    NOT_FOLLOWER = 405
+    INCONSISTENT_STATE = 406
+    INCONSISTENT_TERM = 407
+    INCONSISTENT_INDEX = 408
+    INCONSISTENT_LEADER = 409
+    INDEX_OUT_OF_RANGE = 410
+    UNEXPECTED_ARGUMENT = 411
+    REPEATED_PUSH = 413
+    DISK_ERROR = 414
+    DISK_FULL = 415
+    TERM_NOT_READY = 416
+    FALL_BEHIND_TOO_MUCH = 417
+    TAKE_LEADERSHIP_FAILED = 418
+    INDEX_LESS_THAN_LOCAL_BEGIN = 419
+    REQUEST_WITH_EMPTY_BODYS = 420
+    PUSH_REQUEST_IS_FULL = 421
+    INTERNAL_ERROR = 500
+    TERM_CHANGED = 501
+    WAIT_QUORUM_ACK_TIMEOUT = 502
+    LEADER_PENDING_FULL = 503
+    ILLEGAL_MEMBER_STATE = 504
+    LEADER_TRANSFERRING = 506
+
+    @classmethod
+    def name_of(cls, code: int) -> str:
+        """Name for any int, including numbers this version does not know (logs, CLI errors)."""
+        try:
+            return cls(code).name
+        except ValueError:
+            return f"CODE_{code}"
+
+
+# Codes after which the same request may simply be retried, possibly at another node, because
+# the entry was definitely NOT stored (or the answer never came): leader moved, leader busy,
+# transfer in progress, term being set up, transport trouble. CONTRACT "Client library".
+_RETRYABLE = frozenset({
+    ResponseCode.NOT_LEADER,
+    ResponseCode.LEADER_TRANSFERRING,
+    ResponseCode.LEADER_PENDING_FULL,
+    ResponseCode.TIMEOUT,
+    ResponseCode.NETWORK_ERROR,
+    ResponseCode.TERM_NOT_READY,
+})
+
+# Codes after which an append may or may not be committed later (SPEC §6 "Outcomes"):
+# the client must report them as indeterminate, never as "not written".
+_INDETERMINATE = frozenset({
+    ResponseCode.TIMEOUT,
+    ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
+    ResponseCode.TERM_CHANGED,
+})
+
+
+def is_retryable(code: int) -> bool:
+    """True if retrying (with backoff, maybe at another node) is the right reaction.
+
+    TIMEOUT is both retryable and indeterminate: a retried append after a timeout may
+    duplicate the entry, which the client documents.
+    """
+    return code in _RETRYABLE
+
+
+def is_indeterminate(code: int) -> bool:
+    """True if the outcome of an append is unknown (it may still commit)."""
+    return code in _INDETERMINATE
+
+
+class VoteResult(IntEnum):
+    """DLedger's VoteResponse.RESULT, ordinal order (the wire carries the number)."""
+
+    UNKNOWN = 0
+    ACCEPT = 1
+    REJECT_UNKNOWN_LEADER = 2
+    REJECT_UNEXPECTED_LEADER = 3
+    REJECT_EXPIRED_VOTE_TERM = 4
+    REJECT_ALREADY_VOTED = 5
+    REJECT_ALREADY_HAS_LEADER = 6
+    REJECT_TERM_NOT_READY = 7
+    REJECT_TERM_SMALL_THAN_LEDGER = 8
+    REJECT_EXPIRED_LEDGER_TERM = 9
+    REJECT_SMALL_LEDGER_END_INDEX = 10
+    REJECT_TAKING_LEADERSHIP = 11
+
+
+class ParseResult(IntEnum):
+    """DLedger's VoteResponse.ParseResult: what a candidate does after tallying a vote round."""
+
+    WAIT_TO_REVOTE = 0
+    REVOTE_IMMEDIATELY = 1
+    PASSED = 2
+    WAIT_TO_VOTE_NEXT = 3
+
+
+class Role(IntEnum):
+    """Member role (MemberState.Role). Canonical definition; the wire carries the number."""
+
+    CANDIDATE = 0
+    FOLLOWER = 1
+    LEADER = 2
+
+
+__all__ = [
+    "ParseResult",
+    "ResponseCode",
+    "Role",
+    "VoteResult",
+    "is_indeterminate",
+    "is_retryable",
+]

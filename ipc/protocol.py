@@ -1,0 +1,924 @@
+"""The one wire codec: every message between clients, nodes and node roles. Never pickle.
+
+Why a hand-written binary codec: frames come from the network and are untrusted (SPEC §7), so
+decoding must be total (a message or ``ProtocolError``, nothing else), cheap on the hot path
+(APPEND / BATCH_APPEND / PUSH are a ``struct`` pack plus a join) and versioned.
+
+Frame layout (big-endian). Every message is exactly ONE ZeroMQ frame; a batch travels as one
+frame because per-frame costs dominate small messages::
+
+    >BBHQ   version (=1), message type, flags (reserved, 0), request id (u64)
+    ...     type-specific fields
+
+The request id is echoed in the reply so a DEALER can pipeline many requests and match
+answers. Strings (group, node ids) are u8-length-prefixed UTF-8, at most 64 bytes (addresses
+and error reasons: 255). Bodies and blobs are u32-length-prefixed.
+
+=====================  =====================================================================
+type                   fields after the prefix
+=====================  =====================================================================
+APPEND (1)             group, remote_id, u32 n, body
+BATCH_APPEND (2)       group, remote_id, u32 count, count x u32 lengths, bodies concatenated
+GET (3)                group, remote_id, i64 index, u32 count, u8 linearizable
+METADATA (4)           group, remote_id
+LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
+PUSH (6)               group, remote_id, leader_id, i64 term, u8 kind, i64 commit_index,
+                       i64 first_index, u32 count, i64 pre_log_index, i64 pre_log_term,
+                       u32 n, entries blob (raw store-format entries, node/store/codec.py)
+VOTE (7)               group, remote_id, leader_id (= candidate), i64 term,
+                       i64 ledger_end_term, i64 ledger_end_index
+HEARTBEAT (8)          group, remote_id, leader_id, i64 term
+TAKE_LEADERSHIP (9)    group, remote_id, leader_id (= current leader), i64 term
+responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
+  APPEND (0x81)          i64 index, i64 pos             (the entry's term is ``term``)
+  BATCH_APPEND (0x82)    i64 first_index, u32 count, count x i64 positions
+  GET (0x83)             u32 n, entries blob (store format)
+  METADATA (0x84)        self_id, u8 role, i64 begin, i64 end, i64 committed,
+                         u8 peer count, per peer: id, address (<=255), i64 match_index
+  TRANSFER (0x85)        -
+  PUSH (0x86)            i64 index, i64 begin_index, i64 end_index, i64 x_term, i64 x_index
+  VOTE (0x87)            u8 vote_result, i64 ledger_end_term, i64 ledger_end_index
+  HEARTBEAT (0x88)       -
+  TAKE_LEADERSHIP(0x89)  -
+  ERROR (0xFF)           u8 request_type, reason (<=255 bytes)
+=====================  =====================================================================
+
+Decoded bodies and blobs are zero-copy ``memoryview`` slices of the frame: keep the frame
+alive while you use them, or ``bytes()`` them. They compare equal to ``bytes``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar
+
+from ipc.codes import Role, VoteResult
+
+VERSION = 1
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+"""Largest frame `decode` accepts by default (also a sane ZMQ_MAXMSGSIZE)."""
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+"""Largest single client body by default (RocketMQ's default max message size)."""
+MAX_STR = 64
+"""Longest group / node id, in UTF-8 bytes."""
+MAX_LONG_STR = 255
+"""Longest address / error reason, in UTF-8 bytes."""
+MAX_BATCH_COUNT = 100_000
+"""More bodies than this in one BATCH_APPEND is treated as malformed."""
+
+HEADER = struct.Struct(">BBHQ")
+HEADER_SIZE = HEADER.size  # 12
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_GET = struct.Struct(">qIB")
+_TERM = struct.Struct(">q")
+_PUSH = struct.Struct(">qBqqIqqI")
+_VOTE = struct.Struct(">qqq")
+_RESP = struct.Struct(">iq")
+_APPEND_RESP = struct.Struct(">qq")
+_BATCH_RESP = struct.Struct(">qI")
+_META = struct.Struct(">Bqqq")
+_PUSH_RESP = struct.Struct(">qqqqq")
+_VOTE_RESP = struct.Struct(">Bqq")
+_ENTRY_HEADER_SIZE = 48  # node/store/codec.py HEADER_SIZE; a PUSH count above blob/48 is absurd
+
+
+class ProtocolError(ValueError):
+    """A frame (or a message to encode) that is not well-formed. The only error decode raises."""
+
+
+class MsgType(IntEnum):
+    APPEND = 1
+    BATCH_APPEND = 2
+    GET = 3
+    METADATA = 4
+    LEADERSHIP_TRANSFER = 5
+    PUSH = 6
+    VOTE = 7
+    HEARTBEAT = 8
+    TAKE_LEADERSHIP = 9
+    APPEND_RESPONSE = 0x81
+    BATCH_APPEND_RESPONSE = 0x82
+    GET_RESPONSE = 0x83
+    METADATA_RESPONSE = 0x84
+    TRANSFER_RESPONSE = 0x85
+    PUSH_RESPONSE = 0x86
+    VOTE_RESPONSE = 0x87
+    HEARTBEAT_RESPONSE = 0x88
+    TAKE_LEADERSHIP_RESPONSE = 0x89
+    ERROR_RESPONSE = 0xFF
+
+
+class PushKind(IntEnum):
+    """DLedger's PushEntryRequest.Type (SPEC §5 dispatcher states)."""
+
+    APPEND = 0
+    COMMIT = 1
+    COMPARE = 2
+    TRUNCATE = 3
+
+
+Buffer = bytes | bytearray | memoryview
+
+# ---------------------------------------------------------------------------------------------
+# Messages. `request_id` is last with a default so call sites read naturally.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AppendRequest:
+    TYPE: ClassVar[MsgType] = MsgType.APPEND
+    group: str
+    remote_id: str
+    body: Buffer
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class BatchAppendRequest:
+    TYPE: ClassVar[MsgType] = MsgType.BATCH_APPEND
+    group: str
+    remote_id: str
+    bodies: Sequence[Buffer]
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class GetRequest:
+    TYPE: ClassVar[MsgType] = MsgType.GET
+    group: str
+    remote_id: str
+    index: int
+    count: int = 1
+    linearizable: bool = False
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class MetadataRequest:
+    TYPE: ClassVar[MsgType] = MsgType.METADATA
+    group: str
+    remote_id: str
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class LeadershipTransferRequest:
+    TYPE: ClassVar[MsgType] = MsgType.LEADERSHIP_TRANSFER
+    group: str
+    remote_id: str
+    transferee_id: str
+    term: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class PushRequest:
+    """Leader's dispatcher -> follower's handler. `remote_id` is the follower."""
+
+    TYPE: ClassVar[MsgType] = MsgType.PUSH
+    group: str
+    remote_id: str
+    leader_id: str
+    term: int
+    kind: PushKind
+    commit_index: int = -1
+    first_index: int = -1
+    count: int = 0
+    entries: Buffer = b""
+    pre_log_index: int = -1
+    pre_log_term: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class VoteRequest:
+    TYPE: ClassVar[MsgType] = MsgType.VOTE
+    group: str
+    remote_id: str
+    leader_id: str  # the candidate (DLedger's VoteRequest.leaderId)
+    term: int
+    ledger_end_term: int
+    ledger_end_index: int
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class HeartbeatRequest:
+    TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT
+    group: str
+    remote_id: str
+    leader_id: str
+    term: int
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class TakeLeadershipRequest:
+    """Leader -> transferee: start an election at once (leadership transfer, SPEC §3)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.TAKE_LEADERSHIP
+    group: str
+    remote_id: str
+    leader_id: str
+    term: int
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class AppendResponse:
+    TYPE: ClassVar[MsgType] = MsgType.APPEND_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    index: int = -1
+    pos: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class BatchAppendResponse:
+    """Entries got indices first_index .. first_index + len(positions) - 1 (contiguous)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.BATCH_APPEND_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    first_index: int = -1
+    positions: Sequence[int] = field(default_factory=list)
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class GetResponse:
+    """`entries` holds whole store-format entries back to back (node.store.codec.iter_entries)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.GET_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    entries: Buffer = b""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class PeerInfo:
+    id: str
+    address: str
+    match_index: int = -1
+
+
+@dataclass(slots=True)
+class MetadataResponse:
+    TYPE: ClassVar[MsgType] = MsgType.METADATA_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    self_id: str = ""
+    role: Role = Role.CANDIDATE
+    ledger_begin_index: int = -1
+    ledger_end_index: int = -1
+    committed_index: int = -1
+    peers: list[PeerInfo] = field(default_factory=list)
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class TransferResponse:
+    TYPE: ClassVar[MsgType] = MsgType.TRANSFER_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class PushResponse:
+    TYPE: ClassVar[MsgType] = MsgType.PUSH_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    index: int = -1
+    begin_index: int = -1
+    end_index: int = -1
+    x_term: int = -1
+    x_index: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class VoteResponse:
+    TYPE: ClassVar[MsgType] = MsgType.VOTE_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    vote_result: VoteResult = VoteResult.UNKNOWN
+    ledger_end_term: int = -1
+    ledger_end_index: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class HeartbeatResponse:
+    TYPE: ClassVar[MsgType] = MsgType.HEARTBEAT_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class TakeLeadershipResponse:
+    TYPE: ClassVar[MsgType] = MsgType.TAKE_LEADERSHIP_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class ErrorResponse:
+    """Answer to ANY request that could not be served as its own type (malformed, wrong group…).
+
+    `request_type` is the type byte of the request when it could be read, else 0.
+    """
+
+    TYPE: ClassVar[MsgType] = MsgType.ERROR_RESPONSE
+    code: int
+    group: str = ""
+    term: int = -1
+    leader_id: str = ""
+    reason: str = ""
+    request_type: int = 0
+    request_id: int = 0
+
+
+Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
+           | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
+           | TakeLeadershipRequest)
+Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
+            | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
+            | TakeLeadershipResponse | ErrorResponse)
+Message = Request | Response
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------------------
+
+
+def _s(s: str, limit: int = MAX_STR) -> bytes:
+    """u8-length-prefixed UTF-8."""
+    b = s.encode("utf-8")
+    n = len(b)
+    if n > limit:
+        raise ProtocolError(f"string of {n} bytes exceeds {limit}: {s[:20]!r}...")
+    return _U8.pack(n) + b
+
+
+def _hdr(msg: Message) -> bytes:
+    return HEADER.pack(VERSION, msg.TYPE, 0, msg.request_id)
+
+
+def _enc_append(m: AppendRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _U32.pack(len(m.body)), m.body))
+
+
+def _enc_batch(m: BatchAppendRequest) -> bytes:
+    bodies = m.bodies
+    n = len(bodies)
+    if n > MAX_BATCH_COUNT:
+        raise ProtocolError(f"batch of {n} bodies exceeds {MAX_BATCH_COUNT}")
+    lengths = struct.pack(f">I{n}I", n, *map(len, bodies))
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), lengths, *bodies))
+
+
+def _enc_get(m: GetRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id),
+                     _GET.pack(m.index, m.count, 1 if m.linearizable else 0)))
+
+
+def _enc_metadata(m: MetadataRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
+
+
+def _enc_transfer(m: LeadershipTransferRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.transferee_id),
+                     _TERM.pack(m.term)))
+
+
+def _enc_push(m: PushRequest) -> bytes:
+    blob = m.entries
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.leader_id),
+                     _PUSH.pack(m.term, m.kind, m.commit_index, m.first_index, m.count,
+                                m.pre_log_index, m.pre_log_term, len(blob)), blob))
+
+
+def _enc_vote(m: VoteRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.leader_id),
+                     _VOTE.pack(m.term, m.ledger_end_term, m.ledger_end_index)))
+
+
+def _enc_leader_term(m: HeartbeatRequest | TakeLeadershipRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.leader_id), _TERM.pack(m.term)))
+
+
+def _resp(m: Response) -> bytes:
+    return b"".join((_hdr(m), _RESP.pack(m.code, m.term), _s(m.group), _s(m.leader_id)))
+
+
+def _enc_append_resp(m: AppendResponse) -> bytes:
+    return _resp(m) + _APPEND_RESP.pack(m.index, m.pos)
+
+
+def _enc_batch_resp(m: BatchAppendResponse) -> bytes:
+    n = len(m.positions)
+    return _resp(m) + _BATCH_RESP.pack(m.first_index, n) + struct.pack(f">{n}q", *m.positions)
+
+
+def _enc_get_resp(m: GetResponse) -> bytes:
+    return b"".join((_resp(m), _U32.pack(len(m.entries)), m.entries))
+
+
+def _enc_meta_resp(m: MetadataResponse) -> bytes:
+    if len(m.peers) > 255:
+        raise ProtocolError(f"{len(m.peers)} peers exceed 255")
+    parts = [_resp(m), _s(m.self_id), _META.pack(m.role, m.ledger_begin_index,
+                                                 m.ledger_end_index, m.committed_index),
+             _U8.pack(len(m.peers))]
+    for p in m.peers:
+        parts += (_s(p.id), _s(p.address, MAX_LONG_STR), _TERM.pack(p.match_index))
+    return b"".join(parts)
+
+
+def _enc_push_resp(m: PushResponse) -> bytes:
+    return _resp(m) + _PUSH_RESP.pack(m.index, m.begin_index, m.end_index, m.x_term, m.x_index)
+
+
+def _enc_vote_resp(m: VoteResponse) -> bytes:
+    return _resp(m) + _VOTE_RESP.pack(m.vote_result, m.ledger_end_term, m.ledger_end_index)
+
+
+def _enc_error(m: ErrorResponse) -> bytes:
+    # The reason is for humans: cut it (on a character boundary) rather than fail to report.
+    reason = m.reason.encode("utf-8")[:MAX_LONG_STR].decode("utf-8", "ignore")
+    return _resp(m) + _U8.pack(m.request_type & 0xFF) + _s(reason, MAX_LONG_STR)
+
+
+_ENCODERS = {
+    AppendRequest: _enc_append,
+    BatchAppendRequest: _enc_batch,
+    GetRequest: _enc_get,
+    MetadataRequest: _enc_metadata,
+    LeadershipTransferRequest: _enc_transfer,
+    PushRequest: _enc_push,
+    VoteRequest: _enc_vote,
+    HeartbeatRequest: _enc_leader_term,
+    TakeLeadershipRequest: _enc_leader_term,
+    AppendResponse: _enc_append_resp,
+    BatchAppendResponse: _enc_batch_resp,
+    GetResponse: _enc_get_resp,
+    MetadataResponse: _enc_meta_resp,
+    TransferResponse: _resp,
+    PushResponse: _enc_push_resp,
+    VoteResponse: _enc_vote_resp,
+    HeartbeatResponse: _resp,
+    TakeLeadershipResponse: _resp,
+    ErrorResponse: _enc_error,
+}
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message into one frame. Raises ProtocolError for unencodable values."""
+    try:
+        enc = _ENCODERS[type(msg)]
+    except KeyError:
+        raise ProtocolError(f"not a protocol message: {type(msg).__name__}") from None
+    try:
+        return enc(msg)
+    except struct.error as e:  # a field out of its wire range (negative u32, huge int...)
+        raise ProtocolError(f"cannot encode {type(msg).__name__}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding. Each decoder gets (view, offset after the prefix, request id, max_body) and must
+# consume the frame exactly; `struct.error` / `UnicodeDecodeError` are mapped to ProtocolError
+# in `decode`, explicit checks give the clearer messages.
+# ---------------------------------------------------------------------------------------------
+
+
+def _str(mv: memoryview, off: int, limit: int = MAX_STR) -> tuple[str, int]:
+    if off >= len(mv):
+        raise ProtocolError(f"truncated frame: string length missing at offset {off}")
+    n = mv[off]
+    off += 1
+    if n > limit:
+        raise ProtocolError(f"string of {n} bytes exceeds {limit} at offset {off - 1}")
+    end = off + n
+    if end > len(mv):
+        raise ProtocolError(f"string of {n} bytes at offset {off} runs past the frame ({len(mv)})")
+    return str(mv[off:end], "utf-8"), end
+
+
+def _need(mv: memoryview, off: int, n: int, what: str) -> None:
+    if off + n > len(mv):
+        raise ProtocolError(f"truncated frame: {what} needs {n} bytes at offset {off}, "
+                            f"frame has {len(mv)}")
+
+
+def _end(mv: memoryview, off: int) -> None:
+    if off != len(mv):
+        raise ProtocolError(f"{len(mv) - off} bytes of trailing garbage at offset {off}")
+
+
+def _blob(mv: memoryview, off: int, limit: int, what: str) -> tuple[memoryview, int]:
+    _need(mv, off, 4, f"{what} length")
+    (n,) = _U32.unpack_from(mv, off)
+    off += 4
+    if n > limit:
+        raise ProtocolError(f"{what} of {n} bytes exceeds the limit {limit}")
+    _need(mv, off, n, what)
+    return mv[off:off + n], off + n
+
+
+def _dec_append(mv: memoryview, off: int, rid: int, max_body: int) -> AppendRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    body, off = _blob(mv, off, max_body, "body")
+    _end(mv, off)
+    return AppendRequest(group, remote, body, rid)
+
+
+def _dec_batch(mv: memoryview, off: int, rid: int, max_body: int) -> BatchAppendRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _need(mv, off, 4, "batch count")
+    (n,) = _U32.unpack_from(mv, off)
+    off += 4
+    if n > MAX_BATCH_COUNT or 4 * n > len(mv) - off:
+        raise ProtocolError(f"absurd batch count {n} for a frame of {len(mv)} bytes")
+    lengths = struct.unpack_from(f">{n}I", mv, off)  # one unpack for the whole array
+    off += 4 * n
+    if lengths and max(lengths) > max_body:
+        raise ProtocolError(f"batch body of {max(lengths)} bytes exceeds the limit {max_body}")
+    if sum(lengths) != len(mv) - off:
+        raise ProtocolError(f"batch lengths sum to {sum(lengths)} but {len(mv) - off} bytes follow")
+    bodies = []
+    append = bodies.append
+    for ln in lengths:
+        nxt = off + ln
+        append(mv[off:nxt])
+        off = nxt
+    return BatchAppendRequest(group, remote, bodies, rid)
+
+
+def _dec_get(mv: memoryview, off: int, rid: int, max_body: int) -> GetRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _need(mv, off, _GET.size, "GET fields")
+    index, count, lin = _GET.unpack_from(mv, off)
+    off += _GET.size
+    if lin > 1:
+        raise ProtocolError(f"linearizable flag must be 0 or 1, got {lin}")
+    _end(mv, off)
+    return GetRequest(group, remote, index, count, bool(lin), rid)
+
+
+def _dec_metadata(mv: memoryview, off: int, rid: int, max_body: int) -> MetadataRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _end(mv, off)
+    return MetadataRequest(group, remote, rid)
+
+
+def _dec_transfer(mv: memoryview, off: int, rid: int, max_body: int) -> LeadershipTransferRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    transferee, off = _str(mv, off)
+    _need(mv, off, 8, "term")
+    (term,) = _TERM.unpack_from(mv, off)
+    _end(mv, off + 8)
+    return LeadershipTransferRequest(group, remote, transferee, term, rid)
+
+
+def _dec_push(mv: memoryview, off: int, rid: int, max_body: int) -> PushRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    leader, off = _str(mv, off)
+    _need(mv, off, _PUSH.size, "PUSH fields")
+    term, kind, commit, first, count, pre_i, pre_t, n = _PUSH.unpack_from(mv, off)
+    off += _PUSH.size
+    if kind > PushKind.TRUNCATE:
+        raise ProtocolError(f"unknown push kind {kind}")
+    _need(mv, off, n, "entries blob")
+    if count * _ENTRY_HEADER_SIZE > n and kind == PushKind.APPEND:
+        raise ProtocolError(f"absurd entry count {count} for a blob of {n} bytes")
+    blob = mv[off:off + n]
+    _end(mv, off + n)
+    return PushRequest(group, remote, leader, term, PushKind(kind), commit, first, count, blob,
+                       pre_i, pre_t, rid)
+
+
+def _dec_vote(mv: memoryview, off: int, rid: int, max_body: int) -> VoteRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    leader, off = _str(mv, off)
+    _need(mv, off, _VOTE.size, "VOTE fields")
+    term, let, lei = _VOTE.unpack_from(mv, off)
+    _end(mv, off + _VOTE.size)
+    return VoteRequest(group, remote, leader, term, let, lei, rid)
+
+
+def _dec_leader_term(cls: type[HeartbeatRequest] | type[TakeLeadershipRequest]):
+    def dec(mv: memoryview, off: int, rid: int, max_body: int):
+        group, off = _str(mv, off)
+        remote, off = _str(mv, off)
+        leader, off = _str(mv, off)
+        _need(mv, off, 8, "term")
+        (term,) = _TERM.unpack_from(mv, off)
+        _end(mv, off + 8)
+        return cls(group, remote, leader, term, request_id=rid)
+    return dec
+
+
+def _dec_resp_common(mv: memoryview, off: int) -> tuple[int, int, str, str, int]:
+    _need(mv, off, _RESP.size, "response code/term")
+    code, term = _RESP.unpack_from(mv, off)
+    group, off = _str(mv, off + _RESP.size)
+    leader, off = _str(mv, off)
+    return code, term, group, leader, off
+
+
+def _dec_plain_resp(cls):
+    def dec(mv: memoryview, off: int, rid: int, max_body: int):
+        code, term, group, leader, off = _dec_resp_common(mv, off)
+        _end(mv, off)
+        return cls(code, group, term, leader, request_id=rid)
+    return dec
+
+
+def _dec_append_resp(mv: memoryview, off: int, rid: int, max_body: int) -> AppendResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, _APPEND_RESP.size, "APPEND response fields")
+    index, pos = _APPEND_RESP.unpack_from(mv, off)
+    _end(mv, off + _APPEND_RESP.size)
+    return AppendResponse(code, group, term, leader, index, pos, rid)
+
+
+def _dec_batch_resp(mv: memoryview, off: int, rid: int, max_body: int) -> BatchAppendResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, _BATCH_RESP.size, "BATCH_APPEND response fields")
+    first, n = _BATCH_RESP.unpack_from(mv, off)
+    off += _BATCH_RESP.size
+    if 8 * n != len(mv) - off:
+        raise ProtocolError(f"position count {n} disagrees with the {len(mv) - off} bytes left")
+    positions = list(struct.unpack_from(f">{n}q", mv, off))
+    return BatchAppendResponse(code, group, term, leader, first, positions, rid)
+
+
+def _dec_get_resp(mv: memoryview, off: int, rid: int, max_body: int) -> GetResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    blob, off = _blob(mv, off, len(mv), "entries blob")
+    _end(mv, off)
+    return GetResponse(code, group, term, leader, blob, rid)
+
+
+def _dec_meta_resp(mv: memoryview, off: int, rid: int, max_body: int) -> MetadataResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    self_id, off = _str(mv, off)
+    _need(mv, off, _META.size + 1, "METADATA fields")
+    role, begin, end, committed = _META.unpack_from(mv, off)
+    off += _META.size
+    if role > Role.LEADER:
+        raise ProtocolError(f"unknown role {role}")
+    n = mv[off]
+    off += 1
+    if n * 10 > len(mv) - off:  # each peer takes at least 1 + 1 + 8 bytes
+        raise ProtocolError(f"absurd peer count {n} for {len(mv) - off} bytes left")
+    peers = []
+    for _ in range(n):
+        pid, off = _str(mv, off)
+        addr, off = _str(mv, off, MAX_LONG_STR)
+        _need(mv, off, 8, "peer match index")
+        (match,) = _TERM.unpack_from(mv, off)
+        off += 8
+        peers.append(PeerInfo(pid, addr, match))
+    _end(mv, off)
+    return MetadataResponse(code, group, term, leader, self_id, Role(role), begin, end,
+                            committed, peers, rid)
+
+
+def _dec_push_resp(mv: memoryview, off: int, rid: int, max_body: int) -> PushResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, _PUSH_RESP.size, "PUSH response fields")
+    index, begin, end, x_term, x_index = _PUSH_RESP.unpack_from(mv, off)
+    _end(mv, off + _PUSH_RESP.size)
+    return PushResponse(code, group, term, leader, index, begin, end, x_term, x_index, rid)
+
+
+def _dec_vote_resp(mv: memoryview, off: int, rid: int, max_body: int) -> VoteResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, _VOTE_RESP.size, "VOTE response fields")
+    result, let, lei = _VOTE_RESP.unpack_from(mv, off)
+    if result > VoteResult.REJECT_TAKING_LEADERSHIP:
+        raise ProtocolError(f"unknown vote result {result}")
+    _end(mv, off + _VOTE_RESP.size)
+    return VoteResponse(code, group, term, leader, VoteResult(result), let, lei, rid)
+
+
+def _dec_error(mv: memoryview, off: int, rid: int, max_body: int) -> ErrorResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 1, "request type")
+    rtype = mv[off]
+    reason, off = _str(mv, off + 1, MAX_LONG_STR)
+    _end(mv, off)
+    return ErrorResponse(code, group, term, leader, reason, rtype, rid)
+
+
+_DECODERS = {
+    MsgType.APPEND: _dec_append,
+    MsgType.BATCH_APPEND: _dec_batch,
+    MsgType.GET: _dec_get,
+    MsgType.METADATA: _dec_metadata,
+    MsgType.LEADERSHIP_TRANSFER: _dec_transfer,
+    MsgType.PUSH: _dec_push,
+    MsgType.VOTE: _dec_vote,
+    MsgType.HEARTBEAT: _dec_leader_term(HeartbeatRequest),
+    MsgType.TAKE_LEADERSHIP: _dec_leader_term(TakeLeadershipRequest),
+    MsgType.APPEND_RESPONSE: _dec_append_resp,
+    MsgType.BATCH_APPEND_RESPONSE: _dec_batch_resp,
+    MsgType.GET_RESPONSE: _dec_get_resp,
+    MsgType.METADATA_RESPONSE: _dec_meta_resp,
+    MsgType.TRANSFER_RESPONSE: _dec_plain_resp(TransferResponse),
+    MsgType.PUSH_RESPONSE: _dec_push_resp,
+    MsgType.VOTE_RESPONSE: _dec_vote_resp,
+    MsgType.HEARTBEAT_RESPONSE: _dec_plain_resp(HeartbeatResponse),
+    MsgType.TAKE_LEADERSHIP_RESPONSE: _dec_plain_resp(TakeLeadershipResponse),
+    MsgType.ERROR_RESPONSE: _dec_error,
+}
+# Plain-int keyed copy: a dict lookup with the raw type byte, no enum construction per frame.
+_DECODERS_BY_INT = {int(k): v for k, v in _DECODERS.items()}
+
+
+def _as_view(frame: Buffer) -> memoryview:
+    mv = frame if isinstance(frame, memoryview) else memoryview(frame)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def peek_header(frame: Buffer) -> tuple[int, int, int] | None:
+    """(version, type, request_id) of a frame whose 12-byte prefix is readable, else None.
+
+    Lets a server answer a malformed request with an ErrorResponse that still carries the
+    request id, so a pipelining client can match it.
+    """
+    try:
+        mv = _as_view(frame)
+    except (TypeError, ValueError):
+        return None
+    if len(mv) < HEADER_SIZE:
+        return None
+    version, mtype, _flags, rid = HEADER.unpack_from(mv, 0)
+    return version, mtype, rid
+
+
+def decode(frame: Buffer, max_frame: int = DEFAULT_MAX_FRAME,
+           max_body: int = DEFAULT_MAX_BODY) -> Message:
+    """Decode one frame. Returns a message or raises ProtocolError; never anything else.
+
+    `max_frame` bounds the whole frame, `max_body` each client body (APPEND / BATCH_APPEND);
+    blobs (PUSH entries, GET results) are bounded by `max_frame` only.
+    """
+    try:
+        mv = _as_view(frame)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"not a byte buffer: {e}") from None
+    n = len(mv)
+    if n > max_frame:
+        raise ProtocolError(f"oversize frame: {n} bytes > max {max_frame}")
+    if n < HEADER_SIZE:
+        raise ProtocolError(f"short frame: {n} bytes, the prefix alone needs {HEADER_SIZE}")
+    version, mtype, _flags, rid = HEADER.unpack_from(mv, 0)
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version} (this is {VERSION})")
+    dec = _DECODERS_BY_INT.get(mtype)
+    if dec is None:
+        raise ProtocolError(f"unknown message type {mtype:#x}")
+    try:
+        return dec(mv, HEADER_SIZE, rid, max_body)
+    except ProtocolError:
+        raise
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"invalid UTF-8 in a string field: {e.reason}") from None
+    except (struct.error, IndexError, ValueError) as e:
+        raise ProtocolError(f"malformed {MsgType(mtype).name} frame: {e}") from None
+
+
+def error_reply(frame_or_request: Buffer | Message | None, code: int, *, group: str = "",
+                term: int = -1, leader_id: str = "", reason: str = "") -> ErrorResponse:
+    """The ErrorResponse for a request we will not serve, echoing its request id if readable.
+
+    Accepts a decoded request or the raw frame (when decoding failed), so the one place
+    that catches ProtocolError can answer without knowing the message type.
+    """
+    rid, rtype = 0, 0
+    if frame_or_request is None:
+        pass
+    elif isinstance(frame_or_request, (bytes, bytearray, memoryview)):
+        hdr = peek_header(frame_or_request)
+        if hdr is not None:
+            _v, rtype, rid = hdr
+    else:
+        rid, rtype = frame_or_request.request_id, int(frame_or_request.TYPE)
+    return ErrorResponse(int(code), group, term, leader_id, reason, rtype, rid)
+
+
+def is_response(msg: Message) -> bool:
+    """True for response types (their type byte has the high bit set)."""
+    return msg.TYPE >= 0x80
+
+
+# ---------------------------------------------------------------------------------------------
+# TEST-ONLY fault injection. Off unless an environment variable turns it on; production never
+# sets these. Kept here (not in the roles) so every process reads the same switches.
+# ---------------------------------------------------------------------------------------------
+
+
+class FaultHook:
+    """Test-only switches for the integration tests' faults (STYLE §5). Does nothing by default.
+
+    - ``DLEDGER_TEST_DROP_PUSH_EVERY=N``: the dispatcher calls `drop_push()` before sending each
+      push; every N-th call returns True and the push is silently not sent (a lost message).
+    - ``DLEDGER_TEST_PARTITION_FILE=PATH``: a file listing peer ids (whitespace separated) this
+      process must not send to; `blocked(peer)` re-reads it when its mtime changes (checked at
+      most every 50 ms). Write both sides' files to cut a link in both directions; delete or
+      empty them to heal.
+    """
+
+    __slots__ = ("drop_push_every", "partition_file", "_pushes", "_blocked", "_mtime", "_checked")
+
+    def __init__(self, drop_push_every: int = 0, partition_file: str | None = None) -> None:
+        self.drop_push_every = max(0, drop_push_every)
+        self.partition_file = partition_file or None
+        self._pushes = 0
+        self._blocked: frozenset[str] = frozenset()
+        self._mtime: float | None = None
+        self._checked = -1.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> FaultHook:
+        raw = environ.get("DLEDGER_TEST_DROP_PUSH_EVERY", "").strip()
+        try:
+            every = int(raw) if raw else 0
+        except ValueError:
+            every = 0
+        return cls(every, environ.get("DLEDGER_TEST_PARTITION_FILE"))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.drop_push_every or self.partition_file)
+
+    def drop_push(self) -> bool:
+        """Call once per push about to be sent; True means: pretend it was lost."""
+        if not self.drop_push_every:
+            return False
+        self._pushes += 1
+        return self._pushes % self.drop_push_every == 0
+
+    def blocked(self, peer_id: str) -> bool:
+        """True if the partition file currently cuts this process off from `peer_id`."""
+        if self.partition_file is None:
+            return False
+        now = time.monotonic()
+        if now - self._checked >= 0.05:
+            self._checked = now
+            try:
+                mtime = os.stat(self.partition_file).st_mtime_ns
+            except OSError:
+                mtime = None
+            if mtime != self._mtime:
+                self._mtime = mtime
+                try:
+                    with open(self.partition_file, encoding="utf-8") as f:
+                        self._blocked = frozenset(f.read().split())
+                except OSError:
+                    self._blocked = frozenset()
+        return peer_id in self._blocked
+
+
+faults = FaultHook.from_env()
+"""The process-wide test-only fault hook (inert unless DLEDGER_TEST_* variables are set)."""

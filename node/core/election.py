@@ -1,0 +1,622 @@
+"""The pure election core: DLedgerLeaderElector as a deterministic state machine.
+
+etcd-raft style (STYLE §1): no sockets, files, clocks or randomness inside. Time is an integer
+millisecond count passed in; randomness is an injected ``random.Random``; the ledger end is
+passed in by the caller (the handler process owns the store). Each input returns a ``Step``:
+a list of effects plus the time at which ``tick`` must be called next.
+
+Effects, in the order they must be executed:
+
+1. ``Persist(term, voted_for)`` -- at most one, always first: write the ``currterm`` file and
+   fsync it BEFORE anything else leaves the node (etcd's "persist before send"; SPEC §3: a
+   restarted node never votes twice in one term).
+2. ``RoleChanged(role, term, leader_id)`` -- publish to the shared state block and the
+   role-change listeners (DLedger's RoleChangeHandler). Emitted whenever (role, term, leader)
+   differs from the last published value.
+3. ``Send(peer, message)`` -- a VOTE / HEARTBEAT request for a peer's elector port. Feed the
+   answer back with ``on_response``; if it cannot be sent (peer down: ``zmq.Again`` on an
+   IMMEDIATE dealer) call ``on_peer_unreachable(request_id)``. Rounds have their own deadline
+   inside the core, so a silent peer costs at most that deadline.
+4. ``Reply(message, token)`` -- the answer to a request; `token` is whatever the caller passed
+   with the request (ROUTER identity...). TAKE_LEADERSHIP is answered later, on a role change.
+
+How DLedger maps here (seed 001 §3.2, seed 004):
+
+- ``maintainState`` (run every 10 ms by StateMaintainer) = ``tick(now, ledger)``, called when
+  ``Step.next_deadline_ms`` is reached and after any input (it is idempotent when nothing is due).
+- ``handleVote`` = ``on_vote_request``; ``handleHeartBeat`` = ``on_heartbeat_request``;
+  ``handleTakeLeadership`` = ``on_take_leadership``. The decisions themselves are the pure
+  functions in vote.py / heartbeat.py; this class only applies them.
+- The blocking ``voteLatch`` / ``beatLatch`` waits become explicit in-flight rounds that end
+  early on the same conditions (VoteTally.done / HeartbeatTally.done) or at their deadline.
+- ``needIncreaseTermImmediately`` + ``stateMaintainer.wakeup()`` is applied inline: the node
+  enters the new term (durably) before it answers TERM_NOT_READY, so the candidate's immediate
+  revote always finds it ready.
+
+Deliberate differences from DLedger (docs/election.md lists them): a new leader's lease starts
+at its election (DLedger keeps the previous lastSuccHeartBeatTime, so a fresh leader whose
+first heartbeat round misses quorum steps down at once); a leader steps down on a higher term
+in ANY response (#325); taking leadership does not require preferredLeaderIds to name the node.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ipc.codes import ParseResult, ResponseCode, Role, VoteResult
+from ipc.protocol import (
+    ErrorResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    Message,
+    TakeLeadershipRequest,
+    TakeLeadershipResponse,
+    VoteRequest,
+    VoteResponse,
+)
+from node.core.election_types import (
+    EMPTY_LEDGER,
+    ElectionConfig,
+    ElectorView,
+    LedgerEnd,
+    is_quorum,
+)
+from node.core.heartbeat import (
+    HeartbeatAction,
+    HeartbeatDecision,
+    HeartbeatOutcome,
+    HeartbeatParse,
+    HeartbeatTally,
+    decide_heartbeat,
+    follower_deadline,
+    follower_timed_out,
+    parse_heartbeats,
+)
+from node.core.vote import (
+    VoteDecision,
+    VoteParse,
+    VoteTally,
+    decide_vote,
+    next_time_to_request_vote,
+    parse_vote,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Effects
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Make (currTerm, votedFor) durable (currterm file, fsync) before executing later effects."""
+
+    term: int
+    voted_for: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged:
+    """(role, term, leader) changed: publish to the shared block and role-change listeners."""
+
+    role: Role
+    term: int
+    leader_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `message` to `peer`'s elector port."""
+
+    peer: str
+    message: VoteRequest | HeartbeatRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer a request; `token` is the caller's routing handle given with the request."""
+
+    message: VoteResponse | HeartbeatResponse | TakeLeadershipResponse | ErrorResponse
+    token: object = None
+
+
+Effect = Persist | RoleChanged | Send | Reply
+
+
+@dataclass(slots=True)
+class Step:
+    """Output of every ElectorCore input: effects in execution order + the next tick time."""
+
+    effects: list[Effect]
+    next_deadline_ms: int
+
+    def of(self, kind: type) -> list:
+        """Effects of one type (tests and logs)."""
+        return [e for e in self.effects if isinstance(e, kind)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _VoteRound:
+    term: int
+    tally: VoteTally
+    started_ms: int
+    deadline_ms: int
+
+
+@dataclass(slots=True, eq=False)
+class _HeartbeatRound:
+    term: int
+    tally: HeartbeatTally
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class _PendingTake:
+    token: object
+    request_id: int
+
+
+@dataclass(slots=True)
+class _Outbox:
+    sends: list[Send] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+
+
+class ElectorCore:
+    """One member's election state machine (MemberState's election fields + the elector).
+
+    Starts as CANDIDATE in its persisted term with its persisted vote (SPEC §3), with the vote
+    timer already expired (DLedger: nextTimeToRequestVote = -1), so the first tick votes.
+    """
+
+    def __init__(self, self_id: str, members: Iterable[str], group: str = "default",
+                 cfg: ElectionConfig | None = None, rng: random.Random | None = None, *,
+                 term: int = 0, voted_for: str | None = None, now_ms: int = 0) -> None:
+        self.cfg = (cfg or ElectionConfig()).validate()
+        # Tests inject a seeded Random; the default is OS-seeded because identical sequences
+        # on all members would synchronize their vote timers (endless split votes).
+        self.rng = rng if rng is not None else random.Random()
+        self.self_id = self_id
+        self.group = group
+        self.members: tuple[str, ...] = tuple(dict.fromkeys(members))
+        if self_id not in self.members:
+            raise ValueError(f"self id {self_id!r} is not among the members {self.members}")
+        self.others: tuple[str, ...] = tuple(m for m in self.members if m != self_id)
+        self._member_set = frozenset(self.members)
+        self._n = len(self.members)
+
+        # MemberState
+        self.role = Role.CANDIDATE
+        self.term = term
+        self.voted_for = voted_for
+        self.leader_id: str | None = None
+        self.known_max_term = -1  # knownMaxTermInGroup (not persisted, as in DLedger)
+        self.term_to_take_leadership = -1
+        self.peers_alive: dict[str, bool] = {}  # peersLiveTable (leader's view)
+
+        # DLedgerLeaderElector timers (ms; None = "never"/"send at once")
+        self.last_leader_heartbeat_ms = now_ms
+        self.last_send_heartbeat_ms: int | None = None
+        self.last_succ_heartbeat_ms = now_ms
+        self.next_vote_ms = -1
+        self.last_parse = ParseResult.WAIT_TO_REVOTE
+        self.last_vote_cost_ms = 0
+
+        self._vote_round: _VoteRound | None = None
+        self._hb_round: _HeartbeatRound | None = None
+        self._inflight: dict[int, tuple[_VoteRound | _HeartbeatRound, str]] = {}
+        self._next_rid = 1
+        self._pending_take: _PendingTake | None = None
+        self._persisted = (term, voted_for)
+        self._published = (self.role, self.term, self.leader_id)
+        self._out = _Outbox()
+
+    # ------------------------------------------------------------------ read-only views
+
+    @property
+    def taking_leadership(self) -> bool:
+        """isTakingLeadership(): a TAKE_LEADERSHIP for the current term is in progress."""
+        return self.term_to_take_leadership == self.term
+
+    def view(self, ledger: LedgerEnd = EMPTY_LEDGER) -> ElectorView:
+        """The snapshot the decision functions read (what DLedger reads under the lock)."""
+        return ElectorView(self.self_id, self.group, self._member_set, self.term,
+                           self.voted_for, self.leader_id, ledger.index, ledger.term,
+                           self.taking_leadership)
+
+    def snapshot(self) -> RoleChanged:
+        """Current (role, term, leader), e.g. to publish the initial state at startup."""
+        return RoleChanged(self.role, self.term, self.leader_id)
+
+    def next_deadline(self, now_ms: int) -> int:
+        """When `tick` must run next (never earlier than now)."""
+        due: list[int] = []
+        if self._vote_round is not None:
+            due.append(self._vote_round.deadline_ms)
+        if self._hb_round is not None:
+            due.append(self._hb_round.deadline_ms)
+        if self.role == Role.LEADER:
+            last = self.last_send_heartbeat_ms
+            due.append(now_ms if last is None else last + self.cfg.heartbeat_interval_ms)
+        elif self.role == Role.FOLLOWER:
+            due.append(follower_deadline(self.last_leader_heartbeat_ms, self.cfg))
+        elif self._vote_round is None:
+            due.append(self.next_vote_ms)
+        return max(now_ms, min(due))
+
+    # ------------------------------------------------------------------ inputs
+
+    def tick(self, now_ms: int, ledger: LedgerEnd = EMPTY_LEDGER) -> Step:
+        """maintainState(): end overdue rounds, then run the current role's step."""
+        self._expire_rounds(now_ms, force=False)
+        self._maintain(now_ms, ledger)
+        return self._finish(now_ms)
+
+    def on_round_timeout(self, now_ms: int, ledger: LedgerEnd = EMPTY_LEDGER) -> Step:
+        """End the in-flight rounds now with what was received (caller-tracked deadline)."""
+        self._expire_rounds(now_ms, force=True)
+        self._maintain(now_ms, ledger)
+        return self._finish(now_ms)
+
+    def on_vote_request(self, req: VoteRequest, ledger: LedgerEnd, now_ms: int,
+                        token: object = None) -> Step:
+        """handleVote(request, false). Execute the Persist effect before the Reply."""
+        d: VoteDecision = decide_vote(self.view(ledger), req)
+        if d.candidate_term is not None:
+            # changeRoleToCandidate(request.term) + needIncreaseTermImmediately, applied now.
+            self._change_role_to_candidate(d.candidate_term)
+            self._increase_term_now(now_ms)
+        if d.grant_to is not None:
+            self.voted_for = d.grant_to  # memberState.setCurrVoteFor -> Persist effect
+        self._out.replies.append(Reply(VoteResponse(
+            int(d.code), self.group, d.reply_term, self.leader_id or "", d.result,
+            ledger.term, ledger.index, req.request_id), token))
+        return self._finish(now_ms)
+
+    def on_heartbeat_request(self, req: HeartbeatRequest, now_ms: int,
+                             token: object = None) -> Step:
+        """handleHeartBeat(request)."""
+        d: HeartbeatDecision = decide_heartbeat(self.view(EMPTY_LEDGER), req, now_ms)
+        if d.action is HeartbeatAction.REFRESH:
+            self.last_leader_heartbeat_ms = now_ms
+        elif d.action is HeartbeatAction.BECOME_FOLLOWER:
+            assert d.term is not None and d.leader_id is not None
+            self._change_role_to_follower(d.term, d.leader_id, now_ms)
+        elif d.action is HeartbeatAction.BECOME_CANDIDATE:
+            assert d.term is not None
+            self._change_role_to_candidate(d.term)
+            self._increase_term_now(now_ms)
+        self._out.replies.append(Reply(HeartbeatResponse(
+            int(d.code), self.group, d.reply_term, self.leader_id or "", req.request_id), token))
+        return self._finish(now_ms)
+
+    def on_take_leadership(self, req: TakeLeadershipRequest, now_ms: int,
+                           token: object = None) -> Step:
+        """handleTakeLeadership: start an election in term+1 at once (leadership transfer).
+
+        The reply is deferred until the outcome is known (TakeLeadershipTask.check): SUCCESS
+        when this node becomes leader in that term, TAKE_LEADERSHIP_FAILED if it ends up a
+        follower, EXPIRED_TERM if the group moved past that term.
+        """
+        code = None
+        if req.group != self.group:
+            code = ResponseCode.UNKNOWN_GROUP
+        elif req.remote_id != self.self_id or req.leader_id not in self._member_set:
+            code = ResponseCode.UNKNOWN_MEMBER
+        elif req.leader_id == self.self_id:
+            code = ResponseCode.UNEXPECTED_MEMBER
+        elif req.term != self.term:
+            code = ResponseCode.INCONSISTENT_TERM  # "[BUG] currTerm != request.term"
+        if code is not None:
+            self._out.replies.append(Reply(TakeLeadershipResponse(
+                int(code), self.group, self.term, self.leader_id or "", req.request_id), token))
+            return self._finish(now_ms)
+        if self._pending_take is not None:  # superseded: answer the older one now
+            self._reply_take(ResponseCode.TAKE_LEADERSHIP_FAILED, self.term)
+        target = req.term + 1
+        self.term_to_take_leadership = target
+        self._pending_take = _PendingTake(token, req.request_id)
+        self._change_role_to_candidate(target)
+        self._increase_term_now(now_ms)
+        return self._finish(now_ms)
+
+    def on_response(self, resp: VoteResponse | HeartbeatResponse | ErrorResponse,
+                    now_ms: int) -> Step:
+        """A peer answered one of our Send effects (matched by request id)."""
+        # #325: a leader steps down on ANY higher term it sees, whatever round it belongs to.
+        if self.role == Role.LEADER and resp.term > self.term:
+            self._change_role_to_candidate(resp.term)
+        entry = self._inflight.pop(resp.request_id, None)
+        if entry is not None:
+            rnd, peer = entry
+            if isinstance(rnd, _HeartbeatRound):
+                self.peers_alive[peer] = resp.code != ResponseCode.NETWORK_ERROR
+                if rnd is self._hb_round:
+                    rnd.tally.add(resp.code, resp.term)
+                    if rnd.tally.done(self._n):
+                        self._finish_heartbeat_round(now_ms)
+            elif rnd is self._vote_round:
+                result = (resp.vote_result if isinstance(resp, VoteResponse)
+                          else VoteResult.UNKNOWN)
+                rnd.tally.add(result, resp.term)
+                if rnd.tally.done(self._n):
+                    self._finish_vote_round(now_ms)
+        return self._finish(now_ms)
+
+    # DLedger names, for readers coming from the Java source.
+    on_vote_response = on_response
+    on_heartbeat_response = on_response
+
+    def on_peer_unreachable(self, request_id: int, now_ms: int) -> Step:
+        """A Send could not be delivered (or the transport gave up): count it as no answer."""
+        entry = self._inflight.pop(request_id, None)
+        if entry is not None:
+            rnd, peer = entry
+            rnd.tally.add(None)
+            if isinstance(rnd, _HeartbeatRound):
+                self.peers_alive[peer] = False  # peersLiveTable.put(id, FALSE)
+                if rnd is self._hb_round and rnd.tally.done(self._n):
+                    self._finish_heartbeat_round(now_ms)
+            elif rnd is self._vote_round and rnd.tally.done(self._n):
+                self._finish_vote_round(now_ms)
+        return self._finish(now_ms)
+
+    def handle(self, msg: Message, now_ms: int, ledger: LedgerEnd = EMPTY_LEDGER,
+               token: object = None) -> Step:
+        """Dispatch any decoded elector-port message; anything else gets UNSUPPORTED."""
+        if isinstance(msg, VoteRequest):
+            return self.on_vote_request(msg, ledger, now_ms, token)
+        if isinstance(msg, HeartbeatRequest):
+            return self.on_heartbeat_request(msg, now_ms, token)
+        if isinstance(msg, TakeLeadershipRequest):
+            return self.on_take_leadership(msg, now_ms, token)
+        if isinstance(msg, (VoteResponse, HeartbeatResponse, ErrorResponse)):
+            return self.on_response(msg, now_ms)
+        self._out.replies.append(Reply(ErrorResponse(
+            int(ResponseCode.UNSUPPORTED), self.group, self.term, self.leader_id or "",
+            f"{type(msg).__name__} is not served on the elector port", int(msg.TYPE),
+            msg.request_id), token))
+        return self._finish(now_ms)
+
+    # ------------------------------------------------------------------ maintain (per role)
+
+    def _maintain(self, now_ms: int, ledger: LedgerEnd) -> None:
+        # A role change inside one step (follower times out -> candidate votes at once, a
+        # single-node candidate wins -> leader beats) is run through in the same tick.
+        for _ in range(3):
+            before = self.role
+            if self.role == Role.LEADER:
+                self._maintain_as_leader(now_ms)
+            elif self.role == Role.FOLLOWER:
+                self._maintain_as_follower(now_ms)
+            else:
+                self._maintain_as_candidate(now_ms, ledger)
+            if self.role == before:
+                break
+
+    def _maintain_as_leader(self, now_ms: int) -> None:
+        last = self.last_send_heartbeat_ms
+        if last is not None and now_ms - last < self.cfg.heartbeat_interval_ms:
+            return
+        if self._hb_round is not None:  # its interval is over: parse what arrived
+            self._finish_heartbeat_round(now_ms)
+            if self.role != Role.LEADER:
+                return
+        self.last_send_heartbeat_ms = now_ms
+        rnd = _HeartbeatRound(self.term, HeartbeatTally(self.term),
+                              now_ms + self.cfg.heartbeat_interval_ms)
+        self._hb_round = rnd
+        for peer in self.others:
+            rid = self._rid(rnd, peer)
+            self._out.sends.append(Send(peer, HeartbeatRequest(
+                self.group, peer, self.self_id, self.term, rid)))
+        if rnd.tally.done(self._n):  # one-node group
+            self._finish_heartbeat_round(now_ms)
+
+    def _maintain_as_follower(self, now_ms: int) -> None:
+        if follower_timed_out(now_ms, self.last_leader_heartbeat_ms, self.cfg):
+            self._change_role_to_candidate(self.term)  # same term; the vote decides the rest
+
+    def _maintain_as_candidate(self, now_ms: int, ledger: LedgerEnd) -> None:
+        if self._vote_round is not None or now_ms < self.next_vote_ms:
+            return
+        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT:
+            self._next_term()
+            self.last_parse = ParseResult.WAIT_TO_REVOTE
+        self._start_vote_round(now_ms, ledger)
+
+    def _start_vote_round(self, now_ms: int, ledger: LedgerEnd) -> None:
+        """voteForQuorumResponses: vote for myself (through handleVote, self=true), ask peers."""
+        term = self.term
+        d = decide_vote(self.view(ledger), VoteRequest(
+            self.group, self.self_id, self.self_id, term, ledger.term, ledger.index), is_self=True)
+        if d.grant_to is not None:
+            self.voted_for = d.grant_to  # persisted (Persist effect) before the Sends go out
+        rnd = _VoteRound(term, VoteTally(term), now_ms, now_ms + self.cfg.vote_round_timeout_ms)
+        rnd.tally.add(d.result, d.reply_term)
+        self._vote_round = rnd
+        for peer in self.others:
+            rid = self._rid(rnd, peer)
+            self._out.sends.append(Send(peer, VoteRequest(
+                self.group, peer, self.self_id, term, ledger.term, ledger.index, rid)))
+        if rnd.tally.done(self._n):
+            self._finish_vote_round(now_ms)
+
+    # ------------------------------------------------------------------ rounds
+
+    def _expire_rounds(self, now_ms: int, force: bool) -> None:
+        if self._vote_round is not None and (force or now_ms >= self._vote_round.deadline_ms):
+            self._finish_vote_round(now_ms)
+        if self._hb_round is not None and (force or now_ms >= self._hb_round.deadline_ms):
+            self._finish_heartbeat_round(now_ms)
+
+    def _finish_vote_round(self, now_ms: int) -> None:
+        rnd, self._vote_round = self._vote_round, None
+        if rnd is None or self.role != Role.CANDIDATE or self.term != rnd.term:
+            return  # abandoned: we moved on (follower, or a new term) while it was in flight
+        self.last_vote_cost_ms = now_ms - rnd.started_ms
+        p: VoteParse = parse_vote(rnd.tally, self._n, now_ms, self.last_vote_cost_ms, self.cfg,
+                                  self.rng, self.taking_leadership)
+        self.last_parse = p.result
+        if p.next_time_ms is not None:
+            self.next_vote_ms = p.next_time_ms
+        if p.candidate_term is not None:
+            self._change_role_to_candidate(p.candidate_term)
+        if p.result == ParseResult.PASSED:
+            self._change_role_to_leader(rnd.term, now_ms)
+
+    def _finish_heartbeat_round(self, now_ms: int) -> None:
+        rnd, self._hb_round = self._hb_round, None
+        if rnd is None or self.role != Role.LEADER or self.term != rnd.term:
+            return
+        p: HeartbeatParse = parse_heartbeats(rnd.tally, self._n, now_ms,
+                                             self.last_succ_heartbeat_ms, self.cfg)
+        o = p.outcome
+        if o is HeartbeatOutcome.QUORUM:
+            self.last_succ_heartbeat_ms = now_ms
+        elif o is HeartbeatOutcome.RESEND_NOW:
+            self.last_send_heartbeat_ms = None
+        elif o is not HeartbeatOutcome.NO_QUORUM_YET:
+            assert p.term is not None
+            self._change_role_to_candidate(p.term)
+
+    def _rid(self, rnd: _VoteRound | _HeartbeatRound, peer: str) -> int:
+        rid = self._next_rid
+        self._next_rid += 1
+        if len(self._inflight) > 8 * self._n:
+            # Bound memory: forget requests of finished rounds that never got an answer.
+            live = (self._vote_round, self._hb_round, rnd)
+            self._inflight = {k: v for k, v in self._inflight.items() if v[0] in live}
+        self._inflight[rid] = (rnd, peer)
+        return rid
+
+    # ------------------------------------------------------------------ MemberState changes
+
+    def _next_term(self) -> None:
+        """MemberState.nextTerm(): jump to knownMaxTermInGroup if ahead, else +1; clear vote."""
+        assert self.role == Role.CANDIDATE
+        self.term = self.known_max_term if self.known_max_term > self.term else self.term + 1
+        self.voted_for = None
+        self._vote_round = None  # a round of the old term can no longer count
+
+    def _increase_term_now(self, now_ms: int) -> None:
+        """maintainAsCandidate's needIncreaseTermImmediately branch: enter the new term now,
+        then wait a (randomized) vote interval before asking for votes ourselves."""
+        if self.role != Role.CANDIDATE:
+            return
+        self._next_term()
+        self.last_parse = ParseResult.WAIT_TO_REVOTE
+        self.next_vote_ms = next_time_to_request_vote(
+            now_ms, self.last_vote_cost_ms, self.cfg, self.rng, self.taking_leadership)
+
+    def _change_role_to_candidate(self, term: int) -> None:
+        """changeRoleToCandidate(term): only records the term as known; nextTerm enters it."""
+        if term < self.term:
+            return  # "skip to be candidate in term"
+        if term > self.known_max_term:
+            self.known_max_term = term
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self._hb_round = None
+        self._check_take_leadership(term, Role.CANDIDATE)
+
+    def _change_role_to_leader(self, term: int, now_ms: int) -> None:
+        if self.term != term:
+            return  # "skip to be the leader in term"
+        self.role = Role.LEADER
+        self.leader_id = self.self_id
+        self.last_send_heartbeat_ms = None  # lastSendHeartBeatTime = -1: beat at once
+        self.last_succ_heartbeat_ms = now_ms  # the election itself was a quorum contact
+        self.peers_alive.clear()
+        self._vote_round = None
+        self._check_take_leadership(term, Role.LEADER)
+
+    def _change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> None:
+        self.last_parse = ParseResult.WAIT_TO_REVOTE
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+        self.last_leader_heartbeat_ms = now_ms
+        self._vote_round = None
+        self._hb_round = None
+        self._check_take_leadership(term, Role.FOLLOWER)
+
+    def _check_take_leadership(self, term: int, role: Role) -> None:
+        """TakeLeadershipTask.check: answer a pending TAKE_LEADERSHIP once the outcome is known."""
+        target = self.term_to_take_leadership
+        if target == -1 or self._pending_take is None:
+            return
+        if term > target:
+            code = ResponseCode.EXPIRED_TERM
+        elif term == target:
+            if role == Role.LEADER:
+                code = ResponseCode.SUCCESS
+            elif role == Role.FOLLOWER:
+                code = ResponseCode.TAKE_LEADERSHIP_FAILED
+            else:
+                return  # still campaigning
+        else:
+            # "may receive a heartbeat before the term increase and become follower"
+            code = (ResponseCode.TAKE_LEADERSHIP_FAILED if role == Role.FOLLOWER
+                    else ResponseCode.INTERNAL_ERROR)
+        self._reply_take(code, term)
+
+    def _reply_take(self, code: ResponseCode, term: int) -> None:
+        p = self._pending_take
+        assert p is not None
+        self._out.replies.append(Reply(TakeLeadershipResponse(
+            int(code), self.group, term, self.leader_id or "", p.request_id), p.token))
+        self._pending_take = None
+        self.term_to_take_leadership = -1
+
+    # ------------------------------------------------------------------ output
+
+    def _finish(self, now_ms: int) -> Step:
+        effects: list[Effect] = []
+        state = (self.term, self.voted_for)
+        if state != self._persisted:
+            self._persisted = state
+            effects.append(Persist(*state))
+        published = (self.role, self.term, self.leader_id)
+        if published != self._published:
+            self._published = published
+            effects.append(RoleChanged(*published))
+        out, self._out = self._out, _Outbox()
+        effects += out.sends
+        effects += out.replies
+        return Step(effects, self.next_deadline(now_ms))
+
+
+__all__ = [
+    "EMPTY_LEDGER",
+    "Effect",
+    "ElectionConfig",
+    "ElectorCore",
+    "ElectorView",
+    "HeartbeatAction",
+    "HeartbeatDecision",
+    "HeartbeatOutcome",
+    "HeartbeatParse",
+    "HeartbeatTally",
+    "LedgerEnd",
+    "Persist",
+    "Reply",
+    "RoleChanged",
+    "Send",
+    "Step",
+    "VoteDecision",
+    "VoteParse",
+    "VoteTally",
+    "decide_heartbeat",
+    "decide_vote",
+    "follower_timed_out",
+    "is_quorum",
+    "next_time_to_request_vote",
+    "parse_heartbeats",
+    "parse_vote",
+]

@@ -1,0 +1,107 @@
+"""Plain data shared by the election decision functions and the ElectorCore.
+
+Kept separate so `vote.py`, `heartbeat.py` and `election.py` can import it without cycles.
+Nothing here does I/O; times are integer milliseconds passed in by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionConfig:
+    """Election timings (DLedgerConfig names in parentheses). Defaults: docs/election.md.
+
+    DLedger's defaults (2000 ms heartbeat, leak 3, votes every 300-1000 ms) fail over in ~6 s;
+    SPEC §3 asks for sub-second detection that still never flaps on a loaded 2-core box.
+    """
+
+    heartbeat_interval_ms: int = 200
+    """(heartBeatTimeIntervalMs) leader -> follower heartbeat period."""
+    max_heartbeat_leak: int = 3
+    """(maxHeartBeatLeak) missed periods before a follower / an unconfirmed leader gives up."""
+    min_vote_interval_ms: int = 50
+    """(minVoteIntervalMs) lower bound of the randomized candidate vote timer."""
+    max_vote_interval_ms: int = 450
+    """(maxVoteIntervalMs) upper bound (exclusive) of the randomized vote timer."""
+    vote_round_timeout_ms: int = 300
+    """How long a vote round waits for answers (DLedger: 2000 + rand(maxVoteIntervalMs))."""
+    min_take_leadership_vote_interval_ms: int = 30
+    """(minTakeLeadershipVoteIntervalMs) vote timer while taking leadership (transfer)."""
+    max_take_leadership_vote_interval_ms: int = 100
+    """(maxTakeLeadershipVoteIntervalMs)."""
+
+    @property
+    def leader_lease_ms(self) -> int:
+        """maxHeartBeatLeak x heartBeatTimeIntervalMs: the follower timeout and leader lease."""
+        return self.max_heartbeat_leak * self.heartbeat_interval_ms
+
+    def problems(self) -> list[str]:
+        """One message per bad field (empty list = valid). Config is checked before start."""
+        out = []
+        if self.heartbeat_interval_ms < 10:
+            out.append(f"heartbeat_interval_ms={self.heartbeat_interval_ms}: must be >= 10")
+        if self.max_heartbeat_leak < 2:
+            out.append(f"max_heartbeat_leak={self.max_heartbeat_leak}: must be >= 2 "
+                       "(one lost heartbeat must not depose a leader)")
+        if self.min_vote_interval_ms < 0:
+            out.append(f"min_vote_interval_ms={self.min_vote_interval_ms}: must be >= 0")
+        if self.max_vote_interval_ms <= self.min_vote_interval_ms:
+            out.append(f"max_vote_interval_ms={self.max_vote_interval_ms}: must be > "
+                       f"min_vote_interval_ms={self.min_vote_interval_ms} (randomization "
+                       "is what breaks split votes)")
+        if self.vote_round_timeout_ms < 1:
+            out.append(f"vote_round_timeout_ms={self.vote_round_timeout_ms}: must be >= 1")
+        if self.min_take_leadership_vote_interval_ms < 0:
+            out.append("min_take_leadership_vote_interval_ms: must be >= 0")
+        if self.max_take_leadership_vote_interval_ms <= self.min_take_leadership_vote_interval_ms:
+            out.append("max_take_leadership_vote_interval_ms: must be > "
+                       "min_take_leadership_vote_interval_ms")
+        return out
+
+    def validate(self) -> ElectionConfig:
+        """Return self, or raise ValueError listing every problem."""
+        p = self.problems()
+        if p:
+            raise ValueError("invalid election config: " + "; ".join(p))
+        return self
+
+
+class LedgerEnd(NamedTuple):
+    """(ledgerEndIndex, ledgerEndTerm) of the local store; (-1, -1) when empty.
+
+    Owned by the handler process; the elector reads it from the shared block under the
+    member lock and passes it into every call that needs it.
+    """
+
+    index: int = -1
+    term: int = -1
+
+
+EMPTY_LEDGER = LedgerEnd()
+"""An empty log, (-1, -1): the default ledger end for calls that do not need one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElectorView:
+    """What handleVote / handleHeartBeat read under ``synchronized(memberState)``.
+
+    A snapshot: the decision functions are pure over it, the caller applies the decision.
+    """
+
+    self_id: str
+    group: str
+    peers: frozenset[str]  # every member id, self included (DLedger's peerMap keys)
+    term: int  # currTerm
+    voted_for: str | None  # currVoteFor
+    leader_id: str | None  # leaderId (None while candidate)
+    ledger_end_index: int = -1
+    ledger_end_term: int = -1
+    taking_leadership: bool = False  # termToTakeLeadership == currTerm
+
+
+def is_quorum(num: int, member_count: int) -> bool:
+    """MemberState.isQuorum: num >= peerSize / 2 + 1 (peerSize counts self)."""
+    return num >= member_count // 2 + 1

@@ -1,0 +1,203 @@
+"""Vote decisions, pure: DLedgerLeaderElector.handleVote and the candidate's tally/parse.
+
+Sources: SPEC §3 ("handleVote", "Candidate"), seed 001 §3.2.5 / §4.3 / §4.5.2, seed 004
+(maintainAsCandidate), openmessaging/dledger DLedgerLeaderElector.java. The order of the checks
+below IS the protocol: e.g. the ledger comparison comes before the term comparison, so a
+candidate with a shorter log but a larger term is rejected without the voter adopting its
+term (unlike textbook Raft, which would step down first).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ipc.codes import ParseResult, ResponseCode, VoteResult
+from ipc.protocol import VoteRequest
+from node.core.election_types import ElectionConfig, ElectorView, is_quorum
+
+
+@dataclass(frozen=True, slots=True)
+class VoteDecision:
+    """What handleVote decided; the caller applies it, persists, THEN replies.
+
+    - `grant_to`: set votedFor to this candidate (ACCEPT). It must be made durable before the
+      reply leaves the node (etcd's "persist before send"; DLedger's setCurrVoteFor +
+      persistTerm, but fsynced).
+    - `candidate_term`: DLedger's ``changeRoleToCandidate(request.term)`` +
+      ``needIncreaseTermImmediately``: step down to candidate and adopt this term (durably,
+      votedFor cleared) before replying REJECT_TERM_NOT_READY.
+    """
+
+    result: VoteResult
+    reply_term: int
+    code: ResponseCode = ResponseCode.SUCCESS
+    grant_to: str | None = None
+    candidate_term: int | None = None
+
+
+def decide_vote(view: ElectorView, req: VoteRequest, *, is_self: bool = False) -> VoteDecision:
+    """handleVote(request, self) in DLedger's exact decision order (SPEC §3)."""
+    cand = req.leader_id
+    # Envelope checks DLedgerServer.handleVote does before delegating (PreConditions):
+    # a request for another group or addressed to another node gets an error code and an
+    # UNKNOWN vote (the candidate counts UNKNOWN as "no valid answer").
+    if req.group != view.group:
+        return VoteDecision(VoteResult.UNKNOWN, view.term, ResponseCode.UNKNOWN_GROUP)
+    if req.remote_id != view.self_id:
+        return VoteDecision(VoteResult.UNKNOWN, view.term, ResponseCode.UNKNOWN_MEMBER)
+    # 1. "[BUG] remoteId is an unknown member": only group members may be elected.
+    if cand not in view.peers:
+        return VoteDecision(VoteResult.REJECT_UNKNOWN_LEADER, view.term)
+    # 2. Someone else claims to be me (misconfigured peers): never vote for it.
+    if not is_self and cand == view.self_id:
+        return VoteDecision(VoteResult.REJECT_UNEXPECTED_LEADER, view.term)
+    # 3. Log comparison first (Raft §5.4.1 election restriction): a candidate whose last entry
+    #    has an older term, or the same term and a lower index, lacks entries I may have
+    #    acknowledged; it must never win. Note: no term adoption on this path.
+    if req.ledger_end_term < view.ledger_end_term:
+        return VoteDecision(VoteResult.REJECT_EXPIRED_LEDGER_TERM, view.term)
+    if req.ledger_end_term == view.ledger_end_term and req.ledger_end_index < view.ledger_end_index:
+        return VoteDecision(VoteResult.REJECT_SMALL_LEDGER_END_INDEX, view.term)
+    # 4. Term comparison.
+    if req.term < view.term:
+        # Stale candidate: tell it my term so it can catch up (knownMaxTermInGroup).
+        return VoteDecision(VoteResult.REJECT_EXPIRED_VOTE_TERM, view.term)
+    if req.term == view.term:
+        # One vote per term: unvoted or a repeat for the same candidate may proceed.
+        if view.voted_for is not None and view.voted_for != cand:
+            if view.leader_id is not None:
+                return VoteDecision(VoteResult.REJECT_ALREADY_HAS_LEADER, view.term)
+            return VoteDecision(VoteResult.REJECT_ALREADY_VOTED, view.term)
+    else:
+        # "stepped down by larger term": DLedger never votes in a term it has not entered yet;
+        # it becomes candidate in that term and answers NOT_READY; the candidate then revotes
+        # immediately (REVOTE_IMMEDIATELY) and finds me in its term with no vote cast.
+        return VoteDecision(VoteResult.REJECT_TERM_NOT_READY, req.term, candidate_term=req.term)
+    # 5. A vote term older than my last entry's term cannot produce a legal leader; answer
+    #    with my ledger end term (that is what DLedger puts in the reply).
+    if req.term < view.ledger_end_term:
+        return VoteDecision(VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, view.ledger_end_term)
+    # 6. Leadership transfer: while I am taking leadership, other candidates whose log is not
+    #    longer than mine are turned away so the transfer target wins (seed 001 §4.5.2).
+    if (not is_self and view.taking_leadership
+            and req.ledger_end_term == view.ledger_end_term
+            and view.ledger_end_index >= req.ledger_end_index):
+        return VoteDecision(VoteResult.REJECT_TAKING_LEADERSHIP, view.term)
+    # 7. Grant. votedFor must be durable before the ACCEPT is sent.
+    return VoteDecision(VoteResult.ACCEPT, view.term, grant_to=cand)
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidate side: tally one round (voteForQuorumResponses + the whenComplete callbacks) and parse
+# it (the if/else chain at the end of maintainAsCandidate).
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class VoteTally:
+    """Counters of one vote round, named as in maintainAsCandidate."""
+
+    term: int
+    known_max_term: int = -1  # knownMaxTermInGroup, starts at the round's term
+    all_num: int = 0
+    valid_num: int = 0
+    accepted_num: int = 0
+    not_ready_term_num: int = 0
+    bigger_ledger_num: int = 0
+    already_has_leader: bool = False
+
+    def __post_init__(self) -> None:
+        if self.known_max_term < self.term:
+            self.known_max_term = self.term
+
+    def add(self, result: VoteResult | None, resp_term: int = -1) -> None:
+        """Count one answer; `None` = no answer (network error / peer unreachable)."""
+        self.all_num += 1
+        if result is None:
+            return  # the future completed exceptionally: counted in allNum only
+        if result != VoteResult.UNKNOWN:
+            self.valid_num += 1
+        if result == VoteResult.ACCEPT:
+            self.accepted_num += 1
+        elif result == VoteResult.REJECT_ALREADY_HAS_LEADER:
+            self.already_has_leader = True
+        elif result in (VoteResult.REJECT_TERM_SMALL_THAN_LEDGER,
+                        VoteResult.REJECT_EXPIRED_VOTE_TERM):
+            if resp_term > self.known_max_term:
+                self.known_max_term = resp_term
+        elif result in (VoteResult.REJECT_EXPIRED_LEDGER_TERM,
+                        VoteResult.REJECT_SMALL_LEDGER_END_INDEX):
+            self.bigger_ledger_num += 1
+        elif result == VoteResult.REJECT_TERM_NOT_READY:
+            self.not_ready_term_num += 1
+        # REJECT_ALREADY_VOTED, REJECT_TAKING_LEADERSHIP, REJECT_UNKNOWN/UNEXPECTED_LEADER:
+        # valid answers that count for nothing else.
+
+    def done(self, member_count: int) -> bool:
+        """voteLatch.countDown conditions: enough is known to parse before the deadline."""
+        return (self.already_has_leader
+                or is_quorum(self.accepted_num, member_count)
+                or is_quorum(self.accepted_num + self.not_ready_term_num, member_count)
+                or self.all_num >= member_count)
+
+
+def next_time_to_request_vote(now_ms: int, last_vote_cost_ms: int, cfg: ElectionConfig,
+                              rng: random.Random, taking_leadership: bool = False) -> int:
+    """getNextTimeToRequestVote: now + lastVoteCost + random(min, max) (SPEC §3).
+
+    The random spread desynchronizes candidates (no endless split votes); adding the last
+    round's cost backs off further when answers are slow (a loaded machine). While taking
+    leadership the (short) take-leadership interval is used and the cost is not added, so a
+    transfer completes fast.
+    """
+    if taking_leadership:
+        lo = cfg.min_take_leadership_vote_interval_ms
+        hi = cfg.max_take_leadership_vote_interval_ms
+        return now_ms + lo + (rng.randrange(hi - lo) if hi > lo else 0)
+    lo, hi = cfg.min_vote_interval_ms, cfg.max_vote_interval_ms
+    return now_ms + max(0, last_vote_cost_ms) + lo + (rng.randrange(hi - lo) if hi > lo else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class VoteParse:
+    """Outcome of parse_vote. `next_time_ms` None = leave the vote timer as it is;
+    `candidate_term` = call changeRoleToCandidate(candidate_term) (a bigger term was seen)."""
+
+    result: ParseResult
+    next_time_ms: int | None = None
+    candidate_term: int | None = None
+
+
+def parse_vote(tally: VoteTally, member_count: int, now_ms: int, last_vote_cost_ms: int,
+               cfg: ElectionConfig, rng: random.Random,
+               taking_leadership: bool = False) -> VoteParse:
+    """The parse chain at the end of maintainAsCandidate, in SPEC §3's order."""
+
+    def timer() -> int:
+        return next_time_to_request_vote(now_ms, last_vote_cost_ms, cfg, rng, taking_leadership)
+
+    # 1. Someone is in a later term: we cannot win this one; move to that term next round
+    #    (WAIT_TO_VOTE_NEXT makes the next round call nextTerm(), which jumps to knownMax).
+    if tally.known_max_term > tally.term:
+        return VoteParse(ParseResult.WAIT_TO_VOTE_NEXT, timer(), tally.known_max_term)
+    # 2. A leader exists in this term: wait long enough for its heartbeat to reach us
+    #    (heartbeat x leak extra) instead of disturbing it.
+    if tally.already_has_leader:
+        return VoteParse(ParseResult.WAIT_TO_REVOTE, timer() + cfg.leader_lease_ms)
+    # 3. Not even a quorum answered: retry in the same term (no term inflation while
+    #    partitioned, which is what keeps an isolated node from disrupting the group later).
+    if not is_quorum(tally.valid_num, member_count):
+        return VoteParse(ParseResult.WAIT_TO_REVOTE, timer())
+    # 4. Too many voters have a longer log than mine: back off the longest so a better
+    #    candidate goes first.
+    if not is_quorum(tally.valid_num - tally.bigger_ledger_num, member_count):
+        return VoteParse(ParseResult.WAIT_TO_REVOTE, timer() + cfg.max_vote_interval_ms)
+    # 5. Elected.
+    if is_quorum(tally.accepted_num, member_count):
+        return VoteParse(ParseResult.PASSED)
+    # 6. Would be elected once the NOT_READY voters have entered my term: ask again now.
+    if is_quorum(tally.accepted_num + tally.not_ready_term_num, member_count):
+        return VoteParse(ParseResult.REVOTE_IMMEDIATELY, now_ms)
+    # 7. Split vote: next round in a new term after a random wait.
+    return VoteParse(ParseResult.WAIT_TO_VOTE_NEXT, timer())

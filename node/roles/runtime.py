@@ -1,0 +1,120 @@
+"""What every role process does before its own loop: the same start-up, logging and stop rules.
+
+A role is started by the supervisor as `python -m node.roles.<role> --config RUN_DIR/config.json
+[--peer ID]`. It then: asks the kernel to SIGTERM it if the supervisor dies (so no role is ever
+left half-alive without its supervisor), installs SIGTERM/SIGINT handlers that only set a flag
+(the loop notices within one poll timeout), attaches the shared block without the resource
+tracker, repairs seqlocks a killed predecessor may have left odd, creates its ZeroMQ context
+(after the process started: contexts never cross a fork), and logs with node id, role and pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from ipc.sockets import ipc_path, make_context
+from node.config import NodeConfig
+from node.shared_state import SharedState, monotonic_ms, segment_name
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: deliver SIGTERM to this process when its parent (the supervisor) dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - non-Linux: the ppid check covers it
+        pass
+
+
+def setup_logging(node_id: str, role: str, debug: bool = False) -> logging.Logger:
+    fmt = f"%(asctime)s %(levelname)s {node_id} {role}[%(process)d] %(name)s: %(message)s"
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format=fmt, stream=sys.stderr,
+                        force=True)
+    return logging.getLogger(f"dledger.{role.split('[')[0]}")
+
+
+@dataclass
+class RoleContext:
+    """Everything a role loop needs, created in the role's own process."""
+
+    cfg: NodeConfig
+    role: str  # "elector", "handler", "ack_checker", "dispatcher[2]"
+    log: logging.Logger
+    state: SharedState
+    zctx: zmq.Context
+    run_dir: Path
+    peer_id: str | None = None
+    parent_pid: int = field(default_factory=os.getppid)
+    stopping: bool = False
+
+    def ipc(self, name: str) -> str:
+        return ipc_path(self.run_dir, name)
+
+    def should_stop(self) -> bool:
+        """True once SIGTERM/SIGINT arrived or the supervisor is gone."""
+        return self.stopping or os.getppid() != self.parent_pid
+
+    def beat(self) -> None:
+        self.state.beat(self.role, monotonic_ms())
+
+    def close(self) -> None:
+        self.zctx.destroy(linger=0)
+        self.state.close()
+
+
+def load_run_config(path: str | os.PathLike[str]) -> NodeConfig:
+    return NodeConfig.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def state_name(cfg: NodeConfig) -> str:
+    return segment_name(cfg.group, cfg.id, os.path.abspath(cfg.store_dir))
+
+
+def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | None = None) -> int:
+    """Entry point shared by every role module's `main()`."""
+    ap = argparse.ArgumentParser(prog=f"dledger-{role}")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--peer", default=None, help="dispatcher only: the follower it serves")
+    ap.add_argument("--debug", action="store_true")
+    args = ap.parse_args(argv)
+    die_with_parent()
+    cfg = load_run_config(args.config)
+    role_name = role
+    if args.peer is not None:
+        role_name = f"{role}[{cfg.peer_ids.index(args.peer)}]"
+    log = setup_logging(cfg.id, role_name if args.peer is None else f"{role}-{args.peer}", args.debug)
+    ctx_holder: list[RoleContext] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if ctx_holder:
+            ctx_holder[0].stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    state = SharedState.attach(state_name(cfg), role=role_name)
+    repaired = state.repair_seqs(role_name)
+    if repaired:
+        log.warning("repaired seqlocks left mid-write by a previous incarnation: %s", repaired)
+    rc = RoleContext(cfg, role_name, log, state, make_context(), Path(args.config).parent, args.peer)
+    ctx_holder.append(rc)
+    log.debug("started")
+    try:
+        run(rc)
+    except Exception:
+        log.exception("role crashed")
+        return 1
+    finally:
+        rc.close()
+    return 0

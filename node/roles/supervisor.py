@@ -1,0 +1,253 @@
+"""The supervisor: one per node. Owns the config, the shared state block and the role processes.
+
+circus-style rules: the signal handlers only record what happened (the loop acts on it); a dead
+role is noticed through SIGCHLD (the loop wakes on a self-pipe, so "within a second" is really
+"at once") and restarted with a capped exponential backoff, its term/vote/store surviving on
+disk and in the block; a role that hangs (no beat for `HANG_MS`) is killed and restarted;
+stopping is SIGTERM → grace → SIGKILL, by PID; the block is unlinked and exit is 0. A role that
+exits with `EXIT_FATAL` (e.g. the handler refusing a corrupt store) stops the whole node with a
+clear message instead of a crash loop — never a half-alive node that answers but does not
+replicate.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.config import NodeConfig
+from node.roles.runtime import state_name
+from node.shared_state import SharedState, monotonic_ms
+
+EXIT_FATAL = 3
+HANG_MS = 10_000
+MIN_BACKOFF_MS = 100
+STABLE_MS = 10_000  # a role up this long gets its backoff reset
+
+log = logging.getLogger("dledger.supervisor")
+
+
+class SupervisorError(RuntimeError):
+    pass
+
+
+@dataclass
+class RoleProc:
+    name: str  # "elector", "handler", "ack_checker", "dispatcher-n1"
+    module: str
+    beat_role: str  # the block's writer name: "dispatcher[1]"
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    started_ms: int = 0
+    backoff_ms: int = MIN_BACKOFF_MS
+    restart_at_ms: int | None = None
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(self, cfg: NodeConfig, debug: bool = False) -> None:
+        self.cfg = cfg
+        self.debug = debug
+        self.node = cfg.id
+        self.store_dir = Path(cfg.store_dir).resolve()
+        self.roles: list[RoleProc] = []
+        self.state: SharedState | None = None
+        self.run_dir: Path | None = None
+        self._own_run_dir = False
+        self._lock_fd: int | None = None
+        self._stop_requested = False
+        self._child_exited = False
+        self._fatal: str | None = None
+        self._wake_r, self._wake_w = -1, -1
+
+    # ------------------------------------------------------------------ set-up
+    def _lock_store(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.store_dir / "node.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise SupervisorError(f"store dir {self.store_dir} is in use by another node (pid {other or '?'})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _make_run_dir(self) -> None:
+        if self.cfg.run_dir:
+            self.run_dir = Path(self.cfg.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        else:  # short: ipc:// socket paths must stay under ~100 bytes
+            self.run_dir = Path(tempfile.mkdtemp(prefix=f"dl-{self.node}-", dir="/tmp"))
+            self._own_run_dir = True
+        cfg = json.loads(self.cfg.to_json())
+        cfg["store_dir"] = str(self.store_dir)
+        cfg["run_dir"] = str(self.run_dir)
+        (self.run_dir / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+
+    def _plan_roles(self) -> None:
+        """Every role that exists in this build: start what exists, fake nothing."""
+        plan = [("handler", "node.roles.handler", "handler", []),
+                ("elector", "node.roles.elector", "elector", []),
+                ("ack_checker", "node.roles.ack_checker", "ack_checker", [])]
+        for slot, peer in enumerate(self.cfg.peer_ids):
+            if peer != self.node:
+                plan.append((f"dispatcher-{peer}", "node.roles.dispatcher", f"dispatcher[{slot}]",
+                             ["--peer", peer]))
+        for name, module, beat_role, args in plan:
+            if importlib.util.find_spec(module) is not None:
+                self.roles.append(RoleProc(name, module, beat_role, args))
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, r: RoleProc) -> None:
+        assert self.run_dir is not None
+        cmd = [sys.executable, "-m", r.module, "--config", str(self.run_dir / "config.json"), *r.args]
+        if self.debug:
+            cmd.append("--debug")
+        r.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
+        r.started_ms = monotonic_ms()
+        r.restart_at_ms = None
+        log.info("%s started %s pid=%d", self.node, r.name, r.proc.pid)
+
+    def _reap(self) -> None:
+        now = monotonic_ms()
+        for r in self.roles:
+            if r.proc is None or r.proc.poll() is None:
+                continue
+            rc = r.proc.returncode
+            how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
+            if self._stop_requested:
+                continue
+            if rc == EXIT_FATAL:
+                self._fatal = f"{r.name} exited fatally ({how}); stopping the node"
+                log.error("%s %s", self.node, self._fatal)
+                return
+            if now - r.started_ms >= STABLE_MS:
+                r.backoff_ms = MIN_BACKOFF_MS
+            log.warning("%s %s pid=%d died (%s); restarting in %d ms", self.node, r.name, r.proc.pid,
+                        how, r.backoff_ms)
+            r.proc = None
+            r.restart_at_ms = now + r.backoff_ms
+            r.backoff_ms = min(r.backoff_ms * 2, self.cfg.role_restart_max_backoff_ms)
+            r.restarts += 1
+
+    def _watchdog(self, now: int, loop_gap_ms: int) -> None:
+        """Kill a role whose beat is stale. Skipped right after the supervisor itself was not
+        running (SIGSTOP of the whole node, a suspended VM): everyone's beats are stale then."""
+        if self.state is None or loop_gap_ms > 1000:
+            return
+        for r in self.roles:
+            if r.proc is None or r.proc.poll() is not None or now - r.started_ms < HANG_MS:
+                continue
+            try:
+                beat = self.state.last_beat(r.beat_role)
+            except (KeyError, ValueError):
+                continue
+            if beat and now - beat > HANG_MS:
+                log.warning("%s %s pid=%d stopped beating %d ms ago; killing it", self.node, r.name,
+                            r.proc.pid, now - beat)
+                r.proc.kill()
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGCHLD:
+            self._child_exited = True
+        else:
+            self._stop_requested = True
+
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(s, self._on_signal)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        """Run the node in the foreground until SIGTERM/SIGINT; returns the exit code."""
+        self._lock_store()
+        try:
+            self._make_run_dir()
+            self.state = SharedState.create(state_name(self.cfg), len(self.cfg.peer_ids),
+                                            self.cfg.self_slot, role="supervisor")
+            self._plan_roles()
+            self._install_signals()
+            log.info("%s node starting: group=%s peers=%s store=%s roles=%s", self.node, self.cfg.group,
+                     self.cfg.peers, self.store_dir, ",".join(r.name for r in self.roles))
+            for r in self.roles:
+                self._spawn(r)
+            self._loop()
+        finally:
+            self._shutdown()
+        if self._fatal:
+            print(f"dledger server: error: {self._fatal}", file=sys.stderr)
+            return 1
+        return 0
+
+    def _loop(self) -> None:
+        last = monotonic_ms()
+        while not self._stop_requested and self._fatal is None:
+            now = monotonic_ms()
+            timeouts = [r.restart_at_ms - now for r in self.roles if r.restart_at_ms is not None]
+            timeout = max(0, min([1000, *timeouts])) / 1000
+            try:
+                select.select([self._wake_r], [], [], timeout)
+            except InterruptedError:
+                pass
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            now = monotonic_ms()
+            gap, last = now - last, now
+            self._child_exited = False
+            self._reap()
+            if self._stop_requested or self._fatal:
+                break
+            for r in self.roles:
+                if r.proc is None and r.restart_at_ms is not None and now >= r.restart_at_ms:
+                    self._spawn(r)
+            self._watchdog(now, gap - int(timeout * 1000))
+
+    def _shutdown(self) -> None:
+        live = [r for r in self.roles if r.proc is not None and r.proc.poll() is None]
+        for r in live:
+            r.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_grace_ms / 1000
+        for r in live:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s %s pid=%d ignored SIGTERM; killing", self.node, r.name, r.proc.pid)
+                r.proc.kill()
+                r.proc.wait()
+        if self.state is not None:
+            self.state.unlink()
+            self.state.close()
+            self.state = None
+        if self.run_dir is not None and self._own_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        if self._wake_w >= 0:
+            signal.set_wakeup_fd(-1)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+        log.info("%s node stopped", self.node)

@@ -1,0 +1,313 @@
+"""ElectorCore: the state machine that applies the decision tables, driven by hand.
+
+Checks the effect contract (Persist first, persist-before-send/reply), the role transitions of
+SPEC §3, DLedger's needIncreaseTermImmediately path, #325 and leadership transfer.
+"""
+
+import random
+
+from ipc.codes import ParseResult, ResponseCode, Role, VoteResult
+from ipc.protocol import (
+    AppendRequest,
+    ErrorResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    TakeLeadershipRequest,
+    TakeLeadershipResponse,
+    VoteRequest,
+    VoteResponse,
+)
+from node.core.election import (
+    ElectionConfig,
+    ElectorCore,
+    LedgerEnd,
+    Persist,
+    Reply,
+    RoleChanged,
+    Send,
+    Step,
+)
+
+CFG = ElectionConfig()  # heartbeat 200 ms x leak 3, votes 50..450 ms, rounds 300 ms
+IDS = ["n0", "n1", "n2"]
+L0 = LedgerEnd()
+
+
+def core(nid="n0", term=0, voted=None, now=0, ids=IDS):
+    return ElectorCore(nid, ids, "g", CFG, random.Random(1), term=term, voted_for=voted,
+                       now_ms=now)
+
+
+def check(step: Step) -> Step:
+    """The effect contract: at most one Persist, always first; RoleChanged before messages."""
+    kinds = [type(e) for e in step.effects]
+    assert kinds.count(Persist) <= 1
+    if Persist in kinds:
+        assert kinds[0] is Persist
+    if RoleChanged in kinds:
+        assert all(k in (Persist, RoleChanged) for k in kinds[:kinds.index(RoleChanged)])
+    return step
+
+
+def sends(step):
+    return [e for e in step.effects if isinstance(e, Send)]
+
+
+def replies(step):
+    return [e.message for e in step.effects if isinstance(e, Reply)]
+
+
+def elect(leader="n0", now=0):
+    """Three cores, `leader` wins term 1 by direct delivery; returns (cores, now)."""
+    cores = {i: core(i, now=now) for i in IDS}
+    c = cores[leader]
+    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT  # as after the term-0 split vote
+    step = check(c.tick(now, L0))
+    assert c.term == 1 and c.voted_for == leader
+    for s in sends(step):
+        r = check(cores[s.peer].on_vote_request(s.message, L0, now, token=leader))
+        check(cores[s.peer].tick(now, L0))
+        (resp,) = replies(r)
+        check(c.on_response(resp, now))
+    # revote immediately if the peers were NOT_READY
+    if c.role != Role.LEADER:
+        step = check(c.tick(now, L0))
+        for s in sends(step):
+            (resp,) = replies(check(cores[s.peer].on_vote_request(s.message, L0, now)))
+            check(c.on_response(resp, now))
+    assert c.role == Role.LEADER
+    step = check(c.tick(now, L0))
+    for s in sends(step):
+        (resp,) = replies(check(cores[s.peer].on_heartbeat_request(s.message, now)))
+        check(c.on_response(resp, now))
+    return cores, now
+
+
+def test_startup_is_candidate_in_persisted_term_and_votes_at_once():
+    c = core("n1", term=4, voted=None)
+    assert (c.role, c.term, c.voted_for, c.leader_id) == (Role.CANDIDATE, 4, None, None)
+    step = check(c.tick(0, LedgerEnd(7, 3)))
+    # persist the self vote BEFORE the vote requests leave (persist before send)
+    assert step.effects[0] == Persist(4, "n1")
+    reqs = [s.message for s in sends(step)]
+    assert [s.peer for s in sends(step)] == ["n0", "n2"]
+    assert all((r.term, r.leader_id, r.ledger_end_term, r.ledger_end_index) == (4, "n1", 3, 7)
+               for r in reqs)
+    assert len({r.request_id for r in reqs}) == 2
+    assert step.next_deadline_ms == CFG.vote_round_timeout_ms  # the round's deadline
+
+
+def test_restart_never_votes_twice_in_a_term():
+    # Persisted: term 3, voted for n2. After restart n1 must not vote for n0 (or itself) in 3.
+    c = core("n1", term=3, voted="n2")
+    step = check(c.tick(0, L0))
+    assert step.of(Persist) == []  # its own candidacy in term 3 is refused: no new vote
+    r = check(c.on_vote_request(VoteRequest("g", "n1", "n0", 3, -1, -1, 9), L0, 1))
+    (resp,) = replies(r)
+    assert resp.vote_result == VoteResult.REJECT_ALREADY_VOTED and r.of(Persist) == []
+    assert c.voted_for == "n2"
+
+
+def test_accept_is_persisted_before_the_reply():
+    c = core("n1", term=2)
+    c.tick(0, L0)  # votes for itself in term 2 at startup
+    step = check(c.on_vote_request(VoteRequest("g", "n1", "n0", 3, -1, -1, 5), L0, 1,
+                                   token="id0"))
+    # a bigger term: enter it durably, answer NOT_READY (DLedger's needIncreaseTermImmediately)
+    assert step.effects[0] == Persist(3, None)
+    assert RoleChanged(Role.CANDIDATE, 3, None) in step.effects
+    (reply,) = [e for e in step.effects if isinstance(e, Reply)]
+    assert reply.token == "id0" and reply.message.vote_result == VoteResult.REJECT_TERM_NOT_READY
+    assert reply.message.term == 3 and reply.message.request_id == 5
+    # the candidate's immediate revote finds n1 ready in term 3
+    step = check(c.on_vote_request(VoteRequest("g", "n1", "n0", 3, -1, -1, 6), L0, 2))
+    assert step.effects[0] == Persist(3, "n0")
+    assert replies(step)[0].vote_result == VoteResult.ACCEPT
+
+
+def test_three_node_election_and_heartbeats():
+    cores, now = elect("n0")
+    assert cores["n1"].role == cores["n2"].role == Role.FOLLOWER
+    assert cores["n1"].leader_id == "n0" and cores["n1"].term == 1
+    lead = cores["n0"]
+    assert lead.next_deadline(now) == now + CFG.heartbeat_interval_ms
+    step = check(lead.tick(now + 199, L0))
+    assert sends(step) == []  # not yet
+    step = check(lead.tick(now + 200, L0))
+    assert [type(s.message) for s in sends(step)] == [HeartbeatRequest, HeartbeatRequest]
+
+
+def test_follower_times_out_to_candidate_in_same_term_and_votes():
+    cores, now = elect("n0")
+    f = cores["n1"]
+    deadline = f.next_deadline(now)
+    assert deadline == now + 601  # > maxHeartBeatLeak x interval
+    assert sends(check(f.tick(deadline - 1, L0))) == []
+    step = check(f.tick(deadline, L0))
+    assert step.effects[0] == RoleChanged(Role.CANDIDATE, 1, None)
+    # votes at once in the SAME term (lastParseResult WAIT_TO_REVOTE), its vote there is taken
+    assert {s.message.term for s in sends(step)} == {1}
+    assert step.of(Persist) == []
+
+
+def test_leader_lease_expires_without_quorum():
+    cores, now = elect("n0")
+    lead = cores["n0"]
+    t = now
+    stepped = None
+    for _ in range(10):  # heartbeats nobody answers
+        t = lead.next_deadline(t)
+        step = check(lead.tick(t, L0))
+        if lead.role != Role.LEADER:
+            stepped = t
+            break
+        for s in sends(step):
+            check(lead.on_peer_unreachable(s.message.request_id, t))
+        assert lead.peers_alive == {"n1": False, "n2": False}
+    assert stepped is not None and 600 < stepped - now <= 800
+    assert lead.term == 1  # steps down in its term, no term inflation
+
+
+def test_leader_steps_down_on_higher_term_even_with_quorum():
+    """DLedger #325 / SPEC §8: any higher term in any response deposes the leader."""
+    cores, now = elect("n0")
+    lead = cores["n0"]
+    step = check(lead.tick(now + 200, L0))
+    a, b = sends(step)
+    check(lead.on_response(HeartbeatResponse(200, "g", 1, "n0", a.message.request_id), now + 201))
+    assert lead.role == Role.LEADER  # quorum reached, round over
+    step = check(lead.on_response(HeartbeatResponse(int(ResponseCode.EXPIRED_TERM), "g", 7, "",
+                                                    b.message.request_id), now + 202))
+    assert lead.role == Role.CANDIDATE and lead.known_max_term == 7
+    assert RoleChanged(Role.CANDIDATE, 1, None) in step.effects
+
+
+def test_resend_now_when_followers_not_ready():
+    cores, now = elect("n0")
+    lead = cores["n0"]
+    a, b = sends(check(lead.tick(now + 200, L0)))
+    step = check(lead.on_response(HeartbeatResponse(int(ResponseCode.TERM_NOT_READY), "g", 1, "",
+                                                    a.message.request_id), now + 201))
+    assert step.next_deadline_ms == now + 201  # beat again immediately
+    assert len(sends(check(lead.tick(now + 201, L0)))) == 2
+
+
+def test_unreachable_peers_end_the_vote_round_early():
+    c = core("n0")
+    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+    step = check(c.tick(0, L0))
+    assert c.term == 1
+    for s in sends(step):
+        step = check(c.on_peer_unreachable(s.message.request_id, 3))
+    # valid (only itself) < quorum: WAIT_TO_REVOTE without waiting 300 ms, same term next time
+    assert c.last_parse == ParseResult.WAIT_TO_REVOTE and c.role == Role.CANDIDATE
+    assert 3 + 3 + 50 <= c.next_vote_ms < 3 + 3 + 450
+    step = check(c.tick(c.next_vote_ms, L0))
+    assert {s.message.term for s in sends(step)} == {1}
+
+
+def test_vote_round_deadline_parses_what_arrived():
+    c = core("n0")
+    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+    step = check(c.tick(0, L0))
+    first = sends(step)[0]
+    c.on_response(VoteResponse(200, "g", 1, "", VoteResult.REJECT_ALREADY_VOTED, -1, -1,
+                               first.message.request_id), 5)
+    step = check(c.tick(CFG.vote_round_timeout_ms, L0))
+    # self ACCEPT + ALREADY_VOTED: valid quorum, no accepted quorum -> WAIT_TO_VOTE_NEXT
+    assert c.last_parse == ParseResult.WAIT_TO_VOTE_NEXT and c.last_vote_cost_ms == 300
+    step = check(c.tick(c.next_vote_ms, L0))
+    assert c.term == 2 and step.effects[0] == Persist(2, "n0")
+
+
+def test_higher_term_in_vote_answers_moves_candidate_to_that_term():
+    c = core("n0")
+    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+    a, b = sends(check(c.tick(0, L0)))
+    c.on_response(VoteResponse(200, "g", 6, "", VoteResult.REJECT_EXPIRED_VOTE_TERM, -1, -1,
+                               a.message.request_id), 1)
+    c.on_peer_unreachable(b.message.request_id, 1)
+    assert c.last_parse == ParseResult.WAIT_TO_VOTE_NEXT and c.known_max_term == 6
+    assert c.term == 1  # DLedger enters the known max term at the next round (nextTerm)
+    step = check(c.tick(c.next_vote_ms, L0))
+    assert c.term == 6 and step.effects[0] == Persist(6, "n0")
+
+
+def test_single_node_group_leads_at_once():
+    c = core("n0", ids=["n0"])
+    step = check(c.tick(0, L0))
+    assert c.role == Role.LEADER
+    assert RoleChanged(Role.LEADER, 0, "n0") in step.effects
+
+
+def test_take_leadership_success_and_failure():
+    cores, now = elect("n0")
+    t = cores["n2"]
+    # wrong term: answered at once
+    (r,) = replies(check(t.on_take_leadership(TakeLeadershipRequest("g", "n2", "n0", 9, 41),
+                                              now, token="x")))
+    assert r.code == ResponseCode.INCONSISTENT_TERM and r.request_id == 41
+    # right term: enter term+1 at once, durably, and vote after 30..100 ms
+    step = check(t.on_take_leadership(TakeLeadershipRequest("g", "n2", "n0", 1, 42), now, "tok"))
+    assert step.effects[0] == Persist(2, None) and replies(step) == []
+    assert t.taking_leadership and now + 30 <= t.next_vote_ms < now + 100
+    step = check(t.tick(t.next_vote_ms, L0))
+    now = t.next_vote_ms
+    for s in sends(step):
+        peer = cores[s.peer]
+        (resp,) = replies(check(peer.on_vote_request(s.message, L0, now)))
+        assert resp.vote_result == VoteResult.REJECT_TERM_NOT_READY  # peers enter term 2
+        step = check(t.on_response(resp, now))
+    step = check(t.tick(now, L0))  # REVOTE_IMMEDIATELY
+    done = None
+    for s in sends(step):
+        (resp,) = replies(check(cores[s.peer].on_vote_request(s.message, L0, now)))
+        st = check(t.on_response(resp, now))
+        done = done or [e for e in st.effects if isinstance(e, Reply)]
+    assert t.role == Role.LEADER and t.term == 2
+    (reply,) = done
+    assert reply.token == "tok" and reply.message == TakeLeadershipResponse(
+        200, "g", 2, "n2", 42)
+    assert not t.taking_leadership
+
+    # A transferee that receives the new leader's heartbeat instead ends as follower: FAILED.
+    c = core("n1", term=2)
+    c.on_take_leadership(TakeLeadershipRequest("g", "n1", "n2", 2, 43), 0, "t2")
+    assert c.term == 3
+    step = check(c.on_heartbeat_request(HeartbeatRequest("g", "n1", "n0", 3, 7), 1))
+    msgs = replies(step)
+    assert any(isinstance(m, TakeLeadershipResponse)
+               and m.code == ResponseCode.TAKE_LEADERSHIP_FAILED for m in msgs)
+
+
+def test_taking_leadership_rejects_rival_with_shorter_log():
+    c = core("n1", term=2)
+    c.on_take_leadership(TakeLeadershipRequest("g", "n1", "n0", 2, 1), 0, None)
+    (resp,) = replies(c.on_vote_request(VoteRequest("g", "n1", "n2", 3, 1, 5, 2),
+                                        LedgerEnd(5, 1), 1))
+    assert resp.vote_result == VoteResult.REJECT_TAKING_LEADERSHIP
+
+
+def test_handle_dispatch_and_unsupported():
+    c = core("n1")
+    step = c.handle(AppendRequest("g", "n1", b"x", request_id=3), 0, L0, token="t")
+    (e,) = [x for x in step.effects if isinstance(x, Reply)]
+    assert isinstance(e.message, ErrorResponse) and e.message.code == ResponseCode.UNSUPPORTED
+    assert e.message.request_id == 3 and e.token == "t"
+    step = c.handle(HeartbeatRequest("g", "n1", "n0", 0, 4), 0)
+    assert replies(step)[0].code == ResponseCode.SUCCESS and c.role == Role.FOLLOWER
+
+
+def test_stale_and_unknown_responses_are_ignored():
+    c = core("n0")
+    before = (c.role, c.term, c.voted_for)
+    step = c.on_response(VoteResponse(200, "g", 0, "", VoteResult.ACCEPT, -1, -1, 999), 0)
+    assert step.effects == [] and (c.role, c.term, c.voted_for) == before
+
+
+def test_no_persist_or_role_change_when_nothing_happens():
+    cores, now = elect("n0")
+    f = cores["n1"]
+    step = f.on_heartbeat_request(HeartbeatRequest("g", "n1", "n0", 1, 5), now + 100)
+    assert [type(e) for e in step.effects] == [Reply]
+    assert f.last_leader_heartbeat_ms == now + 100

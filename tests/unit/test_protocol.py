@@ -1,0 +1,319 @@
+"""ipc.protocol (the one wire codec) and the ipc.sockets conventions.
+
+Decoding is total: a message or ProtocolError, nothing else, for any byte string (SPEC §7).
+"""
+
+import random
+import struct
+
+import pytest
+
+from ipc import protocol as p
+from ipc.codes import ResponseCode, Role, VoteResult
+from ipc.protocol import ProtocolError, PushKind, decode, encode
+from node.store.codec import encode_entry, iter_entries
+
+ENTRIES = encode_entry(5, 2, 0, b"hello") + encode_entry(6, 2, 53, b"")
+
+MESSAGES = [
+    p.AppendRequest("default", "n0", b"body", request_id=1),
+    p.AppendRequest("g", "n1", b"", request_id=2**64 - 1),
+    p.BatchAppendRequest("default", "n0", [b"a", b"", b"ccc"], request_id=3),
+    p.BatchAppendRequest("default", "n0", [], request_id=4),
+    p.GetRequest("default", "n2", 17, 100, True, request_id=5),
+    p.GetRequest("default", "n2", -1, 0, False),
+    p.MetadataRequest("default", "n0", request_id=6),
+    p.LeadershipTransferRequest("default", "n0", "n1", 7, request_id=7),
+    p.PushRequest("default", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES, request_id=8),
+    p.PushRequest("default", "n1", "n0", 3, PushKind.COMPARE, 4, -1, 0, b"", 9, 2),
+    p.PushRequest("default", "n1", "n0", 3, PushKind.COMMIT, 10),
+    p.PushRequest("default", "n1", "n0", 3, PushKind.TRUNCATE, 10, 7),
+    p.VoteRequest("default", "n1", "n0", 4, 3, 99, request_id=9),
+    p.HeartbeatRequest("default", "n1", "n0", 4, request_id=10),
+    p.TakeLeadershipRequest("default", "n1", "n0", 4, request_id=11),
+    p.AppendResponse(200, "default", 4, "n0", 12, 4096, request_id=12),
+    p.AppendResponse(404, "default", 4, "", request_id=13),
+    p.BatchAppendResponse(200, "default", 4, "n0", 10, [0, 53, 106], request_id=14),
+    p.BatchAppendResponse(503, "default", 4, "n0"),
+    p.GetResponse(200, "default", 4, "n0", ENTRIES, request_id=15),
+    p.MetadataResponse(200, "default", 4, "n0", "n0", Role.LEADER, 0, 9, 8,
+                       [p.PeerInfo("n0", "127.0.0.1:20911", 9),
+                        p.PeerInfo("n1", "127.0.0.1:20912", 7)], request_id=16),
+    p.MetadataResponse(200, "default", 0, "", "n1", Role.CANDIDATE),
+    p.TransferResponse(200, "default", 5, "n1", request_id=17),
+    p.PushResponse(406, "default", 4, "n0", 7, 0, 6, 2, 3, request_id=18),
+    p.VoteResponse(200, "default", 4, "", VoteResult.REJECT_TAKING_LEADERSHIP, 3, 9, 19),
+    p.HeartbeatResponse(403, "default", 9, "n2", request_id=20),
+    p.TakeLeadershipResponse(418, "default", 5, "", request_id=21),
+    p.ErrorResponse(411, "default", 3, "n0", "bad frame: ünïcode", 0x06, request_id=22),
+    p.ErrorResponse(-1),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: f"{type(m).__name__}-{m.request_id}")
+def test_round_trip(msg):
+    frame = encode(msg)
+    assert isinstance(frame, bytes)
+    got = decode(frame)
+    assert type(got) is type(msg)
+    assert got == msg
+    # memoryview and bytearray input decode the same
+    assert decode(memoryview(frame)) == msg
+    assert decode(bytearray(frame)) == msg
+    # re-encoding the decoded message is byte-identical (canonical form)
+    assert encode(got) == frame
+
+
+def test_every_message_type_is_covered():
+    assert {type(m) for m in MESSAGES} == set(p._ENCODERS)
+    assert {m.TYPE for m in MESSAGES} == set(p.MsgType)
+
+
+def test_prefix_layout():
+    frame = encode(p.HeartbeatRequest("g", "n1", "n0", 7, request_id=0x0102030405060708))
+    assert frame[:12] == struct.pack(">BBHQ", 1, 8, 0, 0x0102030405060708)
+    assert p.peek_header(frame) == (1, 8, 0x0102030405060708)
+    assert p.peek_header(b"\x01\x08") is None
+
+
+def test_batch_of_many_bodies_is_zero_copy_views():
+    rnd = random.Random(7)
+    bodies = [bytes(rnd.randrange(256) for _ in range(rnd.choice([0, 0, 1, 5, 300])))
+              for _ in range(2000)]
+    frame = encode(p.BatchAppendRequest("default", "n0", bodies, request_id=99))
+    got = decode(frame)
+    assert len(got.bodies) == 2000
+    assert [bytes(b) for b in got.bodies] == bodies
+    assert all(isinstance(b, memoryview) for b in got.bodies)
+    assert sum(1 for b in got.bodies if len(b) == 0) > 100
+
+
+def test_get_response_blob_decodes_with_store_codec():
+    got = decode(encode(p.GetResponse(200, "default", 2, "n0", ENTRIES)))
+    entries = [e for _off, e in iter_entries(got.entries)]
+    assert [(e.index, e.term, bytes(e.body)) for e in entries] == [(5, 2, b"hello"), (6, 2, b"")]
+
+
+def test_push_entries_blob_passes_through_untouched():
+    msg = p.PushRequest("default", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES)
+    frame = encode(msg)
+    assert frame.endswith(ENTRIES)
+    assert bytes(decode(frame).entries) == ENTRIES
+
+
+# ------------------------------------------------------------------------- malformed frames
+
+GOOD = encode(p.VoteRequest("default", "n1", "n0", 4, 3, 99, request_id=9))
+
+
+@pytest.mark.parametrize("frame,needle", [
+    pytest.param(b"", "short frame", id="empty"),
+    pytest.param(GOOD[:11], "short frame", id="short-prefix"),
+    pytest.param(b"\x02" + GOOD[1:], "version", id="wrong-version"),
+    pytest.param(GOOD[:1] + b"\x42" + GOOD[2:], "unknown message type", id="unknown-type"),
+    pytest.param(GOOD[:-1], "truncated", id="truncated-fields"),
+    pytest.param(GOOD + b"\x00", "trailing garbage", id="trailing-garbage"),
+    pytest.param(GOOD[:12] + b"\x40" + b"x" * 70, "exceeds 64", id="string-over-64"),
+    pytest.param(GOOD[:12] + b"\x30" + b"ab", "runs past", id="string-past-end"),
+    pytest.param(GOOD[:12] + b"\x02\xff\xfe" + GOOD[15:], "UTF-8", id="invalid-utf8"),
+    pytest.param(encode(p.AppendRequest("g", "n", b"abc"))[:-1], "truncated", id="body-past-end"),
+    pytest.param(encode(p.BatchAppendRequest("g", "n", [b"a"]))[:-6] + b"\xff\xff\xff\xff\x00",
+                 "absurd batch count", id="absurd-batch-count"),
+    pytest.param(encode(p.BatchAppendRequest("g", "n", [b"ab", b"c"])) + b"x",
+                 "lengths sum", id="batch-lengths-mismatch"),
+    pytest.param(encode(p.GetRequest("g", "n", 1))[:-1] + b"\x02", "linearizable",
+                 id="bad-bool"),
+    pytest.param(encode(p.BatchAppendResponse(200, "g", 1, "", 0, [1, 2]))[:-1], "position count",
+                 id="positions-mismatch"),
+    pytest.param(encode(p.VoteResponse(200, "g", 1, ""))[:-17] + b"\x63" + b"\x00" * 16,
+                 "vote result", id="bad-vote-result"),
+    pytest.param(encode(p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, count=1000,
+                                      entries=b"x" * 48)), "absurd entry count",
+                 id="absurd-push-count"),
+])
+def test_malformed_frames_raise_protocol_error(frame, needle):
+    with pytest.raises(ProtocolError, match=needle):
+        decode(frame)
+
+
+def test_bad_push_kind_and_role():
+    frame = bytearray(encode(p.PushRequest("g", "n1", "n0", 3, PushKind.COMMIT)))
+    kind_at = 12 + 2 + 3 + 3 + 8
+    assert frame[kind_at] == PushKind.COMMIT
+    frame[kind_at] = 9
+    with pytest.raises(ProtocolError, match="push kind"):
+        decode(bytes(frame))
+    meta = bytearray(encode(p.MetadataResponse(200, "g", 1, "", "n0", Role.LEADER)))
+    role_at = 12 + 12 + 2 + 1 + 3
+    assert meta[role_at] == Role.LEADER
+    meta[role_at] = 7
+    with pytest.raises(ProtocolError, match="role"):
+        decode(bytes(meta))
+
+
+def test_oversize_rejected():
+    frame = encode(p.AppendRequest("default", "n0", b"x" * 5000))
+    assert decode(frame, max_frame=len(frame)).body == b"x" * 5000
+    with pytest.raises(ProtocolError, match="oversize frame"):
+        decode(frame, max_frame=len(frame) - 1)
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode(frame, max_body=4999)
+    batch = encode(p.BatchAppendRequest("default", "n0", [b"a", b"y" * 100]))
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode(batch, max_body=99)
+
+
+def test_encode_rejects_unencodable_values():
+    with pytest.raises(ProtocolError, match="exceeds 64"):
+        encode(p.AppendRequest("g" * 65, "n0", b""))
+    with pytest.raises(ProtocolError, match="cannot encode"):
+        encode(p.GetRequest("g", "n0", 0, count=-1))
+    with pytest.raises(ProtocolError, match="not a protocol message"):
+        encode("hello")  # type: ignore[arg-type]
+    # error reasons are cut, never refused: an error must always be reportable
+    long = p.ErrorResponse(500, reason="é" * 300)
+    assert len(decode(encode(long)).reason.encode()) <= 255
+
+
+def test_error_reply_echoes_request_id_from_raw_or_decoded():
+    frame = encode(p.AppendRequest("g", "n0", b"abc", request_id=77))[:-1]  # malformed
+    with pytest.raises(ProtocolError):
+        decode(frame)
+    err = p.error_reply(frame, ResponseCode.UNEXPECTED_ARGUMENT, group="g", term=3, reason="bad")
+    assert (err.request_id, err.request_type, err.code) == (77, p.MsgType.APPEND, 411)
+    err2 = p.error_reply(p.GetRequest("g", "n0", 1, request_id=5), ResponseCode.NOT_LEADER)
+    assert (err2.request_id, err2.request_type) == (5, p.MsgType.GET)
+    assert p.error_reply(b"", ResponseCode.UNKNOWN).request_id == 0
+    assert decode(encode(err)) == err
+
+
+# ------------------------------------------------------------------------- fuzzing
+
+def _decode_total(frame: bytes) -> None:
+    try:
+        decode(frame, max_frame=1 << 20, max_body=1 << 16)
+    except ProtocolError:
+        pass  # the only allowed failure; anything else propagates and fails the test
+
+
+def test_fuzz_random_bytes():
+    rnd = random.Random(1234)
+    valid_prefixes = [encode(m)[:12] for m in MESSAGES]
+    for i in range(20_000):
+        n = rnd.choice([0, 1, 5, 12, 13, 20, 40, 100, 300])
+        junk = rnd.randbytes(n)
+        if i % 2:  # half of them with a valid prefix, so the type decoders get exercised
+            junk = rnd.choice(valid_prefixes) + junk
+        _decode_total(junk)
+
+
+def test_fuzz_mutations_and_truncations_of_valid_frames():
+    rnd = random.Random(99)
+    frames = [encode(m) for m in MESSAGES]
+    decoded_ok = 0
+    for _ in range(20_000):
+        f = bytearray(rnd.choice(frames))
+        op = rnd.randrange(4)
+        if op == 0 and f:  # flip bytes
+            for _ in range(rnd.randint(1, 3)):
+                f[rnd.randrange(len(f))] = rnd.randrange(256)
+        elif op == 1:  # truncate
+            del f[rnd.randrange(len(f) + 1):]
+        elif op == 2:  # insert
+            at = rnd.randrange(len(f) + 1)
+            f[at:at] = rnd.randbytes(rnd.randint(1, 8))
+        else:  # delete a slice
+            at = rnd.randrange(len(f))
+            del f[at:at + rnd.randint(1, 8)]
+        try:
+            decode(bytes(f))
+            decoded_ok += 1
+        except ProtocolError:
+            pass
+    assert decoded_ok > 100  # many byte flips land in values: still decodable, as they should
+
+
+# ------------------------------------------------------------------------- test-only faults
+
+def test_fault_hook_drops_every_nth_push_only_when_enabled():
+    assert not p.FaultHook.from_env({}).enabled
+    off = p.FaultHook.from_env({})
+    assert [off.drop_push() for _ in range(6)] == [False] * 6
+    hook = p.FaultHook.from_env({"DLEDGER_TEST_DROP_PUSH_EVERY": "3"})
+    assert hook.enabled
+    assert [hook.drop_push() for _ in range(6)] == [False, False, True, False, False, True]
+    assert not p.FaultHook.from_env({"DLEDGER_TEST_DROP_PUSH_EVERY": "x"}).enabled
+
+
+def test_fault_hook_partition_file(tmp_path):
+    path = tmp_path / "cut"
+    hook = p.FaultHook(partition_file=str(path))
+    assert not hook.blocked("n1")  # missing file: healed
+    path.write_text("n1 n2\n")
+    hook._checked = -1.0  # skip the 50 ms re-check throttle
+    assert hook.blocked("n1") and hook.blocked("n2") and not hook.blocked("n0")
+
+
+# ------------------------------------------------------------------------- ipc.sockets conventions
+
+def test_parse_peers_dledger_format():
+    from ipc.sockets import elector_address, format_peers, parse_peers
+    s = "n0-127.0.0.1:20911;n1-my-host.local:20912; n2-[::1]:20913;"
+    peers = parse_peers(s)
+    assert peers == {"n0": ("127.0.0.1", 20911), "n1": ("my-host.local", 20912),
+                     "n2": ("::1", 20913)}
+    assert list(peers) == ["n0", "n1", "n2"]
+    assert parse_peers(format_peers(peers)) == peers
+    assert elector_address("127.0.0.1", 20911) == "tcp://127.0.0.1:20912"
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("", "no peers"),
+    ("n0127.0.0.1:1", "ID-HOST:PORT"),
+    ("-127.0.0.1:1", "ID-HOST:PORT"),
+    ("n0-127.0.0.1", "HOST:PORT"),
+    ("n0-127.0.0.1:abc", "not a number"),
+    ("n0-127.0.0.1:65535", "outside"),
+    ("n0-a:1;n0-b:2", "twice"),
+    ("x" * 65 + "-a:1", "longer than"),
+])
+def test_parse_peers_errors(bad, needle):
+    from ipc.sockets import PeersError, parse_peers
+    with pytest.raises(PeersError, match=needle):
+        parse_peers(bad)
+
+
+def test_ipc_path_stays_short_and_stable(tmp_path):
+    from ipc.sockets import MAX_IPC_PATH, ipc_path
+    assert ipc_path("/run/x", "elector") == "ipc:///run/x/elector"
+    deep = "/tmp/" + "d" * 200
+    a, b = ipc_path(deep, "handler.pub"), ipc_path(deep, "handler.pub")
+    assert a == b and a.startswith("ipc:///tmp/dl-") and len(a) - len("ipc://") <= MAX_IPC_PATH
+    assert a != ipc_path(deep, "ack")
+    with pytest.raises(ValueError):
+        ipc_path(tmp_path, "a/b")
+
+
+def test_router_dealer_round_trip_over_ipc(tmp_path):
+    import zmq
+
+    from ipc.sockets import dealer, ipc_path, make_context, recv_routed, router, send_routed
+    ctx = make_context()
+    try:
+        addr = ipc_path(tmp_path, "t")
+        srv = router(ctx, addr)
+        cli = dealer(ctx, addr, identity="n1")
+        cli.send(encode(p.HeartbeatRequest("g", "n0", "n1", 1, request_id=5)))
+        assert srv.poll(2000)
+        ident, frame = recv_routed(srv)
+        assert ident == b"n1"
+        req = decode(frame)
+        assert send_routed(srv, ident, encode(p.HeartbeatResponse(200, "g", 1, "n1",
+                                                                  req.request_id)))
+        assert cli.poll(2000)
+        assert decode(cli.recv()).request_id == 5
+        assert cli.getsockopt(zmq.LINGER) == 0 and cli.getsockopt(zmq.IMMEDIATE) == 1
+        srv.close()
+        cli.close()
+    finally:
+        ctx.term()
