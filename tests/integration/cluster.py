@@ -1,0 +1,280 @@
+"""A real local group for integration tests (hashicorp's MakeCluster, with real processes).
+
+Each node is a `dledger server` process in its own session (process group), on free loopback
+ports, with its store in the test's tmp_path. Faults are real signals: to the whole node's
+process group (SIGKILL/SIGSTOP/SIGCONT a node) or to one role process (found through
+/proc/<pid>/task/<pid>/children). Everything started is stopped by PID in `close()`, which
+also checks that no shared-memory segment of ours is left in /dev/shm.
+
+`Monitor` polls every node's METADATA in a background thread and records, per term, which
+nodes claimed LEADER — the "never two leaders in one term" invariant is checked against it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode, Role
+from node.ports import free_port_pairs
+from node.shared_state import segment_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
+    """Poll `cond` until it returns something truthy; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001 - a node may be restarting; keep polling
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" +
+                         (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+class Node:
+    def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
+        self.cluster = cluster
+        self.id = node_id
+        self.port = port
+        self.store_dir = cluster.root / node_id
+        self.log_path = cluster.root / f"{node_id}.log"
+        self.proc: subprocess.Popen | None = None
+        self.stopped = False  # SIGSTOPped
+        self.crashed = False  # SIGKILLed whole and not restarted: its segment may remain
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None
+        cmd = [sys.executable, "-m", "tools.cli", "server", "--id", self.id, "--peers", self.cluster.peers,
+               "--store-dir", str(self.store_dir), *self.cluster.flags]
+        env = {**os.environ, **self.cluster.env, "PYTHONPATH": str(ROOT)}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                         start_new_session=True, cwd=str(ROOT))
+        finally:
+            log.close()
+        self.stopped = self.crashed = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Signal the whole node (supervisor and every role): its own process group."""
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGSTOP:
+            self.stopped = True
+        elif sig == signal.SIGCONT:
+            self.stopped = False
+
+    def kill(self) -> None:
+        """SIGKILL the node (all its processes at once, like a machine crash) and reap it."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._reap_group()
+        self.crashed = True
+
+    def stop(self) -> int | None:
+        """Clean stop (SIGTERM to the supervisor); SIGKILL the group if it hangs."""
+        if self.proc is None:
+            return None
+        if self.stopped:
+            self.signal(signal.SIGCONT)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._reap_group()
+        return self.proc.returncode
+
+    def _reap_group(self) -> None:
+        """Make sure no process of this node's group survives (orphaned roles included)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+
+    def role_pids(self) -> dict[str, int]:
+        """{role module name: pid} of the supervisor's live children."""
+        assert self.proc is not None
+        out: dict[str, int] = {}
+        try:
+            kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return out
+        for k in kids:
+            try:
+                cmd = Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            args = [c.decode() for c in cmd if c]
+            if "-m" in args:
+                mod = args[args.index("-m") + 1].rsplit(".", 1)[-1]
+                if "--peer" in args:
+                    mod += "-" + args[args.index("--peer") + 1]
+                out[mod] = int(k)
+        return out
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def shm_name(self) -> str:
+        return segment_name(self.cluster.group, self.id, os.path.abspath(self.store_dir))
+
+
+class Cluster:
+    def __init__(self, root: Path, n: int, group: str = "default", env: dict[str, str] | None = None,
+                 **options: object) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.group = group
+        self.env = env or {}
+        ports = free_port_pairs(n)
+        self.nodes = {f"n{i}": Node(self, f"n{i}", p) for i, p in enumerate(ports)}
+        self.peers = ";".join(f"{nid}-127.0.0.1:{node.port}" for nid, node in self.nodes.items())
+        self.flags = ["--group", group]
+        for k, v in options.items():
+            self.flags += ["--" + k.replace("_", "-"), str(v)]
+        self.ctx = zmq.Context()
+        self.monitor: Monitor | None = None
+
+    def start(self) -> Cluster:
+        for node in self.nodes.values():
+            node.start()
+        return self
+
+    # ---- queries ---------------------------------------------------------------------------
+    def request(self, node_id: str, msg: P.Message, timeout: float = 0.5) -> P.Message | None:
+        """One request to one node's data port; None if it does not answer in time."""
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        try:
+            s.connect(f"tcp://{self.nodes[node_id].address}")
+            s.send(P.encode(msg))
+            if s.poll(int(timeout * 1000)):
+                return P.decode(s.recv())
+            return None
+        finally:
+            s.close()
+
+    def metadata(self, node_id: str, timeout: float = 0.5) -> P.MetadataResponse | None:
+        r = self.request(node_id, P.MetadataRequest(self.group, node_id, request_id=1), timeout)
+        return r if isinstance(r, P.MetadataResponse) and r.code == ResponseCode.SUCCESS else None
+
+    def views(self, timeout: float = 0.5) -> dict[str, P.MetadataResponse | None]:
+        return {nid: (self.metadata(nid, timeout) if n.alive and not n.stopped else None)
+                for nid, n in self.nodes.items()}
+
+    def leader(self, among: list[str] | None = None) -> str | None:
+        """The leader every answering node in `among` agrees on (same term), else None."""
+        views = {k: v for k, v in self.views().items() if among is None or k in among}
+        live = [v for v in views.values() if v is not None]
+        leaders = [v for v in live if v.role == Role.LEADER]
+        if len(leaders) != 1 or not live:
+            return None
+        lead = leaders[0]
+        if all(v.term == lead.term and v.leader_id == lead.self_id for v in live):
+            return lead.self_id
+        return None
+
+    def wait_leader(self, timeout: float = 10.0, among: list[str] | None = None) -> str:
+        return wait_for(lambda: self.leader(among), timeout, f"one agreed leader among {among or 'all'}")
+
+    def term_of(self, node_id: str) -> int:
+        m = self.metadata(node_id)
+        assert m is not None, f"{node_id} did not answer"
+        return m.term
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        for node in self.nodes.values():
+            node.stop()
+        self.ctx.destroy(linger=0)
+        # A node SIGKILLed whole (its resource tracker too) leaves its segment until it starts
+        # again (the next supervisor removes the stale one); a cleanly stopped node never does.
+        left = []
+        for n in self.nodes.values():
+            seg = Path("/dev/shm", n.shm_name())
+            if seg.exists():
+                seg.unlink(missing_ok=True)
+                if not n.crashed:
+                    left.append(seg.name)
+        assert not left, f"shared-memory segments left behind by cleanly stopped nodes: {left}"
+
+    def start_monitor(self, interval: float = 0.05) -> Monitor:
+        self.monitor = Monitor(self, interval)
+        return self.monitor
+
+
+class Monitor(threading.Thread):
+    """Records every (term, node) LEADER claim seen; `violations()` lists terms with two."""
+
+    def __init__(self, cluster: Cluster, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.interval = interval
+        self.leaders_by_term: dict[int, set[str]] = defaultdict(set)
+        self.leader_changes = 0
+        self._last_leader: str | None = None
+        self._stop_evt = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self._stop_evt.wait(self.interval):
+            for nid, node in list(self.cluster.nodes.items()):
+                if not node.alive or node.stopped:
+                    continue
+                m = self.cluster.metadata(nid, timeout=0.2)
+                if m is not None and m.role == Role.LEADER:
+                    self.leaders_by_term[m.term].add(nid)
+                    if nid != self._last_leader:
+                        self.leader_changes += 1
+                        self._last_leader = nid
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(timeout=5)
+
+    def violations(self) -> dict[int, set[str]]:
+        return {t: s for t, s in self.leaders_by_term.items() if len(s) > 1}
