@@ -22,7 +22,7 @@ wake-up file descriptor (an eventfd registered in the thread's ``zmq.Poller``), 
 ``concurrent.futures.Future`` back. Every attempt carries a fresh request id (u64) that the
 node echoes, so replies are matched to calls without any ordering assumption, and thousands of
 appends can be in flight on one connection (pipelining). Synchronous methods are the async
-machinery plus a wait. A semaphore bounds the calls in flight (``max_in_flight``): submitting
+machinery plus a wait. A counting semaphore bounds the calls in flight (``max_in_flight``): submitting
 more blocks the caller until a slot frees (backpressure instead of unbounded memory).
 
 *Definite vs indeterminate (SPEC §6).* A reply of NOT_LEADER, LEADER_PENDING_FULL,
@@ -57,7 +57,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,6 +303,59 @@ class _Waker:
             os.close(self.wfd)
 
 
+class _Slots:
+    """The in-flight bound: a counting semaphore whose waiters are woken with hysteresis.
+
+    threading.Semaphore wakes a blocked submitter on every release; with a full window that is
+    one thread switch per completed append. Here a blocked submitter is woken once the window
+    has drained to a low-water mark (or at the end of an I/O loop turn that freed slots, see
+    `kick`), and then refills it in one go.
+    """
+
+    __slots__ = ("limit", "low", "used", "waiters", "cond")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.low = limit - max(1, limit // 4)
+        self.used = 0
+        self.waiters = 0
+        self.cond = threading.Condition(threading.Lock())
+
+    def acquire(self, blocking: bool, timeout: float = 0.0) -> bool:
+        with self.cond:
+            if self.used < self.limit:
+                self.used += 1
+                return True
+            if not blocking:
+                return False
+            deadline = time.monotonic() + timeout
+            self.waiters += 1
+            try:
+                while self.used >= self.limit:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self.cond.wait(left):
+                        if self.used < self.limit:
+                            break
+                        return False
+            finally:
+                self.waiters -= 1
+            self.used += 1
+            return True
+
+    def release(self) -> None:
+        with self.cond:
+            self.used -= 1
+            if self.waiters and self.used <= self.low:
+                self.cond.notify_all()
+
+    def kick(self) -> None:
+        """Wake blocked submitters if any slot is free (once per I/O loop turn, so a window
+        that never drains to the low-water mark still lets them in)."""
+        if self.waiters and self.used < self.limit:
+            with self.cond:
+                self.cond.notify_all()
+
+
 def _backoff(attempt: int) -> float:
     """Capped exponential backoff with jitter (so many clients do not retry in lockstep)."""
     return min(BACKOFF_MAX, BACKOFF_BASE * (1 << min(attempt, 10))) * (0.5 + 0.5 * random.random())
@@ -354,7 +407,7 @@ class DLedgerClient:
         self._closed = False
         self._stopping = False
         self._wake_armed = False
-        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._slots = _Slots(max_in_flight)
         self._closed_event = threading.Event()
         self._waker = _Waker()
 
@@ -417,6 +470,7 @@ class DLedgerClient:
             call = self._inbox.popleft()
             self._finish(call, exc=DLedgerError(RC.TIMEOUT, "client closed before the request was sent"),
                          live=False)
+        self._slots.kick()
         self._ctx.destroy(linger=0)
         self._waker.close()
 
@@ -707,11 +761,13 @@ class DLedgerClient:
                     self._run_timers(time.monotonic())
                 if self._suspects:
                     self._reset_suspects()
+                self._slots.kick()
         except Exception:  # pragma: no cover - a bug here must not leave callers hanging
             log.exception("client I/O thread crashed")
         finally:
             self._stopping = True  # later submissions fail fast instead of waiting for nobody
             self._fail_all_on_close()
+            self._slots.kick()
             for node in self._node_order:
                 if node.sock is not None:
                     node.sock.close(linger=0)
@@ -1016,7 +1072,13 @@ class DLedgerClient:
                     self._release_waiting(time.monotonic())
         elif not is_retryable(code):
             d.errors.append((code, getattr(msg, "reason", "") or f"from {node_id}"))
-        if not d.rids and self._disc is d:
+        if self._disc is d and not d.found and all(
+                self._nodes[n].unresponsive for n in d.rids.values()):
+            # Everyone still expected is a node known to be silent: do not wait for it, ask
+            # again soon instead (an election may be finishing elsewhere).
+            d.timer_seq = -1
+            self._end_round(time.monotonic())
+        elif not d.rids and self._disc is d:
             d.timer_seq = -1
             self._end_round(time.monotonic())
 
@@ -1072,11 +1134,6 @@ def _decode_entries(blob: P.Buffer, start: int, limit: int) -> list[Entry]:
     if len(out) > limit:
         raise DLedgerError(RC.UNEXPECTED_ARGUMENT, f"asked for {limit} entries, got {len(out)}")
     return out
-
-
-def bodies_from(items: Iterable[bytes | str]) -> list[bytes]:
-    """Helper for tools: str items are UTF-8 encoded (surrogates kept as the original bytes)."""
-    return [i if isinstance(i, bytes) else i.encode("utf-8", "surrogateescape") for i in items]
 
 
 __all__ = [

@@ -1,30 +1,79 @@
 """The handler role: the store's single writer and the node's data port.
 
 It opens (and so recovers) the store, publishes ledger begin/end/term and the committed index
-to the shared block, and serves the data port: client requests (APPEND, BATCH_APPEND, GET,
-METADATA, LEADERSHIP_TRANSFER) and the leader's pushes. Every frame is untrusted: anything that
-does not decode, or names another group or member, gets an error reply with a code and is
-counted — the loop never dies of input (circus's `controller.dispatch`, SPEC §7).
+to the shared block, and serves the data port: client requests and the leader's pushes. Every
+frame is untrusted: anything that does not decode, or names another group or member, gets an
+error reply with a code and is counted — the loop never dies of input (SPEC §7).
 
-A store that refuses to open (a damaged committed entry) is fatal: the process exits with
-EXIT_FATAL and the supervisor stops the node with that message instead of restarting it.
+As leader (DLedgerServer.handleAppend): validate in DLedger's order (member, group, leader, not
+transferring), refuse with LEADER_PENDING_FULL / DISK_FULL / REQUEST_WITH_EMPTY_BODYS, append
+under the member lock (so "I lead term T → append with T → publish the ledger end" cannot
+interleave with the elector raising the term or granting a vote), register the reply as
+pending under (term, last index), and wake the dispatchers. The ack checker's "quorum moved"
+wake-up advances the committed index and completes pending replies; pending replies time out
+with WAIT_QUORUM_ACK_TIMEOUT and fail with TERM_CHANGED when leadership is lost (both
+indeterminate: the entry may still commit). On becoming leader it appends a NOOP entry, so
+entries of earlier terms commit without waiting for a client write (DLedger #305).
+
+As follower (EntryHandler): pushes are answered in order of index. An APPEND whose first index
+is ledgerEnd + 1 is stored at once (after Raft's check that the entry before it matches the
+leader's); one further ahead waits in a bounded queue keyed by first index (a duplicate key →
+REPEATED_PUSH); one already stored is acknowledged if it matches (never stuck on it: DLedger
+#331). COMPARE/TRUNCATE/COMMIT are handled immediately — the process never blocks on the queue
+(DLedger #282). Once a second queued pushes are checked: a gap that never fills is answered
+INCONSISTENT_STATE so the leader compares again. committed = min(leader's commit, the end this
+follower has verified against the current leader).
+
+A store that refuses to open (a damaged committed entry) is fatal: exit EXIT_FATAL, and the
+supervisor stops the node with that message instead of restarting it.
 """
 
 from __future__ import annotations
+
+import shutil
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, recv_routed, router, send_routed
+from ipc.sockets import data_address, pub, pull, recv_routed, router, send_routed, sub
+from node.core.replication import decide_compare, follower_commit
+from node.member_lock import MemberLock
+from node.roles.ack_checker import commit_channel
+from node.roles.dispatcher import appended_channel
+from node.roles.elector import role_channel
 from node.roles.runtime import RoleContext, role_main
 from node.roles.supervisor import EXIT_FATAL
-from node.shared_state import NO_SLOT
+from node.shared_state import NO_SLOT, monotonic_ms
+from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
+from node.store.layout import LOCK_FILE
 from node.store.segment_store import SegmentStore
 
 MAX_GET_BYTES = 4 << 20
+ABNORMAL_CHECK_MS = 1000
+DISK_CHECK_MS = 1000
+
+
+@dataclass(slots=True)
+class Pending:
+    ident: bytes
+    request_id: int
+    first_index: int
+    positions: list[int] | None  # None for a single APPEND
+    pos: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class QueuedPush:
+    ident: bytes
+    req: P.PushRequest
+    frame: bytes  # keeps the zero-copy blob alive
+    arrived_ms: int
 
 
 class Handler:
@@ -35,18 +84,39 @@ class Handler:
         self.state = rc.state
         self.peer_ids = self.cfg.peer_ids
         self.peer_map = self.cfg.peer_map
+        self.single = len(self.peer_ids) == 1
         self.store = SegmentStore(self.cfg.store_config())
+        self.lock = MemberLock(f"{self.cfg.store_dir}/{LOCK_FILE}")
         self.sock: zmq.Socket | None = None
+        self.appended_pub: zmq.Socket | None = None
+        # leader side
+        self.leader_term = -1
+        self.pending: OrderedDict[tuple[int, int], Pending] = OrderedDict()
+        self.pending_entries = 0
+        # follower side
+        self.follow_key: tuple[int, int] | None = None  # (term, leader slot) being followed
+        self.verified_end = -1  # my log matches the current leader's up to here
+        self.queue: dict[int, QueuedPush] = {}
+        self.next_abnormal_check = 0
+        self.disk_full = False
+        self.next_disk_check = 0
 
-    # ------------------------------------------------------------------ state helpers
+    # ------------------------------------------------------------------ shared state
     def publish_ledger(self) -> None:
         s = self.store
         self.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
                                 ledger_end_term=s.ledger_end_term, committed_index=s.committed_index)
 
+    def _wake_dispatchers(self) -> None:
+        try:
+            self.appended_pub.send(b"%d" % self.store.ledger_end_index, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
     def _slot_id(self, slot: int) -> str:
         return self.peer_ids[slot] if 0 <= slot < len(self.peer_ids) else ""
 
+    # ------------------------------------------------------------------ replies
     def _reply(self, ident: bytes, msg: P.Message) -> None:
         send_routed(self.sock, ident, P.encode(msg))
 
@@ -55,32 +125,47 @@ class Handler:
         self._reply(ident, P.error_reply(req, code, group=self.cfg.group, term=m.current_term,
                                          leader_id=self._slot_id(m.leader_slot), reason=reason))
 
-    # ------------------------------------------------------------------ requests
+    def _push_reply(self, ident: bytes, req: P.PushRequest, code: RC, term: int, *, x_term: int = -1,
+                    x_index: int = -1) -> None:
+        s = self.store
+        self._reply(ident, P.PushResponse(code, self.cfg.group, term, self._slot_id(self._leader_slot()),
+                                          s.ledger_end_index, s.ledger_begin_index, s.ledger_end_index,
+                                          x_term, x_index, req.request_id))
+
+    def _leader_slot(self) -> int:
+        return self.follow_key[1] if self.follow_key else NO_SLOT
+
+    # ------------------------------------------------------------------ dispatch
     def handle_frame(self, ident: bytes, frame: bytes) -> None:
         try:
             msg = P.decode(frame, max_frame=self.cfg.max_frame_size, max_body=self.cfg.max_body_size)
         except P.ProtocolError as e:
             self.state.incr("bad_frames")
-            self._error(ident, frame, RC.UNEXPECTED_ARGUMENT, str(e)[:200])
+            code = RC.UNEXPECTED_ARGUMENT
+            self._error(ident, frame, code, str(e)[:200])
             return
         if P.is_response(msg) or not hasattr(msg, "group"):
             self.state.incr("bad_frames")
             self._error(ident, msg, RC.UNEXPECTED_ARGUMENT, "not a request")
             return
-        if msg.group != self.cfg.group:
-            self.state.incr("bad_frames")
-            self._error(ident, msg, RC.UNKNOWN_GROUP, f"this is group {self.cfg.group!r}")
-            return
         if msg.remote_id != self.cfg.id:
             self.state.incr("bad_frames")
             self._error(ident, msg, RC.UNKNOWN_MEMBER, f"this is {self.cfg.id!r}")
+            return
+        if msg.group != self.cfg.group:
+            self.state.incr("bad_frames")
+            self._error(ident, msg, RC.UNKNOWN_GROUP, f"this is group {self.cfg.group!r}")
             return
         fn = self._dispatch.get(type(msg))
         if fn is None:
             self._error(ident, msg, RC.UNSUPPORTED, f"{type(msg).__name__} is not served on the data port")
             return
-        fn(self, ident, msg)
+        if isinstance(msg, P.PushRequest):
+            fn(self, ident, msg, frame)
+        else:
+            fn(self, ident, msg)
 
+    # ------------------------------------------------------------------ client requests
     def on_metadata(self, ident: bytes, req: P.MetadataRequest) -> None:
         m = self.state.read_member()
         led = self.state.read_ledger()
@@ -97,9 +182,10 @@ class Handler:
     def on_get(self, ident: bytes, req: P.GetRequest) -> None:
         """Committed entries only, a range per request (DLedger returns one, unchecked)."""
         m = self.state.read_member()
-        if m.role != Role.LEADER:
+        if m.role != Role.LEADER or m.current_term != self.leader_term:
             self._error(ident, req, RC.NOT_LEADER)
             return
+        self.state.incr("gets")
         s = self.store
         if req.count <= 0 or req.index < 0:
             self._error(ident, req, RC.UNEXPECTED_ARGUMENT, "index must be >= 0 and count > 0")
@@ -112,31 +198,325 @@ class Handler:
         try:
             while left > 0 and size < MAX_GET_BYTES:
                 blob, n = s.get_raw(i, left, MAX_GET_BYTES - size)
+                for _off, _e in codec.iter_entries(blob):  # verify CRCs: never serve garbage
+                    pass
                 parts.append(bytes(blob))
                 size += len(blob)
                 i += n
                 left -= n
-        except StoreError as e:
-            self._error(ident, req, RC[e.code_name], str(e)[:200])
+        except (StoreError, codec.CodecError) as e:
+            self._error(ident, req, RC[getattr(e, "code_name", "DISK_ERROR")], str(e)[:200])
             return
         self._reply(ident, P.GetResponse(RC.SUCCESS, self.cfg.group, m.current_term,
                                          self._slot_id(m.leader_slot), b"".join(parts), req.request_id))
 
+    def _check_disk(self, now: int) -> None:
+        if now >= self.next_disk_check:
+            self.next_disk_check = now + DISK_CHECK_MS
+            u = shutil.disk_usage(self.cfg.store_dir)
+            self.disk_full = u.total > 0 and (u.total - u.free) / u.total > self.cfg.disk_full_ratio
+
     def on_append(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest) -> None:
+        batch = isinstance(req, P.BatchAppendRequest)
         m = self.state.read_member()
-        if m.role != Role.LEADER:
+        if m.role != Role.LEADER or m.current_term != self.leader_term:
             self._error(ident, req, RC.NOT_LEADER)
             return
-        self._error(ident, req, RC.UNSUPPORTED, "replication is not built yet")
+        if m.transferee_slot != NO_SLOT:
+            self._error(ident, req, RC.LEADER_TRANSFERRING)
+            return
+        n = len(req.bodies) if batch else 1
+        if batch and n == 0:
+            self._error(ident, req, RC.REQUEST_WITH_EMPTY_BODYS)
+            return
+        if self.pending_entries + n > self.cfg.max_pending_requests:
+            self._error(ident, req, RC.LEADER_PENDING_FULL)
+            return
+        now = monotonic_ms()
+        self._check_disk(now)
+        if self.disk_full:
+            self._error(ident, req, RC.DISK_FULL)
+            return
+        term = self.leader_term
+        try:
+            with self.lock:
+                m = self.state.read_member()
+                if m.role != Role.LEADER or m.current_term != term:
+                    self._error(ident, req, RC.NOT_LEADER)
+                    return
+                if batch:
+                    first, positions = self.store.append_batch_raw(req.bodies, term)
+                    last, pos = first + n - 1, positions[0]
+                else:
+                    r = self.store.append_leader(req.body, term)
+                    first = last = r.index
+                    positions, pos = None, r.pos
+                self.publish_ledger()
+        except StoreError as e:
+            self.state.incr("append_errors")
+            self._error(ident, req, RC[e.code_name], str(e)[:200])
+            return
+        self.state.incr("appends")
+        self.state.incr("entries_appended", n)
+        self.pending[(term, last)] = Pending(ident, req.request_id, first, positions, pos,
+                                             now + self.cfg.max_wait_ack_ms)
+        self.pending_entries += n
+        self._wake_dispatchers()
+        if self.single:
+            self._commit_to(self.store.ledger_end_index)
+
+    # ------------------------------------------------------------------ commit / pending
+    def _commit_to(self, index: int) -> None:
+        if index <= self.store.committed_index:
+            return
+        self.store.set_committed_index(index)
+        self.publish_ledger()
+        self.state.incr("commits_published")
+        committed = self.store.committed_index
+        while self.pending:
+            (term, last), p = next(iter(self.pending.items()))
+            if last > committed:
+                break
+            self.pending.popitem(last=False)
+            self._complete(term, last, p, RC.SUCCESS)
+
+    def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
+        n = len(p.positions) if p.positions is not None else 1
+        self.pending_entries -= n
+        leader = self.cfg.id if code == RC.SUCCESS else ""
+        if code != RC.SUCCESS:
+            msg = P.ErrorResponse(code, self.cfg.group, term, leader, "", int(
+                P.MsgType.BATCH_APPEND if p.positions is not None else P.MsgType.APPEND), p.request_id)
+        elif p.positions is not None:
+            msg = P.BatchAppendResponse(code, self.cfg.group, term, leader, p.first_index, p.positions,
+                                        p.request_id)
+        else:
+            msg = P.AppendResponse(code, self.cfg.group, term, leader, last, p.pos, p.request_id)
+        self._reply(p.ident, msg)
+
+    def _apply_quorum(self) -> None:
+        if self.leader_term < 0:
+            return
+        q = self.state.read_quorum()
+        if q.quorum_term == self.leader_term:
+            self._commit_to(min(q.quorum_index, self.store.ledger_end_index))
+
+    def _expire_pending(self, now: int) -> None:
+        while self.pending:
+            key, p = next(iter(self.pending.items()))
+            if p.deadline_ms > now:
+                break
+            self.pending.popitem(last=False)
+            self.state.incr("append_errors")
+            self._complete(key[0], key[1], p, RC.WAIT_QUORUM_ACK_TIMEOUT)
+
+    def _fail_all_pending(self) -> None:
+        while self.pending:
+            (term, last), p = self.pending.popitem(last=False)
+            self._complete(term, last, p, RC.TERM_CHANGED)
+
+    # ------------------------------------------------------------------ role changes
+    def _sync_role(self) -> None:
+        m = self.state.read_member()
+        if m.role == Role.LEADER and m.current_term != self.leader_term:
+            self._fail_all_pending()
+            self._become_leader(m.current_term)
+        elif m.role != Role.LEADER and self.leader_term != -1:
+            self.log.debug("no longer leader of term %d", self.leader_term)
+            self._fail_all_pending()
+            self.leader_term = -1
+        key = (m.current_term, m.leader_slot) if m.role == Role.FOLLOWER else None
+        if key != self.follow_key:
+            self.follow_key = key
+            self.verified_end = -1
+            self._drop_queue(RC.INCONSISTENT_STATE)
+
+    def _become_leader(self, term: int) -> None:
+        """Append the new term's NOOP before serving: it commits every earlier entry with it."""
+        try:
+            with self.lock:
+                m = self.state.read_member()
+                if m.role != Role.LEADER or m.current_term != term:
+                    return
+                r = self.store.append_leader(b"", term, codec.MAGIC_NOOP)
+                self.publish_ledger()
+        except StoreError as e:
+            self.log.error("cannot append the NOOP of term %d: %s", term, e)
+            return
+        self.leader_term = term
+        self.log.info("leading term %d from index %d (NOOP)", term, r.index)
+        self._wake_dispatchers()
+        if self.single:
+            self._commit_to(r.index)
+
+    # ------------------------------------------------------------------ follower: pushes
+    def on_push(self, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
+        self.state.incr("push_requests")
+        self._sync_role()
+        m = self.state.read_member()
+        if req.term != m.current_term:
+            self._push_reply(ident, req, RC.INCONSISTENT_TERM, m.current_term)
+            return
+        if m.role != Role.FOLLOWER:
+            self._push_reply(ident, req, RC.NOT_FOLLOWER, m.current_term)
+            return
+        if self._slot_id(m.leader_slot) != req.leader_id:
+            self._push_reply(ident, req, RC.INCONSISTENT_LEADER, m.current_term)
+            return
+        kind = req.kind
+        if kind == P.PushKind.APPEND:
+            self._on_push_append(ident, req, frame, m.current_term)
+        elif kind == P.PushKind.COMMIT:
+            self._follower_commit(req.commit_index)
+            self._push_reply(ident, req, RC.SUCCESS, m.current_term)
+        elif kind == P.PushKind.COMPARE:
+            self._drop_queue(RC.INCONSISTENT_STATE)
+            try:
+                a = decide_compare(self.store, req.pre_log_index, req.pre_log_term)
+            except StoreError as e:
+                self.log.warning("compare at %d failed: %s", req.pre_log_index, e)
+                self._push_reply(ident, req, RC.INCONSISTENT_STATE, m.current_term)
+                return
+            if a.code == RC.SUCCESS:
+                self.verified_end = req.pre_log_index
+            self._push_reply(ident, req, a.code, m.current_term, x_term=a.x_term, x_index=a.x_index)
+        elif kind == P.PushKind.TRUNCATE:
+            self._drop_queue(RC.INCONSISTENT_STATE)
+            self._on_truncate(ident, req, m.current_term)
+        else:
+            self._push_reply(ident, req, RC.UNEXPECTED_ARGUMENT, m.current_term)
+
+    def _on_truncate(self, ident: bytes, req: P.PushRequest, term: int) -> None:
+        try:
+            with self.lock:
+                if not self._still_following(req):
+                    self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.state.read_member().current_term)
+                    return
+                if req.first_index <= self.store.ledger_end_index:
+                    self.log.info("truncating from index %d (leader %s, term %d)", req.first_index,
+                                  req.leader_id, req.term)
+                    self.store.truncate(req.first_index)
+                    self.publish_ledger()
+        except StoreError as e:
+            self.log.error("truncate(%d) refused: %s", req.first_index, e)
+            self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
+            return
+        self.verified_end = req.first_index - 1
+        self._push_reply(ident, req, RC.SUCCESS, term)
+
+    def _still_following(self, req: P.PushRequest) -> bool:
+        m = self.state.read_member()
+        return (m.role == Role.FOLLOWER and m.current_term == req.term
+                and self._slot_id(m.leader_slot) == req.leader_id)
+
+    def _on_push_append(self, ident: bytes, req: P.PushRequest, frame: bytes, term: int) -> None:
+        end = self.store.ledger_end_index
+        first = req.first_index
+        if first > end + 1:
+            if first in self.queue:
+                self._push_reply(ident, req, RC.REPEATED_PUSH, term)
+            elif len(self.queue) >= self.cfg.max_pending_pushes:
+                self._push_reply(ident, req, RC.PUSH_REQUEST_IS_FULL, term)
+            else:
+                self.queue[first] = QueuedPush(ident, req, frame, monotonic_ms())
+            return
+        self._append_now(ident, req, term)
+        self._drain_queue(term)
+
+    def _append_now(self, ident: bytes, req: P.PushRequest, term: int) -> None:
+        """Store a push that starts at or before ledgerEnd + 1 (skipping what is already here,
+        if it matches), then advance the committed index."""
+        s = self.store
+        blob = memoryview(req.entries)
+        first, end = req.first_index, s.ledger_end_index
+        try:
+            if first <= end:  # a resend overlapping what we have: skip the matching prefix
+                off, idx = 0, first
+                while idx <= end and off < len(blob):
+                    h = codec.decode_header(blob, off)
+                    if s.term_at(idx) != h.term:
+                        self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
+                        return
+                    off += h.size
+                    idx += 1
+                blob, first = blob[off:], idx
+            pre = first - 1
+            if pre >= 0 and first == req.first_index and req.pre_log_index == pre:
+                if pre < s.ledger_begin_index or s.term_at(pre) != req.pre_log_term:
+                    self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
+                    return
+            if len(blob):
+                with self.lock:
+                    if not self._still_following(req):
+                        self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.state.read_member().current_term)
+                        return
+                    s.append_follower(blob)
+                    self.verified_end = s.ledger_end_index
+                    s.set_committed_index(follower_commit(req.commit_index, self.verified_end, s.committed_index))
+                    self.publish_ledger()
+            else:
+                self.verified_end = max(self.verified_end, min(end, req.first_index + req.count - 1))
+                self._follower_commit(req.commit_index)
+        except (StoreError, codec.CodecError) as e:
+            self.log.warning("push at %d refused: %s", req.first_index, e)
+            self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
+            return
+        self._push_reply(ident, req, RC.SUCCESS, term)
+
+    def _follower_commit(self, leader_commit: int) -> None:
+        s = self.store
+        new = follower_commit(leader_commit, self.verified_end, s.committed_index)
+        if new > s.committed_index:
+            s.set_committed_index(new)
+            self.publish_ledger()
+
+    def _drain_queue(self, term: int) -> None:
+        while self.queue:
+            nxt = self.queue.pop(self.store.ledger_end_index + 1, None)
+            if nxt is None:
+                return
+            self._append_now(nxt.ident, nxt.req, term)
+
+    def _drop_queue(self, code: RC) -> None:
+        for q in self.queue.values():
+            self._push_reply(q.ident, q.req, code, self.state.read_member().current_term)
+        self.queue.clear()
+
+    def _check_abnormal_pushes(self, now: int) -> None:
+        """Once a second: pushes waiting for a gap that is not filling get INCONSISTENT_STATE
+        (the leader compares again); ones the log has caught up with are answered now."""
+        if now < self.next_abnormal_check or not self.queue:
+            return
+        self.next_abnormal_check = now + ABNORMAL_CHECK_MS
+        term = self.state.read_member().current_term
+        end = self.store.ledger_end_index
+        for first in sorted(self.queue):
+            q = self.queue[first]
+            if first <= end + 1:
+                del self.queue[first]
+                self._append_now(q.ident, q.req, term)
+                end = self.store.ledger_end_index
+            elif now - q.arrived_ms >= self.cfg.max_push_timeout_ms:
+                del self.queue[first]
+                self._push_reply(q.ident, q.req, RC.INCONSISTENT_STATE, term)
 
     _dispatch = {
         P.MetadataRequest: on_metadata,
         P.GetRequest: on_get,
         P.AppendRequest: on_append,
         P.BatchAppendRequest: on_append,
+        P.PushRequest: on_push,
     }
 
     # ------------------------------------------------------------------ loop
+    def _next_wait(self, now: int) -> int:
+        due = [now + 500]
+        if self.pending:
+            due.append(next(iter(self.pending.values())).deadline_ms)
+        if self.queue:
+            due.append(self.next_abnormal_check)
+        return max(1, min(due) - now)
+
     def run(self) -> None:
         rc = self.rc
         try:
@@ -148,25 +528,54 @@ class Handler:
             self.publish_ledger()
             host, port = self.cfg.address
             self.sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
+            self.appended_pub = pub(rc.zctx, appended_channel(rc))
+            roles = sub(rc.zctx, role_channel(rc))
+            commits = pull(rc.zctx, commit_channel(rc))
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            poller.register(self.sock, zmq.POLLIN)
+            for s in (self.sock, roles, commits):
+                poller.register(s, zmq.POLLIN)
+            self._sync_role()
             while not rc.should_stop():
-                events = dict(poller.poll(500))
+                now = monotonic_ms()
+                events = dict(poller.poll(self._next_wait(now)))
+                if roles in events:
+                    _drain(roles)
+                    self._sync_role()
+                if commits in events:
+                    _drain(commits)
+                    self._apply_quorum()
                 if self.sock in events:
-                    for _ in range(256):  # drain a burst, then beat and re-check the stop flag
+                    for _ in range(512):  # a burst, then timers and the stop flag
                         try:
                             got = recv_routed(self.sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        if got is not None:
+                        if got is None:
+                            self.state.incr("bad_frames")
+                        else:
                             self.handle_frame(*got)
+                now = monotonic_ms()
+                self._apply_quorum()
+                self._expire_pending(now)
+                self._check_abnormal_pushes(now)
+                if not events:
+                    self._sync_role()
                 rc.beat()
         finally:
+            self._fail_all_pending()
             self.store.close()
+
+
+def _drain(sock: zmq.Socket) -> None:
+    while True:
+        try:
+            sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
 
 def main() -> int:
@@ -175,6 +584,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-__all__ = ["Handler", "NO_SLOT", "main"]

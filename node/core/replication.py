@@ -1,0 +1,276 @@
+"""Pure replication decisions (SPEC §5; DLedger's DLedgerEntryPusher, EntryDispatcher,
+EntryHandler and QuorumAckChecker): no sockets, files or clocks — time is passed in, the store
+is any object with the LogStore read methods (a MemoryStore in tests).
+
+* `quorum_index` / `commit_index`: the ack checker's rule. The quorum index is the median of the
+  current term's watermarks sorted descending (element n//2). It may only become the committed
+  index if the entry there is of the current term (Raft §5.4.2, "Figure 8"): counting replicas
+  never commits an older term's entry by itself; the new leader's NOOP makes it happen.
+* `DispatcherCore`: one follower's push stream, COMPARE → TRUNCATE → APPEND (⇄ COMMIT), back to
+  COMPARE on INCONSISTENT_STATE or a new term. It says what to send next (`next_action`) and
+  digests responses (`on_response`); the dispatcher process does the I/O.
+* `decide_compare` / `decide_truncate` / `follower_commit`: the follower's answers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import IntEnum
+
+from ipc.codes import ResponseCode as RC
+
+
+# --------------------------------------------------------------------------------------------
+# Quorum and commit (QuorumAckChecker)
+# --------------------------------------------------------------------------------------------
+def quorum_index(watermarks: list[int]) -> int:
+    """The highest index stored on a majority: element n//2 of the watermarks sorted
+    descending (the leader's own ledger end is one of them). -1 if none."""
+    if not watermarks:
+        return -1
+    return sorted(watermarks, reverse=True)[len(watermarks) // 2]
+
+
+def commit_index(quorum: int, term_at_quorum: int, current_term: int, committed: int) -> int:
+    """The committed index after a quorum index is known: it only moves forward, and only to
+    an entry of the current term (older-term entries commit with it, never by counting)."""
+    if quorum > committed and term_at_quorum == current_term:
+        return quorum
+    return committed
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatcher state machine (EntryDispatcher)
+# --------------------------------------------------------------------------------------------
+class PushState(IntEnum):
+    IDLE = 0  # not leader
+    COMPARE = 1
+    TRUNCATE = 2
+    APPEND = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    pre_index: int
+    pre_term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    first_index: int
+    max_count: int  # the process reads up to this many entries (and its byte bound) from the store
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    commit_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class NeedSnapshot:
+    """The follower needs entries the leader no longer has (deleted by retention)."""
+
+    index: int
+
+
+Action = Compare | Truncate | Append | Commit | NeedSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherConfig:
+    max_pending: int = 1000  # pushes in flight (DLedger maxPendingSize)
+    max_push_timeout_ms: int = 1000
+    commit_interval_ms: int = 1000  # an idle follower still learns the commit index this often
+    commit_eager_ms: int = 20  # after a commit advance, tell an idle follower this soon
+    request_timeout_ms: int = 1000  # COMPARE / TRUNCATE unanswered → ask again
+    retry_backoff_ms: int = 50  # after a refusal (not follower yet, term mismatch)
+
+
+class DispatcherCore:
+    """One follower's push stream, as data. `match_index` is the peer's watermark in `term`."""
+
+    def __init__(self, cfg: DispatcherConfig | None = None) -> None:
+        self.cfg = cfg or DispatcherConfig()
+        self.state = PushState.IDLE
+        self.term = -1
+        self.write_index = 0
+        self.match_index = -1
+        self.pending: OrderedDict[int, tuple[int, int]] = OrderedDict()  # first → (sent_ms, last)
+        self.inflight_request: tuple[int, int] | None = None  # (request kind, sent_ms) for COMPARE/TRUNCATE
+        self.last_commit_sent = -1
+        self.last_commit_ms = -(10**12)
+        self.not_before_ms = 0
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def become_leader(self, term: int, ledger_end: int) -> None:
+        """changeState on a new term (or a restarted dispatcher): start over with COMPARE."""
+        self.term = term
+        self.state = PushState.COMPARE
+        self.write_index = ledger_end + 1
+        self.match_index = -1
+        self.pending.clear()
+        self.inflight_request = None
+        self.last_commit_sent = -1
+        self.not_before_ms = 0
+
+    def step_down(self) -> None:
+        self.state = PushState.IDLE
+        self.pending.clear()
+        self.inflight_request = None
+
+    def _to_compare(self, now_ms: int, backoff: bool = False) -> None:
+        self.state = PushState.COMPARE
+        self.pending.clear()
+        self.inflight_request = None
+        if backoff:
+            self.not_before_ms = now_ms + self.cfg.retry_backoff_ms
+
+    # ---- what to send -----------------------------------------------------------------------
+    def next_action(self, now_ms: int, begin: int, end: int, committed: int, term_at) -> Action | None:  # noqa: ANN001
+        """The next message to send, or None (wait for a response, an append, or a timer).
+        `term_at(i)` reads the leader's store; begin/end/committed are its ledger."""
+        if self.state == PushState.IDLE or now_ms < self.not_before_ms:
+            return None
+        if self.state in (PushState.COMPARE, PushState.TRUNCATE):
+            if self.inflight_request is not None:
+                if now_ms - self.inflight_request[1] < self.cfg.request_timeout_ms:
+                    return None
+                self._to_compare(now_ms)  # unanswered: start again
+            self.inflight_request = (int(self.state), now_ms)
+            if self.state == PushState.TRUNCATE:
+                return Truncate(self.match_index + 1)
+            # COMPARE at writeIndex - 1 (clamped into the leader's log)
+            self.write_index = max(min(self.write_index, end + 1), max(begin, 0))
+            pre = self.write_index - 1
+            if end < 0 or pre < 0:
+                return Compare(-1, -1)  # empty leader log, or compare from the very start
+            if pre < begin:
+                self.inflight_request = None
+                return NeedSnapshot(pre)
+            return Compare(pre, term_at(pre))
+        # APPEND
+        if self.pending:
+            first, (sent, _last) = next(iter(self.pending.items()))
+            if now_ms - sent >= self.cfg.max_push_timeout_ms:
+                # The oldest push went unanswered: resend everything from the watermark.
+                self.pending.clear()
+                self.write_index = self.match_index + 1
+        if self.write_index <= end and len(self.pending) < self.cfg.max_pending:
+            if self.write_index < begin:
+                return NeedSnapshot(self.write_index)
+            return Append(self.write_index, end - self.write_index + 1)
+        if not self.pending and committed > self.last_commit_sent:
+            if now_ms - self.last_commit_ms >= self.cfg.commit_eager_ms:
+                return Commit(committed)
+        elif not self.pending and now_ms - self.last_commit_ms >= self.cfg.commit_interval_ms:
+            return Commit(committed)
+        return None
+
+    def sent(self, action: Action, now_ms: int, last_index: int = -1) -> None:
+        """Record that `action` went out (for Append: it carried entries up to `last_index`)."""
+        if isinstance(action, Append):
+            self.pending[action.first_index] = (now_ms, last_index)
+            self.write_index = last_index + 1
+        elif isinstance(action, Commit):
+            self.last_commit_sent = action.commit_index
+            self.last_commit_ms = now_ms
+
+    def next_deadline(self, now_ms: int) -> int:
+        """When `next_action` may have something new to say without any input."""
+        due = [now_ms + self.cfg.commit_interval_ms]
+        if self.not_before_ms > now_ms:
+            due.append(self.not_before_ms)
+        if self.inflight_request is not None:
+            due.append(self.inflight_request[1] + self.cfg.request_timeout_ms)
+        if self.pending:
+            due.append(next(iter(self.pending.values()))[0] + self.cfg.max_push_timeout_ms)
+        if self.state == PushState.APPEND and not self.pending:
+            due.append(self.last_commit_ms + self.cfg.commit_eager_ms)
+        return max(now_ms, min(due))
+
+    # ---- responses --------------------------------------------------------------------------
+    def on_response(self, kind: str, code: int, now_ms: int, *, index: int = -1, end_index: int = -1,
+                    x_term: int = -1, x_index: int = -1, first_index: int = -1) -> bool:
+        """Digest a push response. Returns True when the watermark (match_index) moved."""
+        if self.state == PushState.IDLE:
+            return False
+        if kind == "COMPARE":
+            if self.state != PushState.COMPARE:
+                return False
+            self.inflight_request = None
+            if code == RC.SUCCESS:
+                self.match_index = self.write_index - 1
+                self.state = PushState.TRUNCATE
+                return True
+            if code == RC.INCONSISTENT_STATE:
+                # fast backup: skip the follower's whole conflicting term, or jump to its end
+                self.write_index = x_index if x_term != -1 else end_index + 1
+                return False
+            self.not_before_ms = now_ms + self.cfg.retry_backoff_ms
+            return False
+        if kind == "TRUNCATE":
+            if self.state != PushState.TRUNCATE:
+                return False
+            self.inflight_request = None
+            if code == RC.SUCCESS:
+                self.state = PushState.APPEND
+                self.write_index = self.match_index + 1
+                self.pending.clear()
+            else:
+                self._to_compare(now_ms, backoff=True)
+            return False
+        if kind == "APPEND":
+            if self.state != PushState.APPEND:
+                return False
+            entry = self.pending.pop(first_index, None)
+            if code == RC.SUCCESS:
+                moved = index > self.match_index
+                self.match_index = max(self.match_index, index)
+                for k in [k for k, (_s, last) in self.pending.items() if last <= self.match_index]:
+                    del self.pending[k]
+                return moved
+            if code == RC.REPEATED_PUSH:
+                if entry is not None:  # the original is still being handled; keep waiting for it
+                    self.pending[first_index] = entry
+                    self.pending.move_to_end(first_index, last=False)
+                return False
+            self._to_compare(now_ms, backoff=code != RC.INCONSISTENT_STATE)
+            return False
+        return False  # COMMIT responses carry nothing we need
+
+
+# --------------------------------------------------------------------------------------------
+# Follower decisions (EntryHandler)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CompareAnswer:
+    code: RC
+    x_term: int = -1
+    x_index: int = -1
+
+
+def decide_compare(store, pre_index: int, pre_term: int) -> CompareAnswer:  # noqa: ANN001
+    """handleDoCompare: do I hold the leader's entry (pre_index, pre_term)?"""
+    if pre_index == -1 and pre_term == -1:
+        return CompareAnswer(RC.SUCCESS)  # empty leader log: nothing to agree on
+    begin, end = store.ledger_begin_index, store.ledger_end_index
+    if pre_index < 0 or end < 0 or pre_index > end:
+        return CompareAnswer(RC.INCONSISTENT_STATE)  # I lack it: the leader jumps to my end + 1
+    if pre_index < begin:
+        return CompareAnswer(RC.INCONSISTENT_STATE)  # deleted here: needs a snapshot/reset
+    mine = store.term_at(pre_index)
+    if mine == pre_term:
+        return CompareAnswer(RC.SUCCESS)
+    return CompareAnswer(RC.INCONSISTENT_STATE, mine, store.first_index_of_term(mine, pre_index))
+
+
+def follower_commit(leader_commit: int, verified_end: int, committed: int) -> int:
+    """committed = min(leader's commit, what this follower verified to match the leader in
+    this term); never backwards."""
+    return max(committed, min(leader_commit, verified_end))

@@ -1,0 +1,106 @@
+"""Show every node's view of the group: role, term, leader, ledger begin/end, committed, alive.
+
+Every node is asked at once; a node that does not answer within a short per-node deadline is
+shown as not alive (with --json: "alive": false and null fields). The group's leader and term
+are the highest-term leader claim among the answers.
+
+--json prints exactly:
+  {"group", "leader", "term", "nodes": [{"id", "address", "role", "term", "leader",
+   "ledger_begin_index", "ledger_end_index", "committed_index", "alive"}]}
+with role one of LEADER, FOLLOWER, CANDIDATE.
+
+Exit codes (all client subcommands): 0 success, 1 definite failure, 2 bad arguments,
+3 indeterminate failure (an append or transfer may still take effect).
+
+Example:
+  dledger metadata --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913" --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from tools.cli import CliError
+
+if TYPE_CHECKING:
+    from ipc.client import DLedgerClient
+
+EXIT_DEFINITE = 1
+EXIT_USAGE = 2
+EXIT_INDETERMINATE = 3
+
+
+# Shared by the client subcommands (append, get, metadata, transfer).
+def add_client_arguments(p: argparse.ArgumentParser, timeout: float = 3.0) -> None:
+    p.add_argument("--peers", required=True,
+                   help='the group, DLedger format: "n0-127.0.0.1:20911;n1-127.0.0.1:20912"')
+    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=timeout, metavar="S",
+                   help="overall timeout per call in seconds, retries included (default: %(default)s)")
+
+
+def open_client(args: argparse.Namespace) -> DLedgerClient:
+    """The client for the common options; bad options become one-line usage errors."""
+    from ipc.client import DLedgerClient
+    from ipc.protocol import ProtocolError
+    from ipc.sockets import PeersError
+
+    if args.timeout <= 0:
+        raise CliError("--timeout must be > 0", EXIT_USAGE)
+    try:
+        return DLedgerClient(args.peers, args.group, timeout=args.timeout)
+    except (PeersError, ProtocolError, ValueError) as e:
+        raise CliError(f"bad --peers/--group: {e}", EXIT_USAGE) from None
+
+
+def cli_error(e: Exception, prefix: str = "") -> CliError:
+    """A DLedgerError as one line; indeterminate outcomes get their own exit code."""
+    indeterminate = bool(getattr(e, "indeterminate", False))
+    return CliError(f"{prefix}{e}", EXIT_INDETERMINATE if indeterminate else EXIT_DEFINITE)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_client_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ipc.client import DLedgerError
+
+    with open_client(args) as c:
+        try:
+            m = c.metadata()
+        except DLedgerError as e:
+            raise cli_error(e) from None
+    if not any(n.alive for n in m.nodes):
+        raise CliError(f"no node answered within {args.timeout:g}s "
+                       f"({len(m.nodes)} asked: {', '.join(n.address for n in m.nodes)})")
+    if args.json:
+        print(json.dumps(m.to_dict()))
+        return 0
+    _print_table(m)
+    return 0
+
+
+def _print_table(m) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def v(x: object) -> str:
+        return "-" if x is None else str(x)
+
+    t = Table(title=f"group {m.group}: leader {v(m.leader_id)}, term {v(m.term)}",
+              title_justify="left")
+    for col in ("id", "address", "role", "term", "leader", "begin", "end", "committed", "alive"):
+        t.add_column(col, justify="right" if col in ("term", "begin", "end", "committed") else "left",
+                     no_wrap=True)
+    for n in m.nodes:
+        role = v(n.role)
+        if n.role == "LEADER":
+            role = f"[bold green]{role}[/]"
+        t.add_row(n.id, n.address, role, v(n.term), v(n.leader), v(n.ledger_begin_index),
+                  v(n.ledger_end_index), v(n.committed_index),
+                  "yes" if n.alive else "[bold red]NO[/]")
+    Console(width=max(100, Console().width)).print(t)
