@@ -106,6 +106,7 @@ class DispatcherCore:
         self.last_commit_sent = -1
         self.last_commit_ms = -(10**12)
         self.not_before_ms = 0
+        self.backup: tuple[int, int, int] | None = None  # (x_term, x_index, compared index)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def become_leader(self, term: int, ledger_end: int) -> None:
@@ -118,6 +119,7 @@ class DispatcherCore:
         self.inflight_request = None
         self.last_commit_sent = -1
         self.not_before_ms = 0
+        self.backup = None
 
     def step_down(self) -> None:
         self.state = PushState.IDLE
@@ -145,6 +147,9 @@ class DispatcherCore:
             self.inflight_request = (int(self.state), now_ms)
             if self.state == PushState.TRUNCATE:
                 return Truncate(self.match_index + 1)
+            if self.backup is not None:
+                self.write_index = _backup_target(*self.backup, begin, end, term_at)
+                self.backup = None
             # COMPARE at writeIndex - 1 (clamped into the leader's log)
             self.write_index = max(min(self.write_index, end + 1), max(begin, 0))
             pre = self.write_index - 1
@@ -209,8 +214,10 @@ class DispatcherCore:
                 self.state = PushState.TRUNCATE
                 return True
             if code == RC.INCONSISTENT_STATE:
-                # fast backup: skip the follower's whole conflicting term, or jump to its end
-                self.write_index = x_index if x_term != -1 else end_index + 1
+                if x_term != -1:  # fast backup, resolved against our log in next_action
+                    self.backup = (x_term, x_index, self.write_index - 1)
+                else:  # the follower lacks the entry: continue from its end
+                    self.write_index = end_index + 1
                 return False
             self.not_before_ms = now_ms + self.cfg.retry_backoff_ms
             return False
@@ -243,6 +250,28 @@ class DispatcherCore:
             self._to_compare(now_ms, backoff=code != RC.INCONSISTENT_STATE)
             return False
         return False  # COMMIT responses carry nothing we need
+
+
+def _backup_target(x_term: int, x_index: int, compared: int, begin: int, end: int, term_at) -> int:  # noqa: ANN001
+    """Where to compare next after the follower said "my entry at `compared` is of term x_term,
+    which starts at x_index". If our log has entries of x_term, continue after our last one
+    (everything up to it agrees); else skip the follower's whole x_term run. (DLedger jumps to
+    x_index unconditionally: when x_term also holds committed entries that lands below the
+    committed prefix and the follower must refuse the truncation — found by a test.)"""
+    hi = min(compared - 1, end)
+    lo = max(begin, 0)
+    if hi < lo:
+        return x_index
+    # our terms never decrease: find the last index <= hi whose term is <= x_term
+    if term_at(lo) > x_term:
+        return x_index
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if term_at(mid) <= x_term:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo + 1 if term_at(lo) == x_term else x_index
 
 
 # --------------------------------------------------------------------------------------------

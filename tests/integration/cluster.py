@@ -28,6 +28,8 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode, Role
 from node.ports import free_port_pairs
 from node.shared_state import segment_name
+from node.store.layout import read_layout
+from node.store.segment_store import SegmentStore, StoreConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,9 +244,43 @@ class Cluster:
                     left.append(seg.name)
         assert not left, f"shared-memory segments left behind by cleanly stopped nodes: {left}"
 
+    def client(self, **kw: object):  # noqa: ANN201 - ipc.client.DLedgerClient
+        from ipc.client import DLedgerClient
+
+        kw.setdefault("timeout", 10.0)
+        return DLedgerClient(self.peers, group=self.group, **kw)
+
+    def converged(self, among: list[str] | None = None) -> bool:
+        """Every answering node in `among` has the same ledger end, all of it committed."""
+        views = [v for k, v in self.views().items() if among is None or k in among]
+        if not views or any(v is None for v in views):
+            return False
+        ends = {(v.ledger_end_index, v.committed_index) for v in views}
+        return len(ends) == 1 and next(iter(ends))[0] == next(iter(ends))[1]
+
+    def wait_converged(self, timeout: float = 20.0, among: list[str] | None = None) -> None:
+        wait_for(lambda: self.converged(among), timeout, f"replicas {among or 'all'} converge")
+
     def start_monitor(self, interval: float = 0.05) -> Monitor:
         self.monitor = Monitor(self, interval)
         return self.monitor
+
+
+def read_log(store_dir: Path) -> list[tuple[int, int, int, bytes]]:
+    """(index, term, magic, body) of every entry of a STOPPED node's store."""
+    lay = read_layout(store_dir)
+    if not lay.data:
+        return []
+    st = SegmentStore(StoreConfig(store_dir=str(store_dir), data_file_size=lay.data_file_size,
+                                  index_file_size=lay.index_file_size or 32 * 5_242_880))
+    st.open()
+    try:
+        if st.ledger_end_index < 0:
+            return []
+        return [(e.index, e.term, e.magic, bytes(e.body))
+                for e in (st.get(i) for i in range(st.ledger_begin_index, st.ledger_end_index + 1))]
+    finally:
+        st.close()
 
 
 class Monitor(threading.Thread):
