@@ -1,47 +1,117 @@
 """`make run`: the main job, end to end, printed as it happens.
 
-Until the replicated cluster lands (the election and replication issues), this demonstrates
-the store a node is built on, and says so: it appends entries (single and batch) into a fresh
-store with tiny segment files so rolling happens, closes it, reopens it (recovery), reads
-everything back by index, and prints what `dledger dump` would show.
+Starts a local 3-node group (three `dledger server` processes on free loopback ports, stores
+in a temporary directory), appends entries through the client library, reads them back,
+SIGKILLs the leader, appends again through the newly elected leader, shows that every replica
+holds the same committed log, and stops everything (by PID, even on Ctrl-C or an error).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
+from pathlib import Path
 
-from node.store.segment_store import SegmentStore, StoreConfig
+from ipc.client import DLedgerClient
+from node.ports import free_port_pairs
 
 
-def store_demo() -> int:
-    print("DLedger for Python — store demonstration (the cluster demo arrives with replication)")
-    d = tempfile.mkdtemp(prefix="dledger-demo-")
-    cfg = StoreConfig(store_dir=d, data_file_size=4096, index_file_size=32 * 16)
-    try:
-        with SegmentStore(cfg) as st:
-            r = st.append_leader(b"hello, dledger", term=1)
-            print(f"appended index={r.index} term={r.term} pos={r.pos}")
-            rs = st.append_leader_batch([b"message-%03d" % i * 8 for i in range(60)], term=1)
-            print(f"appended a batch of {len(rs)}: indexes {rs[0].index}..{rs[-1].index}")
-            st.set_committed_index(st.ledger_end_index)
-            print(f"data files: {len(st.data.files)} x {cfg.data_file_size} B (rolled with BLANK padding)")
-        print(f"closed; reopening {d} (recovery scans and verifies the files)")
-        with SegmentStore(cfg) as st:
-            print(f"recovered begin={st.ledger_begin_index} end={st.ledger_end_index} "
-                  f"term={st.ledger_end_term} committed={st.committed_index}")
-            bad = [i for i in range(st.ledger_end_index + 1) if st.get(i).index != i]
-            for i in (0, 1, st.ledger_end_index):
-                e = st.get(i)
-                print(f"  get({i}) -> term={e.term} pos={e.pos} body={bytes(e.body)[:24]!r}")
-            print("read back all entries:", "OK" if not bad else f"MISMATCH at {bad}")
-            return 0 if not bad else 1
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def _wait(cond, timeout: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - nodes may still be starting
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
 
 
 def main() -> int:
-    return store_demo()
+    root = Path(tempfile.mkdtemp(prefix="dledger-demo-"))
+    ports = free_port_pairs(3)
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(nid: str) -> None:
+        log = open(root / f"{nid}.log", "ab")  # noqa: SIM115 - handed to the child
+        procs[nid] = subprocess.Popen(
+            [sys.executable, "-m", "tools.cli", "server", "--id", nid, "--peers", peers,
+             "--store-dir", str(root / nid), "--data-file-size", str(64 << 20),
+             "--index-file-size", str(8 << 20)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+
+    print(f"DLedger for Python — a 3-node group on 127.0.0.1\n  peers: {peers}\n  stores: {root}")
+    try:
+        for i in range(3):
+            start(f"n{i}")
+        with DLedgerClient(peers, timeout=10.0) as c:
+            def leader() -> str | None:
+                m = c.metadata(timeout=1.0)
+                return m.leader_id if m.leader_id and sum(n.alive for n in m.nodes) >= 2 else None
+
+            lead = _wait(leader, 20, "a leader")
+            m = c.metadata()
+            print(f"\nleader elected: {lead} (term {m.term})")
+            for n in m.nodes:
+                print(f"  {n.id}: {n.role:<9} term={n.term} end={n.ledger_end_index}")
+
+            print("\nappending 3 entries one by one, and a batch of 5:")
+            written = {}
+            for body in (b"hello", b"replicated", b"world"):
+                r = c.append(body)
+                written[r.index] = body
+                print(f"  append {body!r:<14} -> index={r.index} term={r.term}")
+            for r, body in zip(c.append_batch([b"batch-%d" % i for i in range(5)]),
+                               [b"batch-%d" % i for i in range(5)], strict=True):
+                written[r.index] = body
+            print(f"  batch of 5      -> indexes {min(written) + 3}..{max(written)}")
+
+            print("\nreading them back (committed entries only):")
+            for e in c.get_range(0, max(written) + 1):
+                print(f"  {e.index:>3} term={e.term} {e.type:<6} {e.body!r}")
+
+            print(f"\nSIGKILL the leader {lead} (all its processes) ...")
+            t0 = time.monotonic()
+            os.killpg(procs[lead].pid, signal.SIGKILL)
+            procs[lead].wait()
+            new = _wait(lambda: (x := leader()) and x != lead and x, 20, "a new leader")
+            print(f"new leader: {new} after {time.monotonic() - t0:.2f} s")
+            r = c.append(b"after failover")
+            written[r.index] = b"after failover"
+            print(f"  append b'after failover' -> index={r.index} term={r.term}")
+
+            print(f"\nrestarting {lead}; it rejoins as a follower and catches up")
+            start(lead)
+            _wait(lambda: all(n.alive and n.committed_index >= r.index for n in c.metadata().nodes),
+                  20, "every replica to commit the last entry")
+            m = c.metadata()
+            for n in m.nodes:
+                print(f"  {n.id}: {n.role:<9} term={n.term} end={n.ledger_end_index} "
+                      f"committed={n.committed_index}")
+            lost = [i for i, b in written.items() if c.get(i).body != b]
+            print("\nall acknowledged entries present:", "yes" if not lost else f"NO, lost {lost}")
+            return 0 if not lost else 1
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(root, ignore_errors=True)
+        print("\nstopped every node; removed", root)
 
 
 if __name__ == "__main__":

@@ -186,16 +186,18 @@ class DispatcherCore:
             self.last_commit_sent = action.commit_index
             self.last_commit_ms = now_ms
 
-    def next_deadline(self, now_ms: int) -> int:
-        """When `next_action` may have something new to say without any input."""
-        due = [now_ms + self.cfg.commit_interval_ms]
+    def next_deadline(self, now_ms: int, committed: int = -1) -> int:
+        """When `next_action` may have something new to say without any input (`committed`:
+        the leader's committed index, which decides whether an eager COMMIT is due)."""
+        due = [self.last_commit_ms + self.cfg.commit_interval_ms if self.state == PushState.APPEND
+               else now_ms + self.cfg.commit_interval_ms]
         if self.not_before_ms > now_ms:
             due.append(self.not_before_ms)
         if self.inflight_request is not None:
             due.append(self.inflight_request[1] + self.cfg.request_timeout_ms)
         if self.pending:
             due.append(next(iter(self.pending.values()))[0] + self.cfg.max_push_timeout_ms)
-        if self.state == PushState.APPEND and not self.pending:
+        if self.state == PushState.APPEND and not self.pending and committed > self.last_commit_sent:
             due.append(self.last_commit_ms + self.cfg.commit_eager_ms)
         return max(now_ms, min(due))
 

@@ -216,7 +216,9 @@ class Dispatcher:
             self._sync_role()
             self._pump()
             now = monotonic_ms()
-            wait = 1000 if self.core.state == PushState.IDLE else self.core.next_deadline(now) - now
+            committed = self.state.read_ledger().committed_index
+            wait = (1000 if self.core.state == PushState.IDLE
+                    else self.core.next_deadline(now, committed) - now)
             events = dict(poller.poll(max(1, min(1000, wait))))
             for s in (roles, appended):
                 if s in events:

@@ -165,3 +165,31 @@ def test_garbage_on_both_ports_leaves_every_node_up(make_cluster):
     assert r is not None and r.code == ResponseCode.UNKNOWN_MEMBER
     assert all(n.alive for n in c.nodes.values())
     c.wait_leader(timeout=10)
+
+
+def test_idle_group_uses_little_cpu(make_cluster):
+    """Event-driven loops, no spinning: an idle 3-node group under 5% of one core in total
+    (CPU time, so a busy CI machine does not inflate it)."""
+    c = make_cluster(3)
+    c.wait_leader(timeout=15)
+    c.wait_converged(timeout=10)  # the NOOP is committed everywhere: nothing left to do
+    nodes = list(c.nodes.values())
+    cpu0, t0 = sum(n.cpu_seconds() for n in nodes), time.monotonic()
+    wait_for(lambda: time.monotonic() - t0 >= 5, 10, "a 5 s idle window")
+    pct = (sum(n.cpu_seconds() for n in nodes) - cpu0) / (time.monotonic() - t0) * 100
+    assert pct < 5.0, f"idle group used {pct:.1f}% of one core"
+
+
+def test_no_leader_change_while_busy(make_cluster):
+    c = make_cluster(3)
+    lead = c.wait_leader(timeout=15)
+    mon = c.start_monitor(interval=0.1)
+    t0 = time.monotonic()
+    n = 0
+    with c.client() as cl:
+        while time.monotonic() - t0 < 15:
+            futs = [cl.append_async(b"busy-%d" % i) for i in range(200)]
+            n += len([f.result(timeout=30) for f in futs])
+    mon.stop()
+    assert n > 1000
+    assert c.leader() == lead and mon.leader_changes == 1, mon.leaders_by_term
