@@ -55,6 +55,7 @@ class NodeConfig:
     max_vote_interval_ms: int = 450
     vote_round_timeout_ms: int = 300
     preferred_leader_ids: str = ""  # comma-separated
+    transfer_timeout_ms: int = 5_000  # a leadership transfer not done by then fails, the leader resumes
     # client requests and replication
     max_pending_requests: int = 10_000
     max_wait_ack_ms: int = 2_500
@@ -126,7 +127,7 @@ class NodeConfig:
             p.append("group: required, at most 64 bytes")
         if not self.store_dir:
             p.append("store_dir: required")
-        positive = ("max_pending_requests", "max_wait_ack_ms",
+        positive = ("max_pending_requests", "transfer_timeout_ms", "max_wait_ack_ms",
                     "max_push_timeout_ms", "max_batch_push_size", "max_pending_pushes",
                     "peer_push_quota", "max_body_size", "max_frame_size", "flush_interval_ms",
                     "checkpoint_interval_ms", "role_restart_max_backoff_ms", "stop_grace_ms")

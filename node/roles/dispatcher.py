@@ -22,6 +22,7 @@ import struct
 import zmq
 
 from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from ipc.sockets import data_address, dealer, push, sub
 from node.core.replication import (
@@ -97,8 +98,10 @@ class Dispatcher:
             return True
         try:
             self.sock.send(P.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            return False  # follower unreachable (IMMEDIATE): try again on the next deadline
+        except zmq.Again:  # follower unreachable (IMMEDIATE): try again on the next deadline
+            if self.state.read_peer(self.slot).alive:
+                self.state.write_peer(self.slot, alive=0)
+            return False
         self.inflight[msg.request_id] = (kind, first)
         self.state.incr_peer(self.slot, "pushes_sent")
         if nbytes:
@@ -192,9 +195,10 @@ class Dispatcher:
                                           x_term=msg.x_term, x_index=msg.x_index, first_index=first)
         else:
             moved = self.core.on_response(kind, msg.code, now, first_index=first)
-        if moved:
+        if moved or msg.code == RC.SUCCESS:  # any success proves the follower alive and following
             self.state.write_peer(self.slot, match_index=self.core.match_index, match_term=self.core.term,
                                   alive=1, last_ack_ms=now)
+        if moved:
             try:
                 self.ack.send(ACK_MSG.pack(self.slot, self.core.match_index), zmq.NOBLOCK)
             except zmq.Again:

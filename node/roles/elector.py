@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import time
+from dataclasses import dataclass
 
 import zmq
 
@@ -32,6 +33,9 @@ from node.shared_state import NO_SLOT, monotonic_ms
 from node.store.layout import LOCK_FILE
 from node.store.term_vote import TermVoteFile
 
+TRANSFER_CHECK_MS = 50
+PREFERRED_CHECK_MS = 1000
+RECENT_ACK_MS = 2500  # an idle follower still answers a COMMIT push every second
 ROLE_TOPIC = b"role"
 ROLE_MSG = struct.Struct(">4sBqqq")  # topic, role, term, leader slot, role epoch
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
@@ -40,6 +44,24 @@ MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is ju
 def role_channel(rc: RoleContext) -> str:
     """Where the elector publishes role changes (every role subscribes to wake up)."""
     return rc.ipc("elector.pub")
+
+
+def control_channel(rc: RoleContext) -> str:
+    """Where the handler forwards LEADERSHIP_TRANSFER requests to the elector."""
+    return rc.ipc("elector.ctl")
+
+
+@dataclass(slots=True)
+class Transfer:
+    """A leadership transfer in progress (DLedger's handleLeadershipTransfer)."""
+
+    target: str
+    slot: int
+    term: int
+    deadline_ms: int
+    ident: bytes | None  # the handler's routing id, or None for a preferred-leader transfer
+    request_id: int
+    take_rid: int = 0  # request id of the TAKE_LEADERSHIP sent, 0 = not sent yet
 
 
 def decode_role_msg(frame: bytes) -> tuple[Role, int, int, int] | None:
@@ -65,7 +87,12 @@ class Elector:
         self.router: zmq.Socket | None = None
         self.pub: zmq.Socket | None = None
         self.dealers: dict[str, zmq.Socket] = {}
+        self.ctl: zmq.Socket | None = None
         self._published: tuple | None = None
+        self.transfer: Transfer | None = None
+        self.preferred = [p.strip() for p in self.cfg.preferred_leader_ids.split(",") if p.strip()]
+        self.next_preferred_check = 0
+        self._take_rid = 1 << 40  # our own request ids for TAKE_LEADERSHIP, apart from the core's
 
     # ------------------------------------------------------------------ effects
     def _ledger(self) -> LedgerEnd:
@@ -155,7 +182,115 @@ class Elector:
         if not P.is_response(msg):
             self.state.incr("elector_bad_frames")
             return
+        if isinstance(msg, P.TakeLeadershipResponse):
+            t = self.transfer
+            if t is not None and msg.request_id == t.take_rid and msg.code != ResponseCode.SUCCESS:
+                self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            return  # on SUCCESS the target's higher term deposes us; _drive_transfer answers
         self._run(lambda _led: self.core.on_response(msg, monotonic_ms()))
+
+    # ------------------------------------------------------------------ leadership transfer
+    def _transfer_reply(self, t: Transfer, code: ResponseCode) -> None:
+        if t.ident is not None:
+            send_routed(self.ctl, t.ident, P.encode(P.TransferResponse(
+                int(code), self.cfg.group, self.core.term, self.core.leader_id or "", t.request_id)))
+        if code == ResponseCode.SUCCESS:
+            self.log.info("%s handed leadership to %s", self.cfg.id, t.target)
+        else:
+            self.log.warning("transfer to %s failed: %s", t.target, code.name)
+
+    def _end_transfer(self, code: ResponseCode) -> None:
+        t, self.transfer = self.transfer, None
+        if t is None:
+            return
+        with self.lock:
+            self.state.write_member(transferee_slot=NO_SLOT)
+        self._transfer_reply(t, code)
+
+    def _start_transfer(self, target: str, ident: bytes | None, request_id: int, term: int) -> None:
+        c, now = self.core, monotonic_ms()
+        code = None
+        if c.role != Role.LEADER:
+            code = ResponseCode.NOT_LEADER
+        elif term not in (-1, c.term):
+            code = ResponseCode.EXPIRED_TERM
+        elif target not in self.slot:
+            code = ResponseCode.UNKNOWN_MEMBER
+        elif target == self.cfg.id:
+            code = ResponseCode.SUCCESS  # already there
+        elif self.transfer is not None:
+            code = ResponseCode.LEADER_TRANSFERRING
+        elif not self._caught_up_recently(target, now):
+            code = ResponseCode.TAKE_LEADERSHIP_FAILED  # dead or lagging: fail fast (#39, #85, #247)
+        if code is not None:
+            self._transfer_reply(Transfer(target, -1, c.term, now, ident, request_id), code)
+            return
+        self.transfer = Transfer(target, self.slot[target], c.term, now + self.cfg.transfer_timeout_ms,
+                                 ident, request_id)
+        with self.lock:
+            self.state.write_member(transferee_slot=self.slot[target])  # the handler stops appends
+        self.log.info("%s transferring leadership to %s (term %d)", self.cfg.id, target, c.term)
+
+    def _caught_up_recently(self, target: str, now: int) -> bool:
+        """The target acknowledged a push within one leader lease: it is alive and following."""
+        p = self.state.read_peer(self.slot[target])
+        window = max(RECENT_ACK_MS, 2 * self.cfg.heartbeat_interval_ms * self.cfg.max_heartbeat_leak)
+        return (p.alive and p.match_term == self.core.term and p.last_ack_ms > 0
+                and now - p.last_ack_ms <= window)
+
+    def _drive_transfer(self) -> None:
+        t, c, now = self.transfer, self.core, monotonic_ms()
+        if t is None:
+            return
+        if c.role != Role.LEADER or c.term != t.term:
+            if c.leader_id == t.target:
+                self._end_transfer(ResponseCode.SUCCESS)
+            elif t.take_rid and c.leader_id is None and now < t.deadline_ms:
+                return  # deposed by the target's election: wait for its outcome
+            else:
+                self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            return
+        if now >= t.deadline_ms:
+            self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            return
+        if t.take_rid:
+            return
+        if not self._caught_up_recently(t.target, now):
+            self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)  # died or stalled meanwhile
+            return
+        p = self.state.read_peer(t.slot)
+        end = self.state.read_ledger().ledger_end_index
+        if p.match_term == c.term and p.match_index >= end:
+            self._take_rid += 1
+            t.take_rid = self._take_rid
+            try:
+                self.dealers[t.target].send(P.encode(P.TakeLeadershipRequest(
+                    self.cfg.group, t.target, self.cfg.id, c.term, t.take_rid)), zmq.NOBLOCK)
+            except zmq.Again:
+                self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
+
+    def _check_preferred(self) -> None:
+        """A leader that is not a preferred leader hands over to a preferred peer that is
+        alive and caught up (DLedger's preferredLeaderIds)."""
+        now = monotonic_ms()
+        if (not self.preferred or self.cfg.id in self.preferred or self.transfer is not None
+                or self.core.role != Role.LEADER or now < self.next_preferred_check):
+            return
+        self.next_preferred_check = now + PREFERRED_CHECK_MS
+        end = self.state.read_ledger().ledger_end_index
+        for target in self.preferred:
+            p = self.state.read_peer(self.slot[target])
+            if self._caught_up_recently(target, now) and p.match_index >= end:
+                self._start_transfer(target, None, 0, self.core.term)
+                return
+
+    def _on_control(self, ident: bytes, frame: bytes) -> None:
+        try:
+            msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)
+        except P.ProtocolError:
+            return
+        if isinstance(msg, P.LeadershipTransferRequest):
+            self._start_transfer(msg.transferee_id, ident, msg.request_id, msg.term)
 
     # ------------------------------------------------------------------ loop
     def _wait_for_handler(self) -> bool:
@@ -172,6 +307,7 @@ class Elector:
         host, port = self.cfg.address
         self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
         self.pub = pub(rc.zctx, role_channel(rc))
+        self.ctl = router(rc.zctx, control_channel(rc))
         for peer in self.core.others:
             h, p = self.cfg.peer_map[peer]
             self.dealers[peer] = dealer(rc.zctx, elector_address(h, p))
@@ -183,12 +319,15 @@ class Elector:
                       self.core.voted_for)
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        poller.register(self.ctl, zmq.POLLIN)
         by_sock = {s: p for p, s in self.dealers.items()}
         for s in self.dealers.values():
             poller.register(s, zmq.POLLIN)
         while not rc.should_stop():
             now = monotonic_ms()
             wait = min(1000, max(0, self.core.next_deadline(now) - now))
+            if self.transfer is not None:
+                wait = min(wait, TRANSFER_CHECK_MS)
             events = dict(poller.poll(wait))
             # Read everything queued before ticking (the core wants inputs before the clock).
             if self.router in events:
@@ -210,9 +349,19 @@ class Elector:
                             break
                         if len(frames) == 1:
                             self._on_response(frames[0])
+            if self.ctl in events:
+                while True:
+                    try:
+                        got = recv_routed(self.ctl, zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if got is not None:
+                        self._on_control(*got)
             now = monotonic_ms()
             if now >= self.core.next_deadline(now):
                 self._run(lambda led: self.core.tick(monotonic_ms(), led))
+            self._drive_transfer()
+            self._check_preferred()
             rc.beat()
 
 

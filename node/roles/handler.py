@@ -39,12 +39,12 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, pub, pull, recv_routed, router, send_routed, sub
+from ipc.sockets import data_address, dealer, pub, pull, recv_routed, router, send_routed, sub
 from node.core.replication import decide_compare, follower_commit
 from node.member_lock import MemberLock
 from node.roles.ack_checker import commit_channel
 from node.roles.dispatcher import appended_channel
-from node.roles.elector import role_channel
+from node.roles.elector import control_channel, role_channel
 from node.roles.runtime import RoleContext, role_main
 from node.roles.supervisor import EXIT_FATAL
 from node.shared_state import NO_SLOT, monotonic_ms
@@ -100,6 +100,9 @@ class Handler:
         self.next_abnormal_check = 0
         self.disk_full = False
         self.next_disk_check = 0
+        self.ctl: zmq.Socket | None = None  # DEALER to the elector's control socket
+        self.transfers: dict[int, tuple[bytes, int]] = {}  # forwarded id → (client ident, its id)
+        self.next_transfer_id = 1
 
     # ------------------------------------------------------------------ shared state
     def publish_ledger(self) -> None:
@@ -500,7 +503,34 @@ class Handler:
                 del self.queue[first]
                 self._push_reply(q.ident, q.req, RC.INCONSISTENT_STATE, term)
 
+    def on_transfer(self, ident: bytes, req: P.LeadershipTransferRequest) -> None:
+        """The elector runs transfers (it owns the member state); we only relay."""
+        m = self.state.read_member()
+        if m.role != Role.LEADER:
+            self._error(ident, req, RC.NOT_LEADER)
+            return
+        fid = self.next_transfer_id
+        self.next_transfer_id += 1
+        try:
+            self.ctl.send(P.encode(P.LeadershipTransferRequest(req.group, req.remote_id, req.transferee_id,
+                                                                req.term, fid)), zmq.NOBLOCK)
+        except zmq.Again:  # the elector is restarting: a definite, retryable refusal
+            self._error(ident, req, RC.LEADER_TRANSFERRING, "elector unavailable, retry")
+            return
+        self.transfers[fid] = (ident, req.request_id)
+
+    def _on_transfer_reply(self, frame: bytes) -> None:
+        try:
+            msg = P.decode(frame)
+        except P.ProtocolError:
+            return
+        dest = self.transfers.pop(msg.request_id, None)
+        if dest is not None and isinstance(msg, P.TransferResponse):
+            msg.request_id = dest[1]
+            self._reply(dest[0], msg)
+
     _dispatch = {
+        P.LeadershipTransferRequest: on_transfer,
         P.MetadataRequest: on_metadata,
         P.GetRequest: on_get,
         P.AppendRequest: on_append,
@@ -531,12 +561,13 @@ class Handler:
             self.appended_pub = pub(rc.zctx, appended_channel(rc))
             roles = sub(rc.zctx, role_channel(rc))
             commits = pull(rc.zctx, commit_channel(rc))
+            self.ctl = dealer(rc.zctx, control_channel(rc))
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (self.sock, roles, commits):
+            for s in (self.sock, roles, commits, self.ctl):
                 poller.register(s, zmq.POLLIN)
             self._sync_role()
             while not rc.should_stop():
@@ -548,6 +579,12 @@ class Handler:
                 if commits in events:
                     _drain(commits)
                     self._apply_quorum()
+                if self.ctl in events:
+                    while True:
+                        try:
+                            self._on_transfer_reply(self.ctl.recv(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
                 if self.sock in events:
                     for _ in range(512):  # a burst, then timers and the stop flag
                         try:

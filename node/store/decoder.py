@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,14 @@ from typing import Any
 
 from node.store import codec
 from node.store.codec import ENTRY_MAGICS, HEADER, HEADER_SIZE, INDEX, INDEX_SIZE, TYPE_NAMES
-from node.store.layout import DATA_DIR, INDEX_DIR, Segment, list_segments, read_checkpoint
+from node.store.layout import (
+    DATA_DIR,
+    INDEX_DIR,
+    LayoutError,
+    Segment,
+    list_segments,
+    read_checkpoint,
+)
 
 COLUMNS: tuple[str, ...] = (
     "index", "term", "pos", "size", "type", "body_crc", "crc_ok", "error", "body",
@@ -47,6 +55,18 @@ DEFAULT_CHUNK_BYTES = 16 << 20  # body bytes per chunk: bounds memory for large 
 _ZERO_RECORD = bytes(INDEX_SIZE)
 _NONZERO = re.compile(rb"[^\x00]")
 _PROBE_BLOCK = 4096  # end search granularity: 128 index records per probe
+
+
+def _list(directory: Path) -> list[Segment]:
+    """`list_segments`, tolerating a live writer: readdir racing a rename (a new segment
+    moved into place) can miss a file and look like a hole, and retention can delete a file
+    between listing and stat. Both pass on a second look; a real hole persists and raises."""
+    for attempt in range(5):
+        try:
+            return list_segments(directory)
+        except (FileNotFoundError, LayoutError):
+            time.sleep(0.001 * (attempt + 1))
+    return list_segments(directory)
 
 
 def _type_name(magic: int) -> str:
@@ -81,7 +101,10 @@ class _Mapped:
         self.mm: mmap.mmap | None = None
         self.view: memoryview | None = None  # zero-copy slices for CRCs that need no copy
         if seg.size > 0:
-            fd = os.open(seg.path, os.O_RDONLY)
+            try:
+                fd = os.open(seg.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return  # deleted by retention since it was listed: as if it were not there
             try:
                 self.mm = mmap.mmap(fd, seg.size, access=mmap.ACCESS_READ)
             finally:
@@ -101,8 +124,9 @@ class StoreReader:
     """A read-only view of one store directory, fixed at the moment it was opened.
 
     `begin_index`/`end_index` come from the index list (-1/-1 for an empty log);
-    `committed_index` from the checkpoint (-1 if there is none). Raises `layout.LayoutError`
-    (or OSError) only for a directory that is not a store at all.
+    `committed_index` from the checkpoint (-1 if there is none or it is unreadable, then
+    `checkpoint_error` says why). Raises OSError (or `layout.LayoutError` for segment files
+    that overlap or differ in size) only for a directory that is not a readable store.
     """
 
     def __init__(self, store_dir: str | os.PathLike[str], *,
@@ -113,13 +137,17 @@ class StoreReader:
         if not (self.store_dir / INDEX_DIR).is_dir() and not (self.store_dir / DATA_DIR).is_dir():
             raise FileNotFoundError(f"{self.store_dir}: no {DATA_DIR}/ or {INDEX_DIR}/: not a store directory")
         self._crc = crc
-        self.committed_index = read_checkpoint(self.store_dir).committed_index
-        self._index = [_Mapped(s) for s in list_segments(self.store_dir / INDEX_DIR)]
+        self.checkpoint_error: str | None = None
+        try:
+            self.committed_index = read_checkpoint(self.store_dir).committed_index
+        except LayoutError as e:  # unreadable checkpoint: the log itself is still readable
+            self.committed_index, self.checkpoint_error = -1, str(e)
+        self._index = [_Mapped(s) for s in _list(self.store_dir / INDEX_DIR)]
         self.tail_dropped = False
         self.begin_index, self.end_index = self._find_bounds_in_index()
         # Data files are listed only now: every entry the index end covers was written (data
         # first) before we looked, so its file is already in place.
-        self._data = [_Mapped(s) for s in list_segments(self.store_dir / DATA_DIR)]
+        self._data = [_Mapped(s) for s in _list(self.store_dir / DATA_DIR)]
         self.data_file_size = self._data[0].seg.size if self._data else 0
         self._data_base = self._data[0].seg.start if self._data else 0
         self._data_limit = self._data[-1].seg.end if self._data else 0
@@ -247,6 +275,20 @@ class StoreReader:
         if m.mm is None or m.view is None:
             return None
         return m.mm, m.view, pos - m.seg.start, m.seg.size
+
+    def data_file_of(self, pos: int) -> tuple[Path, int] | None:
+        """(data file, offset in it) holding global position `pos`: for operators chasing a
+        damaged entry to its bytes (and tests that damage one on purpose)."""
+        if not self._data or not self._data_base <= pos < self._data_limit:
+            return None
+        m = self._data[(pos - self._data_base) // self.data_file_size]
+        return m.seg.path, pos - m.seg.start
+
+    def index_file_of(self, index: int) -> tuple[Path, int] | None:
+        """(index file, offset in it) of entry `index`'s 32-byte index record."""
+        off = index * INDEX_SIZE
+        m = next((m for m in self._index if m.seg.start <= off < m.seg.end), None)
+        return None if m is None else (m.seg.path, off - m.seg.start)
 
     # ------------------------------------------------------------------ decoding
     def decode_record(self, i: int, rec: tuple[int, int, int, int, int], body: bool) -> tuple:
