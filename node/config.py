@@ -55,6 +55,7 @@ class NodeConfig:
     max_vote_interval_ms: int = 450
     vote_round_timeout_ms: int = 300
     preferred_leader_ids: str = ""  # comma-separated
+    on_role_change: str = ""  # a command run (no shell) on every role change, see docs/operations.md
     transfer_timeout_ms: int = 5_000  # a leadership transfer not done by then fails, the leader resumes
     # client requests and replication
     max_pending_requests: int = 10_000

@@ -17,7 +17,10 @@ The elector does not vote or stand before the handler has published the recovere
 
 from __future__ import annotations
 
+import os
+import shlex
 import struct
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -93,6 +96,8 @@ class Elector:
         self.preferred = [p.strip() for p in self.cfg.preferred_leader_ids.split(",") if p.strip()]
         self.next_preferred_check = 0
         self._take_rid = 1 << 40  # our own request ids for TAKE_LEADERSHIP, apart from the core's
+        self.hook = shlex.split(self.cfg.on_role_change) if self.cfg.on_role_change else []
+        self.hook_procs: list[subprocess.Popen] = []
 
     # ------------------------------------------------------------------ effects
     def _ledger(self) -> LedgerEnd:
@@ -127,10 +132,25 @@ class Elector:
                     lead = f" leader={e.leader_id}" if e.leader_id and e.role == Role.FOLLOWER else ""
                     self.log.info("%s became %s term=%d%s", self.cfg.id, e.role.name, e.term, lead)
             self.state.incr("role_changes")
+            self._run_hook(c.role, c.term, c.leader_id)
             try:
                 self.pub.send(ROLE_MSG.pack(ROLE_TOPIC, c.role, c.term, leader, m.role_epoch), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # a hint only: subscribers also re-read the block on their own timeouts
+
+    def _run_hook(self, role: Role, term: int, leader: str | None) -> None:
+        """The role-change listener for embedding code (DLedger's RoleChangeHandler): run the
+        configured command without waiting; the environment says what changed."""
+        self.hook_procs = [p for p in self.hook_procs if p.poll() is None]  # reap finished ones
+        if not self.hook:
+            return
+        env = {**os.environ, "DLEDGER_NODE": self.cfg.id, "DLEDGER_GROUP": self.cfg.group,
+               "DLEDGER_ROLE": role.name, "DLEDGER_TERM": str(term), "DLEDGER_LEADER": leader or ""}
+        try:
+            self.hook_procs.append(subprocess.Popen(self.hook, env=env, stdin=subprocess.DEVNULL,
+                                                    close_fds=True))
+        except OSError as e:
+            self.log.warning("on_role_change command failed to start: %s", e)
 
     def _transmit(self, step: Step) -> None:
         """Network effects, outside the lock. A peer we cannot reach right now answers

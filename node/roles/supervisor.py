@@ -97,6 +97,11 @@ class Supervisor:
         cfg["store_dir"] = str(self.store_dir)
         cfg["run_dir"] = str(self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+        # Where embedding code finds this node's role channel (node.listeners); removed at stop.
+        info = {"pid": os.getpid(), "run_dir": str(self.run_dir), "id": self.node, "group": self.cfg.group}
+        tmp = self.store_dir / "run.json.tmp"
+        tmp.write_text(json.dumps(info), encoding="utf-8")
+        os.replace(tmp, self.store_dir / "run.json")
 
     def _plan_roles(self) -> None:
         """Every role that exists in this build: start what exists, fake nothing."""
@@ -240,6 +245,7 @@ class Supervisor:
             self.state.unlink()
             self.state.close()
             self.state = None
+        (self.store_dir / "run.json").unlink(missing_ok=True)
         if self.run_dir is not None and self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         if self._lock_fd is not None:

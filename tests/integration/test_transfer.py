@@ -7,6 +7,8 @@ from cluster import wait_for
 
 from ipc.client import DLedgerError
 from ipc.codes import ResponseCode as RC
+from ipc.codes import Role
+from node.listeners import RoleChangeListener
 
 
 def test_transfer_to_a_follower_under_appends(make_cluster):
@@ -52,3 +54,17 @@ def test_preferred_leader_takes_over(make_cluster):
     assert new in ("n0", "n1")
     c.nodes["n2"].start()
     wait_for(lambda: c.leader() == "n2", 20, "n2 takes leadership back once caught up")
+
+
+def test_role_change_listeners_hear_a_transfer(make_cluster, tmp_path):
+    """Embedding code learns role changes: the on_role_change command and RoleChangeListener."""
+    out = tmp_path / "roles.txt"
+    c = make_cluster(3, on_role_change=f"sh -c 'echo $DLEDGER_NODE $DLEDGER_ROLE $DLEDGER_TERM >> {out}'")
+    lead = c.wait_leader(timeout=15)
+    target = next(x for x in c.nodes if x != lead)
+    wait_for(lambda: f"{lead} LEADER" in out.read_text(), 10, "hook saw the first leader")
+    with RoleChangeListener(c.nodes[lead].store_dir) as lst, c.client() as cl:
+        cl.transfer_leadership(target)
+        seen = [e.role for e in lst.events(timeout_s=3)]
+    assert seen and seen[-1] != Role.LEADER, seen  # the old leader heard itself step down
+    wait_for(lambda: f"{target} LEADER" in out.read_text(), 10, "hook saw the new leader")
