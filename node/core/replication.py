@@ -189,16 +189,17 @@ class DispatcherCore:
     def next_deadline(self, now_ms: int, committed: int = -1) -> int:
         """When `next_action` may have something new to say without any input (`committed`:
         the leader's committed index, which decides whether an eager COMMIT is due)."""
-        due = [self.last_commit_ms + self.cfg.commit_interval_ms if self.state == PushState.APPEND
-               else now_ms + self.cfg.commit_interval_ms]
+        due = [now_ms + self.cfg.commit_interval_ms]
         if self.not_before_ms > now_ms:
             due.append(self.not_before_ms)
         if self.inflight_request is not None:
             due.append(self.inflight_request[1] + self.cfg.request_timeout_ms)
         if self.pending:
             due.append(next(iter(self.pending.values()))[0] + self.cfg.max_push_timeout_ms)
-        if self.state == PushState.APPEND and not self.pending and committed > self.last_commit_sent:
-            due.append(self.last_commit_ms + self.cfg.commit_eager_ms)
+        if self.state == PushState.APPEND and not self.pending:  # idle COMMITs are only sent then
+            due.append(self.last_commit_ms + self.cfg.commit_interval_ms)
+            if committed > self.last_commit_sent:
+                due.append(self.last_commit_ms + self.cfg.commit_eager_ms)
         return max(now_ms, min(due))
 
     # ---- responses --------------------------------------------------------------------------
@@ -208,8 +209,8 @@ class DispatcherCore:
         if self.state == PushState.IDLE:
             return False
         if kind == "COMPARE":
-            if self.state != PushState.COMPARE:
-                return False
+            if self.state != PushState.COMPARE or first_index != self.write_index - 1:
+                return False  # a late answer about another compare (reordered or resent)
             self.inflight_request = None
             if code == RC.SUCCESS:
                 self.match_index = self.write_index - 1
@@ -224,7 +225,7 @@ class DispatcherCore:
             self.not_before_ms = now_ms + self.cfg.retry_backoff_ms
             return False
         if kind == "TRUNCATE":
-            if self.state != PushState.TRUNCATE:
+            if self.state != PushState.TRUNCATE or first_index != self.match_index + 1:
                 return False
             self.inflight_request = None
             if code == RC.SUCCESS:
@@ -237,13 +238,15 @@ class DispatcherCore:
         if kind == "APPEND":
             if self.state != PushState.APPEND:
                 return False
-            entry = self.pending.pop(first_index, None)
             if code == RC.SUCCESS:
+                # Never pop by first index: a resend reuses it, and a late SUCCESS of the
+                # original must not cancel the resend. Drop what the watermark covers.
                 moved = index > self.match_index
                 self.match_index = max(self.match_index, index)
                 for k in [k for k, (_s, last) in self.pending.items() if last <= self.match_index]:
                     del self.pending[k]
                 return moved
+            entry = self.pending.pop(first_index, None)
             if code == RC.REPEATED_PUSH:
                 if entry is not None:  # the original is still being handled; keep waiting for it
                     self.pending[first_index] = entry

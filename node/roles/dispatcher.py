@@ -94,8 +94,7 @@ class Dispatcher:
 
     def _send(self, msg: P.PushRequest, kind: str, first: int, nbytes: int, now: int) -> bool:
         if P.faults.drop_push() or P.faults.blocked(self.peer):
-            self.inflight[msg.request_id] = (kind, first)  # lost on the wire: times out
-            return True
+            return True  # lost on the wire: the core's timeouts resend
         try:
             self.sock.send(P.encode(msg), zmq.NOBLOCK)
         except zmq.Again:  # follower unreachable (IMMEDIATE): try again on the next deadline
@@ -103,12 +102,20 @@ class Dispatcher:
                 self.state.write_peer(self.slot, alive=0)
             return False
         self.inflight[msg.request_id] = (kind, first)
+        if len(self.inflight) > 4 * self.cfg.max_pending_pushes:
+            self._forget_oldest_inflight()
         self.state.incr_peer(self.slot, "pushes_sent")
         if nbytes:
             self.window.append((now, nbytes))
             self.window_bytes += nbytes
             self.state.incr_peer(self.slot, "bytes_pushed", nbytes)
         return True
+
+    def _forget_oldest_inflight(self) -> None:
+        """Requests whose answers never came (lost, or timed out and resent) would pile up;
+        the core already gave up on them, so forget the oldest half."""
+        for rid in sorted(self.inflight)[: len(self.inflight) // 2]:
+            del self.inflight[rid]
 
     def _pump(self) -> None:
         """Send whatever the core wants until it wants nothing (or the socket is full)."""
@@ -136,6 +143,7 @@ class Dispatcher:
                 ok = self._send(msg, "TRUNCATE", action.index, 0, now)
             elif isinstance(action, Append):
                 if not self._quota_ok(now, led.ledger_end_index):
+                    self.core.not_before_ms = self.window[0][0] + 1000  # sleep until quota frees
                     return
                 try:
                     blob, n = self.reader.get_raw(action.first_index, led.ledger_end_index,
@@ -157,7 +165,12 @@ class Dispatcher:
                     self.state.incr_peer(self.slot, "entries_pushed", n)
                     continue
             elif isinstance(action, Commit):
-                msg = P.PushRequest(kind=P.PushKind.COMMIT, **{**base, "commit_index": action.commit_index})
+                # The committed entry's term rides along, so a follower whose handler restarted
+                # (and forgot what it verified) can still check it holds that entry.
+                ci = action.commit_index
+                ci_term = self.reader.term_at(ci) if ci >= max(led.ledger_begin_index, 0) else -1
+                msg = P.PushRequest(kind=P.PushKind.COMMIT, pre_log_index=ci, pre_log_term=ci_term,
+                                    **{**base, "commit_index": ci})
                 ok = self._send(msg, "COMMIT", action.commit_index, 0, now)
                 if ok:
                     self.core.sent(action, now)

@@ -370,6 +370,12 @@ class Handler:
         if kind == P.PushKind.APPEND:
             self._on_push_append(ident, req, frame, m.current_term)
         elif kind == P.PushKind.COMMIT:
+            s, pre = self.store, req.pre_log_index
+            try:
+                if 0 <= s.ledger_begin_index <= pre <= s.ledger_end_index and s.term_at(pre) == req.pre_log_term:
+                    self.verified_end = max(self.verified_end, pre)  # we hold the leader's entry
+            except StoreError:
+                pass
             self._follower_commit(req.commit_index)
             self._push_reply(ident, req, RC.SUCCESS, m.current_term)
         elif kind == P.PushKind.COMPARE:
@@ -381,7 +387,7 @@ class Handler:
                 self._push_reply(ident, req, RC.INCONSISTENT_STATE, m.current_term)
                 return
             if a.code == RC.SUCCESS:
-                self.verified_end = req.pre_log_index
+                self.verified_end = max(self.verified_end, req.pre_log_index)
             self._push_reply(ident, req, a.code, m.current_term, x_term=a.x_term, x_index=a.x_index)
         elif kind == P.PushKind.TRUNCATE:
             self._drop_queue(RC.INCONSISTENT_STATE)
@@ -395,16 +401,19 @@ class Handler:
                 if not self._still_following(req):
                     self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.state.read_member().current_term)
                     return
-                if req.first_index <= self.store.ledger_end_index:
-                    self.log.info("truncating from index %d (leader %s, term %d)", req.first_index,
+                # Idempotent: never cut what this leader's entries already verified (a repeated
+                # or late TRUNCATE must not drop entries we acknowledged since).
+                cut = max(req.first_index, self.verified_end + 1)
+                if cut <= self.store.ledger_end_index:
+                    self.log.info("truncating from index %d (leader %s, term %d)", cut,
                                   req.leader_id, req.term)
-                    self.store.truncate(req.first_index)
+                    self.store.truncate(cut)
                     self.publish_ledger()
         except StoreError as e:
             self.log.error("truncate(%d) refused: %s", req.first_index, e)
             self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
             return
-        self.verified_end = req.first_index - 1
+        self.verified_end = max(self.verified_end, req.first_index - 1)
         self._push_reply(ident, req, RC.SUCCESS, term)
 
     def _still_following(self, req: P.PushRequest) -> bool:
