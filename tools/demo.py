@@ -8,17 +8,10 @@ holds the same committed log, and stops everything (by PID, even on Ctrl-C or an
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 from ipc.client import DLedgerClient
-from node.ports import free_port_pairs
+from tools.local_group import LocalGroup
 
 
 def _wait(cond, timeout: float, what: str):  # noqa: ANN001, ANN202
@@ -35,24 +28,11 @@ def _wait(cond, timeout: float, what: str):  # noqa: ANN001, ANN202
 
 
 def main() -> int:
-    root = Path(tempfile.mkdtemp(prefix="dledger-demo-"))
-    ports = free_port_pairs(3)
-    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
-    procs: dict[str, subprocess.Popen] = {}
-
-    def start(nid: str) -> None:
-        log = open(root / f"{nid}.log", "ab")  # noqa: SIM115 - handed to the child
-        procs[nid] = subprocess.Popen(
-            [sys.executable, "-m", "tools.cli", "server", "--id", nid, "--peers", peers,
-             "--store-dir", str(root / nid), "--data-file-size", str(64 << 20),
-             "--index-file-size", str(8 << 20)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        log.close()
-
-    print(f"DLedger for Python — a 3-node group on 127.0.0.1\n  peers: {peers}\n  stores: {root}")
+    g = LocalGroup(3)
+    peers = g.peers
+    print(f"DLedger for Python — a 3-node group on 127.0.0.1\n  peers: {peers}\n  stores: {g.root}")
     try:
-        for i in range(3):
-            start(f"n{i}")
+        g.start()
         with DLedgerClient(peers, timeout=10.0) as c:
             def leader() -> str | None:
                 m = c.metadata(timeout=1.0)
@@ -81,8 +61,7 @@ def main() -> int:
 
             print(f"\nSIGKILL the leader {lead} (all its processes) ...")
             t0 = time.monotonic()
-            os.killpg(procs[lead].pid, signal.SIGKILL)
-            procs[lead].wait()
+            g.kill(lead)
             new = _wait(lambda: (x := leader()) and x != lead and x, 20, "a new leader")
             print(f"new leader: {new} after {time.monotonic() - t0:.2f} s")
             r = c.append(b"after failover")
@@ -90,7 +69,7 @@ def main() -> int:
             print(f"  append b'after failover' -> index={r.index} term={r.term}")
 
             print(f"\nrestarting {lead}; it rejoins as a follower and catches up")
-            start(lead)
+            g.start(lead)
             _wait(lambda: all(n.alive and n.committed_index >= r.index for n in c.metadata().nodes),
                   20, "every replica to commit the last entry")
             m = c.metadata()
@@ -101,17 +80,8 @@ def main() -> int:
             print("\nall acknowledged entries present:", "yes" if not lost else f"NO, lost {lost}")
             return 0 if not lost else 1
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        shutil.rmtree(root, ignore_errors=True)
-        print("\nstopped every node; removed", root)
+        g.close()
+        print("\nstopped every node; removed", g.root)
 
 
 if __name__ == "__main__":

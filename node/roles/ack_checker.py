@@ -73,10 +73,13 @@ class AckChecker:
         appended = sub(rc.zctx, appended_channel(rc), conflate=True)  # a 1-node group's own end
         wake_handler = push(rc.zctx, commit_channel(rc))
         poller = zmq.Poller()
-        for s in (acks, roles, appended):
+        for s in (acks, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         while not rc.should_stop():
             events = dict(poller.poll(1000))
+            if rc.wake_fd in events:
+                rc.drain_wake()
+                del events[rc.wake_fd]
             for s in events:
                 while True:
                     try:

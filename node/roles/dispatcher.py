@@ -70,6 +70,7 @@ class Dispatcher:
         self.window: collections.deque[tuple[int, int]] = collections.deque()  # (ms, bytes) sent
         self.window_bytes = 0
         self.max_batch = self.cfg.max_batch_push_size if self.cfg.enable_batch_push else 1
+        self._alive = bool(self.state.read_peer(self.slot).alive)
 
     # ------------------------------------------------------------------ helpers
     def _sync_role(self) -> None:
@@ -98,9 +99,13 @@ class Dispatcher:
         try:
             self.sock.send(P.encode(msg), zmq.NOBLOCK)
         except zmq.Again:  # follower unreachable (IMMEDIATE): try again on the next deadline
-            if self.state.read_peer(self.slot).alive:
+            if self._alive:
+                self._alive = False
                 self.state.write_peer(self.slot, alive=0)
             return False
+        if not self._alive:  # the IMMEDIATE socket took it: the follower is connected
+            self._alive = True
+            self.state.write_peer(self.slot, alive=1)
         self.inflight[msg.request_id] = (kind, first)
         if len(self.inflight) > 4 * self.cfg.max_pending_pushes:
             self._forget_oldest_inflight()
@@ -227,7 +232,7 @@ class Dispatcher:
         appended = sub(rc.zctx, appended_channel(rc), conflate=True)
         self.ack = push(rc.zctx, ack_channel(rc))
         poller = zmq.Poller()
-        for s in (self.sock, roles, appended):
+        for s in (self.sock, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         while not rc.should_stop():
             self._sync_role()
@@ -237,6 +242,8 @@ class Dispatcher:
             wait = (1000 if self.core.state == PushState.IDLE
                     else self.core.next_deadline(now, committed) - now)
             events = dict(poller.poll(max(1, min(1000, wait))))
+            if rc.wake_fd in events:
+                rc.drain_wake()
             for s in (roles, appended):
                 if s in events:
                     while True:

@@ -240,8 +240,8 @@ class Elector:
             code = ResponseCode.SUCCESS  # already there
         elif self.transfer is not None:
             code = ResponseCode.LEADER_TRANSFERRING
-        elif not self._caught_up_recently(target, now):
-            code = ResponseCode.TAKE_LEADERSHIP_FAILED  # dead or lagging: fail fast (#39, #85, #247)
+        elif not self._reachable(target, now):
+            code = ResponseCode.TAKE_LEADERSHIP_FAILED  # dead or stalled: fail fast (#39, #85, #247)
         if code is not None:
             self._transfer_reply(Transfer(target, -1, c.term, now, ident, request_id), code)
             return
@@ -251,12 +251,13 @@ class Elector:
             self.state.write_member(transferee_slot=self.slot[target])  # the handler stops appends
         self.log.info("%s transferring leadership to %s (term %d)", self.cfg.id, target, c.term)
 
-    def _caught_up_recently(self, target: str, now: int) -> bool:
-        """The target acknowledged a push within one leader lease: it is alive and following."""
+    def _reachable(self, target: str, now: int) -> bool:
+        """Not known dead: its dispatcher's socket is connected (`alive`) and its last answer,
+        if any, is recent. A target that has not answered yet in a fresh term gets the benefit
+        of the doubt, bounded by the transfer timeout."""
         p = self.state.read_peer(self.slot[target])
         window = max(RECENT_ACK_MS, 2 * self.cfg.heartbeat_interval_ms * self.cfg.max_heartbeat_leak)
-        return (p.alive and p.match_term == self.core.term and p.last_ack_ms > 0
-                and now - p.last_ack_ms <= window)
+        return bool(p.alive) and not (p.last_ack_ms > 0 and now - p.last_ack_ms > window)
 
     def _drive_transfer(self) -> None:
         t, c, now = self.transfer, self.core, monotonic_ms()
@@ -275,7 +276,7 @@ class Elector:
             return
         if t.take_rid:
             return
-        if not self._caught_up_recently(t.target, now):
+        if not self._reachable(t.target, now):
             self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)  # died or stalled meanwhile
             return
         p = self.state.read_peer(t.slot)
@@ -300,7 +301,7 @@ class Elector:
         end = self.state.read_ledger().ledger_end_index
         for target in self.preferred:
             p = self.state.read_peer(self.slot[target])
-            if self._caught_up_recently(target, now) and p.match_index >= end:
+            if self._reachable(target, now) and p.match_term == self.core.term and p.match_index >= end:
                 self._start_transfer(target, None, 0, self.core.term)
                 return
 
@@ -340,6 +341,7 @@ class Elector:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.ctl, zmq.POLLIN)
+        poller.register(rc.wake_fd, zmq.POLLIN)
         by_sock = {s: p for p, s in self.dealers.items()}
         for s in self.dealers.values():
             poller.register(s, zmq.POLLIN)
@@ -349,6 +351,8 @@ class Elector:
             if self.transfer is not None:
                 wait = min(wait, TRANSFER_CHECK_MS)
             events = dict(poller.poll(wait))
+            if rc.wake_fd in events:
+                rc.drain_wake()
             # Read everything queued before ticking (the core wants inputs before the clock).
             if self.router in events:
                 while True:

@@ -576,12 +576,14 @@ class Handler:
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (self.sock, roles, commits, self.ctl):
+            for s in (self.sock, roles, commits, self.ctl, rc.wake_fd):
                 poller.register(s, zmq.POLLIN)
             self._sync_role()
             while not rc.should_stop():
                 now = monotonic_ms()
                 events = dict(poller.poll(self._next_wait(now)))
+                if rc.wake_fd in events:
+                    rc.drain_wake()
                 if roles in events:
                     _drain(roles)
                     self._sync_role()

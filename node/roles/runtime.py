@@ -56,6 +56,7 @@ class RoleContext:
     zctx: zmq.Context
     run_dir: Path
     peer_id: str | None = None
+    wake_fd: int = -1  # readable when a signal arrived: register it in the role's poller
     parent_pid: int = field(default_factory=os.getppid)
     stopping: bool = False
 
@@ -65,6 +66,13 @@ class RoleContext:
     def should_stop(self) -> bool:
         """True once SIGTERM/SIGINT arrived or the supervisor is gone."""
         return self.stopping or os.getppid() != self.parent_pid
+
+    def drain_wake(self) -> None:
+        try:
+            while os.read(self.wake_fd, 512):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def beat(self) -> None:
         self.state.beat(self.role, monotonic_ms())
@@ -101,13 +109,20 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
         if ctx_holder:
             ctx_holder[0].stopping = True
 
+    # The C-level handler writes to this pipe, so a zmq poll wakes at once on SIGTERM (its
+    # loop then sees `stopping`) instead of at its next timeout.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     state = SharedState.attach(state_name(cfg), role=role_name)
     repaired = state.repair_seqs(role_name)
     if repaired:
         log.warning("repaired seqlocks left mid-write by a previous incarnation: %s", repaired)
-    rc = RoleContext(cfg, role_name, log, state, make_context(), Path(args.config).parent, args.peer)
+    rc = RoleContext(cfg, role_name, log, state, make_context(), Path(args.config).parent, args.peer,
+                     wake_r)
     ctx_holder.append(rc)
     log.debug("started")
     try:

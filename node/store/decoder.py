@@ -15,8 +15,8 @@ Three promises shape the code:
   them with a prefix test.
 * **Safe on a live store.** The node appends data, then the index record. The reader fixes the
   log end once, when it opens (the last non-zero index record), lists data files *after* that,
-  and never reads past it; the last record, if it looks half-written, is left out (it is the
-  one the node may be writing right now). Files are preallocated and never shrink
+  and never reads past it; the last record, if it disagrees with its data header, is left out
+  (it is the one the node may be writing right now; `tail_dropped` says so). Files are preallocated and never shrink
   (`node.store.mmap_file`), so a mapping can never SIGBUS.
 * **Bounded memory.** Ranges decode in chunks (entry count and body bytes both capped), as
   columns (`decode_columns`) for Spark or rows (`iter_entries`) for dump.
@@ -151,6 +151,8 @@ class StoreReader:
         self.data_file_size = self._data[0].seg.size if self._data else 0
         self._data_base = self._data[0].seg.start if self._data else 0
         self._data_limit = self._data[-1].seg.end if self._data else 0
+        if self.begin_index >= 0:
+            self._drop_torn_tail()
         if self.begin_index >= 0 and self._data:
             self.begin_index = self._skip_retained_records(self.begin_index)
 
@@ -208,17 +210,22 @@ class StoreReader:
                 break
         if end < begin:
             return -1, -1
-        # The record the node may be writing right now: if it does not read as a finished
-        # record for `end`, it is not part of the log we observed.
-        raw = self._record(end)
-        if raw is not None:
-            magic, _pos, size, idx, _term = INDEX.unpack(raw)
-            if magic not in ENTRY_MAGICS or idx != end or size < HEADER_SIZE:
-                self.tail_dropped = True
-                end -= 1
-        if end < begin:
-            return -1, -1
         return begin, end
+
+    def _drop_torn_tail(self) -> None:
+        """The last index record may be the one the node is writing right now (struct packs
+        field by field: magic, pos, size, index, then term). If it does not agree with its
+        data header — which is always complete, being written first — it is not part of the
+        log we observed. A CRC mismatch is kept: the body was written before the record."""
+        raw = self._record(self.end_index)
+        if raw is None:
+            return
+        row = self.decode_record(self.end_index, INDEX.unpack(raw), False)
+        if row[7] is not None:  # error column
+            self.tail_dropped = True
+            self.end_index -= 1
+            if self.end_index < self.begin_index:
+                self.begin_index = self.end_index = -1
 
     def _skip_retained_records(self, begin: int) -> int:
         """Retention deletes whole data files but may keep the index file holding their

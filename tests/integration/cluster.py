@@ -244,6 +244,11 @@ class Cluster:
     def close(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
+        for node in self.nodes.values():  # all at once: one by one would trigger elections
+            if node.alive:
+                if node.stopped:
+                    node.signal(signal.SIGCONT)
+                node.proc.send_signal(signal.SIGTERM)
         for node in self.nodes.values():
             node.stop()
         self.ctx.destroy(linger=0)

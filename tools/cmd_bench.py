@@ -1,0 +1,338 @@
+"""Throughput/latency benchmark of a group, with a progress bar, verified at the end.
+
+Against --peers (a running group), or --local N (starts N nodes on loopback in a temporary
+directory and stops them at the end). Each request appends --batch bodies of --size bytes;
+--mode async keeps --concurrency requests in flight on one pipelined client, --mode sync runs
+--concurrency threads that each wait for every answer (--concurrency 1: one append at a time).
+After a --warmup, it runs for --duration seconds (or --count entries) and reports entries/s,
+MB/s and latency percentiles; then reads back a sample of acknowledged indexes and compares the
+bodies (a bench that does not check what it wrote is not trusted). Exit 1 if the error rate
+exceeds --max-error-rate or the verification fails.
+
+Examples:
+  dledger bench --local 3 --size 1024 --batch 64 --concurrency 16 --duration 10
+  dledger bench --local 3 --batch 1 --concurrency 256 --json
+  dledger bench --peers "$P" --mode sync --concurrency 1 --plot latency.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ipc.client import DLedgerClient, DLedgerError
+from tools.cli import CliError
+from tools.local_group import LocalGroup
+
+_SEQ = struct.Struct(">Q")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    tgt = p.add_mutually_exclusive_group(required=True)
+    tgt.add_argument("--peers", help="a running group (DLedger peers string)")
+    tgt.add_argument("--local", type=int, metavar="N", help="start and stop an N-node local group")
+    p.add_argument("--group", default="default")
+    p.add_argument("--size", type=int, default=1024, help="body size in bytes (default 1024)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds to measure (default 10)")
+    p.add_argument("--count", type=int, default=None, help="entries to write instead of --duration")
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
+    p.add_argument("--batch", type=int, default=1, help="bodies per request (1 = single appends)")
+    p.add_argument("--mode", choices=("async", "sync"), default="async")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring (default 1)")
+    p.add_argument("--verify-sample", type=int, default=1000, help="acknowledged indexes to read back")
+    p.add_argument("--max-error-rate", type=float, default=0.0,
+                   help="fail (exit 1) above this fraction of failed requests (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw throughput and latency over time")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-request client timeout")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra `dledger server` argument for --local (repeatable)")
+
+
+@dataclass
+class Recorder:
+    """Latencies and completions, per second since the start, thread-safe (append-only)."""
+
+    t0: float
+    measuring_from: float
+    lat: list[tuple[float, float, int]] = field(default_factory=list)  # (done at, latency s, entries)
+    errors: list[tuple[float, str]] = field(default_factory=list)
+    acked: list[tuple[int, int]] = field(default_factory=list)  # (index, seq) samples
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ok(self, sent: float, n: int, first_index: int, first_seq: int) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            self.lat.append((now, now - sent, n))
+            if len(self.acked) < 200_000:
+                self.acked.append((first_index, first_seq))
+
+    def fail(self, e: BaseException) -> None:
+        with self.lock:
+            self.errors.append((time.perf_counter(), getattr(e, "name", type(e).__name__)))
+
+
+def _body(seq: int, size: int) -> bytes:
+    """Deterministic per sequence number, so read-back can check every byte."""
+    head = _SEQ.pack(seq)
+    if size <= 8:
+        return head[-size:] if size else b""
+    fill = (bytes([seq & 0xFF]) * (size - 8))
+    return head + fill
+
+
+def _pct(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return 0.0
+    return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, peers: str) -> None:
+        self.a = args
+        self.peers = peers
+        self.stop_at = 0.0
+        self.seq = 0
+        self.seq_lock = threading.Lock()
+        self.written = 0
+
+    def _next(self, n: int) -> int:
+        with self.seq_lock:
+            s = self.seq
+            self.seq += n
+            return s
+
+    def _done(self) -> bool:
+        if self.a.count is not None:
+            return self.seq >= self.a.count + self._warm_entries
+        return time.perf_counter() >= self.stop_at
+
+    def run(self, progress) -> Recorder:  # noqa: ANN001 - a callable(rec) for live output
+        a = self.a
+        t0 = time.perf_counter()
+        rec = Recorder(t0, t0 + a.warmup)
+        self._warm_entries = 0
+        self.stop_at = t0 + a.warmup + a.duration
+        with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
+                           max_in_flight=max(a.concurrency, 1)) as c:
+            c.metadata()  # find the leader before the clock starts mattering
+            if a.mode == "async":
+                self._run_async(c, rec, progress)
+            else:
+                threads = [threading.Thread(target=self._sync_worker, args=(c, rec), daemon=True)
+                           for _ in range(a.concurrency)]
+                for t in threads:
+                    t.start()
+                while any(t.is_alive() for t in threads):
+                    progress(rec)
+                    time.sleep(0.25)
+                for t in threads:
+                    t.join()
+            self.verify_result = self._verify(c, rec)
+        return rec
+
+    def _submit(self, c: DLedgerClient, rec: Recorder):  # noqa: ANN202
+        a = self.a
+        seq = self._next(a.batch)
+        sent = time.perf_counter()
+        if a.batch == 1:
+            f = c.append_async(_body(seq, a.size))
+        else:
+            f = c.append_batch_async([_body(seq + i, a.size) for i in range(a.batch)])
+
+        def done(fut, seq=seq, sent=sent) -> None:  # noqa: ANN001
+            e = fut.exception()
+            if e is not None:
+                rec.fail(e)
+                return
+            r = fut.result()
+            first = r.index if a.batch == 1 else r[0].index
+            rec.ok(sent, a.batch, first, seq)
+
+        f.add_done_callback(done)
+        return f
+
+    def _run_async(self, c: DLedgerClient, rec: Recorder, progress) -> None:  # noqa: ANN001
+        last_progress = 0.0
+        pending: list = []
+        while not self._done():
+            pending.append(self._submit(c, rec))  # blocks while `concurrency` are in flight
+            if len(pending) > 4 * self.a.concurrency:
+                pending = [f for f in pending if not f.done()]
+            now = time.perf_counter()
+            if now - last_progress >= 0.25:
+                progress(rec)
+                last_progress = now
+        for f in pending:
+            try:
+                f.result(timeout=self.a.timeout + 5)
+            except DLedgerError:
+                pass
+        progress(rec)
+
+    def _sync_worker(self, c: DLedgerClient, rec: Recorder) -> None:
+        a = self.a
+        while not self._done():
+            seq = self._next(a.batch)
+            sent = time.perf_counter()
+            try:
+                if a.batch == 1:
+                    first = c.append(_body(seq, a.size)).index
+                else:
+                    first = c.append_batch([_body(seq + i, a.size) for i in range(a.batch)])[0].index
+                rec.ok(sent, a.batch, first, seq)
+            except DLedgerError as e:
+                rec.fail(e)
+
+    def _verify(self, c: DLedgerClient, rec: Recorder) -> dict:
+        """Read back a sample of acknowledged entries; every byte must match."""
+        sample = random.Random(7).sample(rec.acked, min(self.a.verify_sample, len(rec.acked)))
+        bad = 0
+        for first, seq in sample:
+            k = random.Random(first).randrange(self.a.batch)
+            try:
+                e = c.get(first + k)
+                if e.body != _body(seq + k, self.a.size):
+                    bad += 1
+            except DLedgerError:
+                bad += 1
+        return {"checked": len(sample), "mismatched": bad}
+
+
+def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
+    start = rec.measuring_from
+    meas = [x for x in rec.lat if x[0] >= start]
+    errs = [e for e in rec.errors if e[0] >= start]
+    end = max([x[0] for x in meas] + [start + 1e-9])
+    span = max(end - start, 1e-9)
+    entries = sum(n for _t, _l, n in meas)
+    lats = sorted(lat * 1000 for _t, lat, _n in meas)
+    samples = []
+    sec = 0
+    while start + sec < end:
+        window = [x for x in meas if start + sec <= x[0] < start + sec + 1]
+        wl = sorted(lat * 1000 for _t, lat, _n in window)
+        samples.append({"t": sec, "entries": sum(n for _t, _l, n in window),
+                        "p50_ms": _pct(wl, 0.5), "p99_ms": _pct(wl, 0.99),
+                        "errors": sum(1 for e in errs if start + sec <= e[0] < start + sec + 1)})
+        sec += 1
+    requests = len(meas) + len(errs)
+    return {
+        "entries_per_s": entries / span, "mb_per_s": entries * args.size / span / 1e6,
+        "requests_per_s": len(meas) / span, "p50_ms": _pct(lats, 0.5), "p99_ms": _pct(lats, 0.99),
+        "p999_ms": _pct(lats, 0.999), "max_ms": lats[-1] if lats else 0.0, "errors": len(errs),
+        "error_kinds": sorted({e[1] for e in errs}), "error_rate": len(errs) / requests if requests else 0.0,
+        "entries": entries, "seconds": span,
+        "config": {k: getattr(args, k) for k in ("size", "duration", "count", "concurrency", "batch",
+                                                  "mode", "warmup", "local", "peers")},
+        "samples": samples,
+    }
+
+
+def _plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] for s in res["samples"]]
+    fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    ax1.plot(t, [s["entries"] for s in res["samples"]], marker=".")
+    ax1.set_ylabel("entries / s")
+    ax1.set_title(f"dledger bench: {res['config']['mode']}, batch {res['config']['batch']}, "
+                  f"{res['config']['size']} B, concurrency {res['config']['concurrency']}")
+    ax2.plot(t, [s["p50_ms"] for s in res["samples"]], label="p50")
+    ax2.plot(t, [s["p99_ms"] for s in res["samples"]], label="p99")
+    ax2.set_ylabel("latency (ms)")
+    ax2.set_xlabel("seconds")
+    ax2.legend()
+    errs = [s["t"] for s in res["samples"] if s["errors"]]
+    for x in errs:
+        ax1.axvline(x, color="red", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _progress_printer(args: argparse.Namespace):  # noqa: ANN202
+    """A live rich bar on a terminal; one plain line per second otherwise (logs, CI)."""
+    tty = sys.stderr.isatty() and not args.json
+    state = {"last": 0.0}
+    if tty:
+        from rich.console import Console
+        from rich.live import Live
+
+        live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
+        live.start()
+    else:
+        live = None
+
+    def show(rec: Recorder) -> None:
+        now = time.perf_counter()
+        if not tty and now - state["last"] < 1.0:
+            return
+        state["last"] = now
+        with rec.lock:
+            recent = [x for x in rec.lat[-20000:] if x[0] >= now - 1.0]
+            lats = sorted(x[1] * 1000 for x in rec.lat[-20000:])
+            nerr = len(rec.errors)
+        eps = sum(n for _t, _l, n in recent)
+        phase = "warmup" if now < rec.measuring_from else "measuring"
+        line = (f"{phase:<9} {now - rec.t0:6.1f}s  {eps:>9,.0f} entries/s  "
+                f"{eps * args.size / 1e6:7.1f} MB/s  p99 {_pct(lats, 0.99):7.2f} ms  errors {nerr}")
+        if live is not None:
+            live.update(line)
+        elif not args.json:
+            print(line, file=sys.stderr, flush=True)
+
+    def stop() -> None:
+        if live is not None:
+            live.stop()
+
+    show.stop = stop  # type: ignore[attr-defined]
+    return show
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.size < 0 or args.batch < 1 or args.concurrency < 1:
+        raise CliError("--size must be >= 0, --batch and --concurrency >= 1", 2)
+    group = None
+    peers = args.peers
+    if args.local:
+        group = LocalGroup(args.local, args.server_arg, group=args.group).start()
+        peers = group.peers
+    try:
+        if group is not None:
+            group.wait_leader()
+        progress = _progress_printer(args)
+        bench = Bench(args, peers)
+        rss_before = group.rss_by_process() if group else {}
+        try:
+            rec = bench.run(progress)
+        finally:
+            progress.stop()
+        res = summarize(rec, args)
+        res["verified"] = bench.verify_result
+        if group is not None:
+            rss_after = group.rss_by_process()
+            res["rss_mb"] = {"before": sum(rss_before.values()) / 1e6, "after": sum(rss_after.values()) / 1e6}
+        if args.plot:
+            _plot(res, args.plot)
+    finally:
+        if group is not None:
+            group.close()
+    ok = res["error_rate"] <= args.max_error_rate and res["verified"]["mismatched"] == 0
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"{res['entries_per_s']:,.0f} entries/s  {res['mb_per_s']:.1f} MB/s  "
+              f"({res['requests_per_s']:,.0f} requests/s)  latency p50 {res['p50_ms']:.2f} ms  "
+              f"p99 {res['p99_ms']:.2f} ms  p99.9 {res['p999_ms']:.2f} ms  errors {res['errors']}  "
+              f"verified {res['verified']['checked'] - res['verified']['mismatched']}/"
+              f"{res['verified']['checked']}")
+    return 0 if ok else 1

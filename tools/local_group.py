@@ -1,0 +1,149 @@
+"""A local group of `dledger server` processes that a tool starts and stops itself.
+
+Used by `make run` (tools/demo.py), `dledger bench --local N` and tools/bench_failover.py:
+free loopback ports, stores in a temporary directory, each node in its own process group so a
+"crash" is one SIGKILL to all its processes, and everything stopped by PID in `close()`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+
+from ipc import protocol as P
+from ipc.codes import Role
+from node.ports import free_port_pairs
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class LocalGroup:
+    def __init__(self, n: int, extra_args: list[str] | None = None, root: str | None = None,
+                 group: str = "default") -> None:
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="dledger-local-"))
+        self._own_root = root is None
+        self.group = group
+        self.ports = free_port_pairs(n)
+        self.ids = [f"n{i}" for i in range(n)]
+        self.peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(self.ids, self.ports, strict=True))
+        self.extra = list(extra_args or [])
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ctx = zmq.Context()
+
+    # ---- processes -------------------------------------------------------------------------
+    def start(self, nid: str | None = None) -> LocalGroup:
+        for x in [nid] if nid else self.ids:
+            log = open(self.root / f"{x}.log", "ab")  # noqa: SIM115 - handed to the child
+            try:
+                self.procs[x] = subprocess.Popen(
+                    [sys.executable, "-m", "tools.cli", "server", "--id", x, "--peers", self.peers,
+                     "--group", self.group, "--store-dir", str(self.root / x),
+                     "--data-file-size", str(256 << 20), "--index-file-size", str(32 << 20), *self.extra],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            finally:
+                log.close()
+        return self
+
+    def kill(self, nid: str) -> None:
+        """SIGKILL a node's whole process group (a crash), and reap it."""
+        os.killpg(self.procs[nid].pid, signal.SIGKILL)
+        self.procs[nid].wait()
+
+    def pids(self) -> list[int]:
+        """Every process of every node (supervisors and their role children)."""
+        out: list[int] = []
+        todo = [p.pid for p in self.procs.values() if p.poll() is None]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            try:
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except OSError:
+                pass
+        return out
+
+    def cpu_seconds(self) -> float:
+        total = 0.0
+        for pid in self.pids():
+            try:
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(f[11]) + int(f[12])) / CLK_TCK
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
+    def rss_by_process(self) -> dict[int, int]:
+        """Resident set size (bytes) per pid: to check memory stays flat under load."""
+        out = {}
+        for pid in self.pids():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out[pid] = int(line.split()[1]) * 1024
+            except OSError:
+                pass
+        return out
+
+    # ---- queries ---------------------------------------------------------------------------
+    def meta(self, nid: str, timeout_ms: int = 200) -> P.MetadataResponse | None:
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        try:
+            s.connect(f"tcp://127.0.0.1:{self.ports[self.ids.index(nid)]}")
+            s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
+            if s.poll(timeout_ms):
+                m = P.decode(s.recv())
+                return m if isinstance(m, P.MetadataResponse) else None
+            return None
+        finally:
+            s.close()
+
+    def leader(self, among: list[str] | None = None) -> tuple[str, int] | None:
+        """(leader id, term) when every node in `among` answers and agrees, else None."""
+        views = [self.meta(x) for x in (among or self.ids)]
+        if any(v is None for v in views):
+            return None
+        leaders = [v for v in views if v.role == Role.LEADER]
+        if len(leaders) == 1 and all(v.leader_id == leaders[0].self_id and v.term == leaders[0].term
+                                     for v in views):
+            return leaders[0].self_id, leaders[0].term
+        return None
+
+    def wait_leader(self, among: list[str] | None = None, timeout: float = 30) -> tuple[str, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.leader(among)
+            if got:
+                return got
+            time.sleep(0.01)
+        raise RuntimeError(f"no agreed leader among {among or self.ids} within {timeout}s "
+                           f"(logs in {self.root})")
+
+    # ---- teardown --------------------------------------------------------------------------
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.ctx.destroy(linger=0)
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> LocalGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
