@@ -24,7 +24,8 @@ METADATA (4)           group, remote_id
 LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
 PUSH (6)               group, remote_id, leader_id, i64 term, u8 kind, i64 commit_index,
                        i64 first_index, u32 count, i64 pre_log_index, i64 pre_log_term,
-                       u32 n, entries blob (raw store-format entries, node/store/codec.py)
+                       u32 n, entries blob (raw store-format entries, node/store/codec.py),
+                       u32 m, index records (0 or count x 32 bytes: the leader's own records)
 VOTE (7)               group, remote_id, leader_id (= candidate), i64 term,
                        i64 ledger_end_term, i64 ledger_end_index
 HEARTBEAT (8)          group, remote_id, leader_id, i64 term
@@ -86,6 +87,7 @@ _META = struct.Struct(">Bqqq")
 _PUSH_RESP = struct.Struct(">qqqqq")
 _VOTE_RESP = struct.Struct(">Bqq")
 _ENTRY_HEADER_SIZE = 48  # node/store/codec.py HEADER_SIZE; a PUSH count above blob/48 is absurd
+_INDEX_RECORD_SIZE = 32  # node/store/codec.py INDEX_SIZE
 
 
 class ProtocolError(ValueError):
@@ -193,6 +195,7 @@ class PushRequest:
     entries: Buffer = b""
     pre_log_index: int = -1
     pre_log_term: int = -1
+    index_records: Buffer = b""  # APPEND: the leader's 32-byte index records of `entries`
     request_id: int = 0
 
 
@@ -424,7 +427,8 @@ def _enc_push(m: PushRequest) -> bytes:
     blob = m.entries
     return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.leader_id),
                      _PUSH.pack(m.term, m.kind, m.commit_index, m.first_index, m.count,
-                                m.pre_log_index, m.pre_log_term, len(blob)), blob))
+                                m.pre_log_index, m.pre_log_term, len(blob)), blob,
+                     _U32.pack(len(m.index_records)), m.index_records))
 
 
 def _enc_vote(m: VoteRequest) -> bytes:
@@ -627,9 +631,12 @@ def _dec_push(mv: memoryview, off: int, rid: int, max_body: int) -> PushRequest:
     if count * _ENTRY_HEADER_SIZE > n and kind == PushKind.APPEND:
         raise ProtocolError(f"absurd entry count {count} for a blob of {n} bytes")
     blob = mv[off:off + n]
-    _end(mv, off + n)
+    idx, off = _blob(mv, off + n, len(mv), "index records")
+    if len(idx) % _INDEX_RECORD_SIZE or (len(idx) and len(idx) // _INDEX_RECORD_SIZE != count):
+        raise ProtocolError(f"index records of {len(idx)} bytes do not describe {count} entries")
+    _end(mv, off)
     return PushRequest(group, remote, leader, term, PushKind(kind), commit, first, count, blob,
-                       pre_i, pre_t, rid)
+                       pre_i, pre_t, idx, rid)
 
 
 def _dec_vote(mv: memoryview, off: int, rid: int, max_body: int) -> VoteRequest:

@@ -151,9 +151,9 @@ class Dispatcher:
                     self.core.not_before_ms = self.window[0][0] + 1000  # sleep until quota frees
                     return
                 try:
-                    blob, n = self.reader.get_raw(action.first_index, led.ledger_end_index,
-                                                  action.max_count if self.max_batch > 1 else 1,
-                                                  self.max_batch)
+                    blob, n, recs = self.reader.get_run(action.first_index, led.ledger_end_index,
+                                                        action.max_count if self.max_batch > 1 else 1,
+                                                        self.max_batch)
                 except StaleRead as e:
                     self.log.debug("read of %d failed: %s", action.first_index, e)
                     self.reader.refresh()
@@ -163,7 +163,8 @@ class Dispatcher:
                 pre = action.first_index - 1
                 pre_term = self.reader.term_at(pre) if pre >= max(led.ledger_begin_index, 0) else -1
                 msg = P.PushRequest(kind=P.PushKind.APPEND, first_index=action.first_index, count=n,
-                                    entries=blob, pre_log_index=pre, pre_log_term=pre_term, **base)
+                                    entries=blob, pre_log_index=pre, pre_log_term=pre_term,
+                                    index_records=recs, **base)
                 ok = self._send(msg, "APPEND", action.first_index, len(blob), now)
                 if ok:
                     self.core.sent(action, now, action.first_index + n - 1)

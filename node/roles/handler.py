@@ -440,6 +440,7 @@ class Handler:
         if it matches), then advance the committed index."""
         s = self.store
         blob = memoryview(req.entries)
+        recs = req.index_records  # the leader's records: lets the store copy the run verbatim
         first, end = req.first_index, s.ledger_end_index
         try:
             if first <= end:  # a resend overlapping what we have: skip the matching prefix
@@ -451,7 +452,7 @@ class Handler:
                         return
                     off += h.size
                     idx += 1
-                blob, first = blob[off:], idx
+                blob, first, recs = blob[off:], idx, b""
             pre = first - 1
             if pre >= 0 and first == req.first_index and req.pre_log_index == pre:
                 if pre < s.ledger_begin_index or s.term_at(pre) != req.pre_log_term:
@@ -462,7 +463,7 @@ class Handler:
                     if not self._still_following(req):
                         self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.state.read_member().current_term)
                         return
-                    s.append_follower(blob)
+                    s.append_follower(blob, recs)
                     self.verified_end = s.ledger_end_index
                     s.set_committed_index(follower_commit(req.commit_index, self.verified_end, s.committed_index))
                     self.publish_ledger()

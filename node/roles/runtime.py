@@ -125,11 +125,22 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
                      wake_r)
     ctx_holder.append(rc)
     log.debug("started")
+    prof_dir = os.environ.get("DLEDGER_PROFILE_DIR")  # where a committed entry's CPU goes, per role
+    prof = None
+    if prof_dir:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     try:
         run(rc)
     except Exception:
         log.exception("role crashed")
         return 1
     finally:
+        if prof is not None:
+            prof.disable()
+            Path(prof_dir).mkdir(parents=True, exist_ok=True)
+            prof.dump_stats(str(Path(prof_dir) / f"{cfg.id}-{role_name}-{os.getpid()}.prof"))
         rc.close()
     return 0

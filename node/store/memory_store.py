@@ -58,7 +58,9 @@ class MemoryStore:
             raise StoreError("body too large", "UNEXPECTED_ARGUMENT")
         return [self.append_leader(b, term) for b in bodies]
 
-    def append_follower(self, blob: bytes | memoryview) -> int:
+    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
+        """Same contract as SegmentStore.append_follower; the leader's index records are not
+        needed here (positions are always re-stamped)."""
         expected, prev = self.ledger_end_index + 1, self.ledger_end_term
         staged = []
         try:

@@ -65,12 +65,20 @@ class StoreReader:
         """Consecutive encoded entries [index, ...] as one zero-copy slice of a data file, at most
         `max_count` entries / `max_bytes` bytes (at least one entry), never past `end_index`
         (the published ledger end) nor across a data file end."""
+        blob, n, _recs = self.get_run(index, end_index, max_count, max_bytes)
+        return blob, n
+
+    def get_run(self, index: int, end_index: int, max_count: int,
+                max_bytes: int) -> tuple[memoryview, int, memoryview]:
+        """`get_raw` plus the run's index records (a zero-copy slice of the index file): what a
+        dispatcher pushes, so the follower can store the run without parsing every entry."""
         if index > end_index:
             raise StaleRead(f"index {index} beyond published end {end_index}")
-        return self._with_refresh(lambda: self._get_raw(index, end_index, max_count, max_bytes))
+        return self._with_refresh(lambda: self._get_run(index, end_index, max_count, max_bytes))
 
-    def _get_raw(self, index: int, end_index: int, max_count: int, max_bytes: int) -> tuple[memoryview, int]:
-        data, _idx = self._lists()
+    def _get_run(self, index: int, end_index: int, max_count: int,
+                 max_bytes: int) -> tuple[memoryview, int, memoryview]:
+        data, idx = self._lists()
         _m, pos, size, _i, term = self._record(index)
         f = data.find(pos)
         if f is None:
@@ -79,18 +87,32 @@ class StoreReader:
         h = codec.HEADER.unpack_from(f.mm, rel)
         if h[2] != index or h[3] != term or h[1] != size:
             raise StaleRead(f"entry at pos {pos} is index {h[2]}/term {h[3]}, expected {index}/{term}")
-        end_pos, count = pos + size, 1
-        last = min(end_index, index + max(max_count, 1) - 1)
-        while index + count <= last:
-            try:
-                _m, p, s, _i, _t = self._record(index + count)
-            except StaleRead:
-                break
-            if p != end_pos or p + s > f.end or end_pos + s - pos > max_bytes:
-                break
-            end_pos += s
-            count += 1
-        return f.view[rel: rel + (end_pos - pos)], count
+        xf = idx.find(index * INDEX_SIZE)
+        xrel = index * INDEX_SIZE - xf.start
+        # Candidates: up to max_count, the published end, and the end of this index file.
+        k = min(max(max_count, 1), end_index - index + 1, (xf.size - xrel) // INDEX_SIZE)
+
+        def fits(j: int) -> bool:  # do entries index .. index+j-1 form one run within bounds?
+            m, p, sz, i, _t = INDEX.unpack_from(xf.mm, xrel + (j - 1) * INDEX_SIZE)
+            return (m in codec.ENTRY_MAGICS and i == index + j - 1 and p >= pos
+                    and p + sz <= f.end and p + sz - pos <= max_bytes)
+
+        if k > 1 and not fits(k):  # positions grow with the index: bisect the largest run
+            lo, hi = 1, k - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        _m, p, sz, _i, t = INDEX.unpack_from(xf.mm, xrel + (k - 1) * INDEX_SIZE)
+        if k > 1:  # check the last header too: both ends must be what the index says
+            hl = codec.HEADER.unpack_from(f.mm, p - f.start)
+            if hl[2] != index + k - 1 or hl[3] != t or hl[1] != sz:
+                raise StaleRead(f"entry at pos {p} is not index {index + k - 1}")
+        end = p + sz - f.start
+        return f.view[rel:end], k, xf.view[xrel: xrel + k * INDEX_SIZE]
 
     def get(self, index: int, end_index: int) -> codec.Entry:
         blob, _n = self.get_raw(index, end_index, 1, 1)

@@ -333,10 +333,18 @@ class SegmentStore:
         first, positions = self.append_batch_raw(bodies, term)
         return [AppendResult(first + i, term, p) for i, p in enumerate(positions)]
 
-    def append_follower(self, blob: bytes | memoryview) -> int:
+    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
         """Store entries pushed by the leader, as received: `blob` is consecutive encoded entries
-        starting at exactly ledgerEnd + 1. Only the pos field is re-stamped to the local position
-        (no re-encoding). Validates everything before writing anything. Returns the new end."""
+        starting at exactly ledgerEnd + 1. Validates before writing anything. Returns the new end.
+
+        With the leader's `index_records` for the run and our write position equal to the
+        leader's (the normal case: same bytes, same file size, same padding rule give the same
+        positions), the run is stored with one copy for the data and one for the index, after
+        O(1) checks: the first and last records against ledgerEnd + 1, the count, the blob
+        length and the first and last headers. Otherwise every entry is checked, its pos field
+        re-stamped to the local position and its index record written (no re-encoding)."""
+        if index_records and self._append_follower_fast(memoryview(blob), memoryview(index_records)):
+            return self.ledger_end_index
         mv = memoryview(blob)
         n = len(mv)
         spans: list[tuple[int, int, int, int, int]] = []  # (offset in blob, size, index, term, magic)
@@ -375,6 +383,47 @@ class SegmentStore:
         if self.config.flush_mode == "sync":
             self.flush()
         return self.ledger_end_index
+
+    def _append_follower_fast(self, mv: memoryview, recs: memoryview) -> bool:
+        n = len(recs) // INDEX_SIZE
+        if n == 0 or len(recs) != n * INDEX_SIZE:
+            return False
+        first = INDEX.unpack_from(recs, 0)
+        last = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
+        _m, pos0, size0, idx0, term0 = first
+        _m, posn, sizen, idxn, termn = last
+        run = posn + sizen - pos0
+        if (idx0 != self.ledger_end_index + 1 or idxn != idx0 + n - 1 or term0 < self.ledger_end_term
+                or termn < term0 or run != len(mv) or size0 + BLANK_SIZE > self.config.data_file_size):
+            return False
+        for rec, off in ((first, 0), (last, posn - pos0)):  # the two ends must be what they claim
+            if off + HEADER_SIZE > len(mv):
+                return False
+            magic, size, index, term, pos, _c, _cc, _crc, body = HEADER.unpack_from(mv, off)
+            if (magic, pos, size, index, term) != rec or body != size - HEADER_SIZE:
+                return False
+        f = self._room_for(size0)
+        w = f.wrote
+        if f.start + w != pos0 or w + run + BLANK_SIZE > f.size:
+            return False  # positions differ from the leader's: the re-stamping path handles it
+        start_data = f.start + w
+        try:
+            f.mm[w: w + run] = mv
+            f.wrote = w + run
+            done = 0
+            while done < n:  # the records may straddle an index file end
+                xf = self._index_file(idx0 + done)
+                k = min(n - done, (xf.size - xf.wrote) // INDEX_SIZE)
+                xf.mm[xf.wrote: xf.wrote + k * INDEX_SIZE] = recs[done * INDEX_SIZE:(done + k) * INDEX_SIZE]
+                xf.wrote += k * INDEX_SIZE
+                done += k
+        except BaseException:
+            self._rollback(start_data, idx0)
+            raise
+        self._advance(idx0, idxn, termn)
+        if self.config.flush_mode == "sync":
+            self.flush()
+        return True
 
     def _write_spans(self, mv: memoryview, spans: list[tuple[int, int, int, int, int]], ipack) -> None:  # noqa: ANN001
         i = 0

@@ -102,8 +102,8 @@ class TrackedStore(MemoryStore):
         self.mirror.append((term, magic, bytes(body)))
         return r
 
-    def append_follower(self, blob: bytes | memoryview) -> int:
-        end = super().append_follower(blob)
+    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
+        end = super().append_follower(blob, index_records)
         TrackedStore.changes += 1
         self.mirror.extend((e.term, e.magic, bytes(e.body)) for _o, e in codec.iter_entries(blob, False))
         assert len(self.mirror) == end + 1

@@ -97,8 +97,17 @@ def test_get_response_blob_decodes_with_store_codec():
 def test_push_entries_blob_passes_through_untouched():
     msg = p.PushRequest("default", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES)
     frame = encode(msg)
-    assert frame.endswith(ENTRIES)
+    assert frame.endswith(ENTRIES + b"\x00\x00\x00\x00")  # then an empty index-records field
     assert bytes(decode(frame).entries) == ENTRIES
+
+
+def test_push_index_records_must_describe_count_entries():
+    recs = bytes(64)
+    assert bytes(decode(encode(p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES,
+                                             index_records=recs))).index_records) == recs
+    with pytest.raises(p.ProtocolError, match="index records"):
+        decode(encode(p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES,
+                                    index_records=bytes(96))))
 
 
 # ------------------------------------------------------------------------- malformed frames

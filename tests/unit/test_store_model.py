@@ -112,12 +112,21 @@ def test_segment_and_memory_store_match_model(tmp_path_factory, seq):
         _check(seg, model, committed)
         if model:  # a reader in "another process" sees the same bytes
             r = StoreReader(path)
+            from_reader, from_store, recs = [], [], []
+            i = 0
+            while i < len(model):  # runs may end at different places; the bytes may not differ
+                blob, n, idx = r.get_run(i, len(model) - 1, 5, 1 << 20)
+                assert 1 <= n <= 5 and len(idx) == 32 * n
+                from_reader.append(bytes(blob))
+                recs.append(bytes(idx))
+                i += n
             i = 0
             while i < len(model):
-                blob, n = r.get_raw(i, len(model) - 1, 5, 1 << 20)
-                raw, n2 = seg.get_raw(i, 5, 1 << 20)
-                assert (bytes(blob), n) == (bytes(raw), n2)
+                raw, n = seg.get_raw(i, 5, 1 << 20)
+                from_store.append(bytes(raw))
                 i += n
+            assert b"".join(from_reader) == b"".join(from_store)
+            assert b"".join(recs) == b"".join(bytes(seg.index.read(k * 32, 32)) for k in range(len(model)))
             r.close()
     finally:
         seg.close()
@@ -199,3 +208,49 @@ def test_large_random_workload_rolls_many_files(tmp_path):
         assert len(s.data.files) > 50
         for i in rnd.sample(range(400), 50):
             assert bytes(s.get(i).body) == bodies[i]
+
+
+@pytest.mark.parametrize("follower_file_size", [4096, 8192])
+def test_follower_stores_leader_runs_fast_when_positions_match(tmp_path, follower_file_size, monkeypatch):
+    """Pushed runs carry the leader's index records. Same file size → same positions → the
+    follower copies data and index verbatim (fast path); a different size → per-entry path."""
+    rnd = random.Random(3)
+    leader = SegmentStore(_cfg(tmp_path / "l"))
+    follower = SegmentStore(StoreConfig(store_dir=str(tmp_path / "f"), data_file_size=follower_file_size,
+                                        index_file_size=32 * 8))
+    fast = []
+    orig = SegmentStore._append_follower_fast
+    monkeypatch.setattr(SegmentStore, "_append_follower_fast",
+                        lambda self, mv, recs: fast.append(orig(self, mv, recs)) or fast[-1])
+    with leader, follower:
+        for t in (1, 1, 2, 3):
+            leader.append_leader_batch([rnd.randbytes(rnd.randrange(1, 900)) for _ in range(40)], t)
+        r = StoreReader(tmp_path / "l")
+        i = 0
+        while i <= leader.ledger_end_index:
+            blob, n, recs = r.get_run(i, leader.ledger_end_index, 7, 1 << 20)
+            assert follower.append_follower(blob, recs) == i + n - 1
+            i += n
+        r.close()
+        assert follower.ledger_end_index == leader.ledger_end_index == 159
+        same_pos = []
+        for k in range(160):
+            a, b = leader.get(k), follower.get(k)
+            assert (a.index, a.term, bytes(a.body)) == (b.index, b.term, bytes(b.body))
+            same_pos.append(a.pos == b.pos)
+        assert all(same_pos) == (follower_file_size == 4096)
+    assert fast and all(fast) == (follower_file_size == 4096)
+    with SegmentStore(StoreConfig(store_dir=str(tmp_path / "f"), data_file_size=follower_file_size,
+                                  index_file_size=32 * 8)) as f2:  # and it recovers cleanly
+        assert f2.ledger_end_index == 159
+
+
+def test_fast_path_refuses_a_run_that_does_not_continue_the_log(tmp_path):
+    with SegmentStore(_cfg(tmp_path / "l")) as leader, SegmentStore(_cfg(tmp_path / "f")) as f:
+        leader.append_leader_batch([b"x" * 10] * 6, 1)
+        r = StoreReader(tmp_path / "l")
+        blob, n, recs = r.get_run(2, 5, 4, 1 << 20)
+        with pytest.raises(StoreError):
+            f.append_follower(blob, recs)  # starts at 2, the follower is empty
+        assert f.ledger_end_index == -1
+        r.close()
