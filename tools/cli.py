@@ -35,31 +35,49 @@ class CliError(Exception):
         self.code = code
 
 
-def _available() -> dict[str, object]:
-    mods = {}
-    for name, modname in SUBCOMMANDS.items():
-        try:
-            mods[name] = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:  # subcommand not built yet: leave it out of --help
-                continue
-            mods[name] = e  # a dependency is missing: say so when it is used
-    return mods
+HELP: dict[str, str] = {
+    "server": "run one node in the foreground",
+    "cluster": "run a local N-node group on 127.0.0.1",
+    "append": "append entries and print their index and term",
+    "get": "print committed entries",
+    "metadata": "show every node's view of the group",
+    "transfer": "hand leadership to another node",
+    "dump": "decode a node's store read-only",
+    "bench": "throughput/latency benchmark",
+    "export": "committed entries to Parquet (PySpark)",
+    "verify": "cross-replica check of committed prefixes (PySpark)",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line, found before building any parser: only its
+    module gets imported (a `dledger server` start does not pay for pyspark, rich or zmq
+    clients it will never use)."""
+    for a in argv:
+        if not a.startswith("-"):
+            return a if a in SUBCOMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dledger", description="DLedger for Python: a Raft-replicated commit log. "
         "Run `dledger COMMAND --help` for one command.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, mod in _available().items():
-        if isinstance(mod, Exception):
-            p = sub.add_parser(name, help=f"(unavailable: {mod})")
-            p.set_defaults(_missing=mod)
+    chosen = _chosen(argv)
+    for name, modname in SUBCOMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=HELP[name])
+            continue
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            p = sub.add_parser(name, help=f"(unavailable: {e})")
+            p.set_defaults(_missing=e)
             continue
         doc = (mod.__doc__ or "").strip()
-        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else name, description=doc,
+        p = sub.add_parser(name, help=HELP[name], description=doc,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks and debug logs")
@@ -69,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,

@@ -18,6 +18,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import struct
@@ -78,12 +79,18 @@ class Recorder:
             self.errors.append((time.perf_counter(), getattr(e, "name", type(e).__name__)))
 
 
+_FILL: dict[int, bytes] = {}
+
+
 def _body(seq: int, size: int) -> bytes:
-    """Deterministic per sequence number, so read-back can check every byte."""
+    """Deterministic per sequence number (an 8-byte prefix and a fixed fill), so read-back can
+    check every byte; cheap, because the load generator shares the machine with the group."""
     head = _SEQ.pack(seq)
     if size <= 8:
         return head[-size:] if size else b""
-    fill = (bytes([seq & 0xFF]) * (size - 8))
+    fill = _FILL.get(size)
+    if fill is None:
+        fill = _FILL[size] = (bytes(range(256)) * (size // 256 + 1))[: size - 8]
     return head + fill
 
 
@@ -312,9 +319,11 @@ def run(args: argparse.Namespace) -> int:
         progress = _progress_printer(args)
         bench = Bench(args, peers)
         rss_before = group.rss_by_process() if group else {}
+        gc.disable()  # a load generator makes no cycles; collections only add client jitter
         try:
             rec = bench.run(progress)
         finally:
+            gc.enable()
             progress.stop()
         res = summarize(rec, args)
         res["verified"] = bench.verify_result

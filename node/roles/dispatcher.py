@@ -71,6 +71,7 @@ class Dispatcher:
         self.window_bytes = 0
         self.max_batch = self.cfg.max_batch_push_size if self.cfg.enable_batch_push else 1
         self._alive = bool(self.state.read_peer(self.slot).alive)
+        self._moved = False
 
     # ------------------------------------------------------------------ helpers
     def _sync_role(self) -> None:
@@ -218,6 +219,11 @@ class Dispatcher:
             self.state.write_peer(self.slot, match_index=self.core.match_index, match_term=self.core.term,
                                   alive=1, last_ack_ms=now)
         if moved:
+            self._moved = True  # the ack checker is woken once per burst of replies (_flush_ack)
+
+    def _flush_ack(self) -> None:
+        if self._moved:
+            self._moved = False
             try:
                 self.ack.send(ACK_MSG.pack(self.slot, self.core.match_index), zmq.NOBLOCK)
             except zmq.Again:
@@ -260,6 +266,7 @@ class Dispatcher:
                         break
                     if len(frames) == 1:
                         self._on_reply(frames[0])
+                self._flush_ack()
             rc.beat()
         self.reader.close()
 

@@ -12,6 +12,11 @@ RocketMQ's MappedFile / MmapFileList, reduced to what DLedger uses. Two rules sh
   because truncation zeroes what it drops before anything new is written.
 
 The writer owns wrote/flushed positions; readers (`readonly=True`) only map and slice.
+
+Writes go through the file descriptor (`write`/`writev`: pwrite/pwritev), reads through the
+mapping. Both see the one page cache, so readers in any process see what was written. Writing
+through the mapping instead would take a write fault per fresh 4 KiB page (on ext4 the costly
+page_mkwrite path): measured 90 us vs 22 us to store 66 KB, and pwrite releases the GIL.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from node.store.layout import list_segments, segment_name
 log = logging.getLogger("dledger.store")
 
 _ZERO_CHUNK = bytes(1 << 20)
+_IOV_MAX = 1024
 
 
 class StoreIOError(OSError):
@@ -78,13 +84,35 @@ class MappedFile:
     def end(self) -> int:
         return self.start + self.size
 
+    def write(self, rel: int, data: bytes | bytearray | memoryview) -> None:
+        """Write at offset `rel` of this file (never past its end)."""
+        if rel < 0 or rel + len(data) > self.size:
+            raise StoreIOError(f"write of {len(data)} at {rel} outside {self.path.name}")
+        done = 0
+        while done < len(data):  # pwrite may be short in theory; loop until all is written
+            done += os.pwrite(self.fd, memoryview(data)[done:], rel + done)
+
+    def writev(self, rel: int, parts: list) -> int:
+        """Write consecutive `parts` at `rel` with as few syscalls as possible; returns bytes."""
+        total = sum(map(len, parts))
+        if rel < 0 or rel + total > self.size:
+            raise StoreIOError(f"write of {total} at {rel} outside {self.path.name}")
+        for i in range(0, len(parts), _IOV_MAX):
+            chunk = parts[i:i + _IOV_MAX]
+            n = os.pwritev(self.fd, chunk, rel)
+            want = sum(map(len, chunk))
+            if n != want:  # short write: finish it the slow way
+                self.write(rel + n, b"".join(bytes(p) for p in chunk)[n:])
+            rel += want
+        return total
+
     def zero(self, begin: int, end: int) -> None:
         """Zero [begin, end) of this file, skipping chunks that are zero already (cheap scan)."""
         pos = begin
         while pos < end:
             n = min(len(_ZERO_CHUNK), end - pos)
             if self.mm[pos:pos + n] != _ZERO_CHUNK[:n]:
-                self.mm[pos:pos + n] = _ZERO_CHUNK[:n]
+                self.write(pos, _ZERO_CHUNK[:n])
             pos += n
 
     def sync(self) -> None:
