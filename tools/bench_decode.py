@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from node.store.decoder import StoreReader
+from node.store.decoder import StoreDecoder
 from node.store.segment_store import SegmentStore, StoreConfig
 
 
@@ -48,7 +48,7 @@ def python_rates(path: Path, limit: int) -> dict[str, float]:
     from tools.pipeline.arrow_decode import decode_batches
 
     out: dict[str, float] = {}
-    with StoreReader(path) as r:
+    with StoreDecoder(path) as r:
         hi = min(r.end_index, r.begin_index + limit - 1)
         t = time.perf_counter()
         n = sum(1 for _ in r.iter_rows(r.begin_index, hi))

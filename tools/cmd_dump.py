@@ -22,7 +22,7 @@ import json
 import sys
 from typing import TextIO
 
-from node.store.decoder import DecodedEntry, StoreReader
+from node.store.decoder import DecodedEntry, StoreDecoder
 from node.store.layout import LayoutError
 from tools.cli import CliError
 
@@ -39,10 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="body bytes shown in text format (default: 40)")
 
 
-def open_reader(store_dir: str) -> StoreReader:
+def open_reader(store_dir: str) -> StoreDecoder:
     """Open a store for reading, turning 'this is not a store' into a one-line CLI error."""
     try:
-        return StoreReader(store_dir)
+        return StoreDecoder(store_dir)
     except (OSError, LayoutError) as e:
         raise CliError(str(e), 2) from None
 
@@ -70,7 +70,7 @@ def json_line(e: DecodedEntry) -> str:
     }, separators=(",", ":"))
 
 
-def dump(reader: StoreReader, out: TextIO, *, from_index: int | None = None,
+def dump(reader: StoreDecoder, out: TextIO, *, from_index: int | None = None,
          to_index: int | None = None, fmt: str = "text", preview: int = 40) -> int:
     """Write one line per entry to `out`; returns the number of entries written."""
     n = 0

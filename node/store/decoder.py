@@ -120,7 +120,7 @@ class _Mapped:
             self.mm = None
 
 
-class StoreReader:
+class StoreDecoder:
     """A read-only view of one store directory, fixed at the moment it was opened.
 
     `begin_index`/`end_index` come from the index list (-1/-1 for an empty log);
@@ -161,7 +161,7 @@ class StoreReader:
         for m in self._index + self._data:
             m.close()
 
-    def __enter__(self) -> StoreReader:
+    def __enter__(self) -> StoreDecoder:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from node.store.codec import HEADER_SIZE, INDEX_SIZE
-from node.store.decoder import StoreReader
+from node.store.decoder import StoreDecoder
 from node.store.segment_store import SegmentStore, StoreConfig
 
 N_ENTRIES = 200
@@ -37,7 +37,7 @@ def write_store(path: Path, n: int = N_ENTRIES, committed: int = COMMITTED,
 
 
 def flip_body_byte(store: Path, index: int) -> None:
-    with StoreReader(store) as r:
+    with StoreDecoder(store) as r:
         e = next(r.iter_entries(index, index))
         f, off = r.data_file_of(e.pos)
     with open(f, "r+b") as fh:
@@ -48,7 +48,7 @@ def flip_body_byte(store: Path, index: int) -> None:
 
 
 def zero_index_record(store: Path, index: int) -> None:
-    with StoreReader(store) as r:
+    with StoreDecoder(store) as r:
         f, off = r.index_file_of(index)
     with open(f, "r+b") as fh:
         fh.seek(off)

@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 from spark_stores import flip_body_byte, write_store, zero_index_record
 
-from node.store.decoder import StoreReader
+from node.store.decoder import StoreDecoder
 from tools.pipeline.arrow_decode import ARROW_SCHEMA, decode_batches, rows_to_batch
 from tools.pipeline.datasource import SCHEMA
 
@@ -27,12 +27,12 @@ def test_fast_path_equals_row_path_on_a_damaged_store(tmp_path: Path, body: bool
     write_store(d)
     flip_body_byte(d, 11)
     zero_index_record(d, 50)
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         f, off = r.data_file_of(next(r.iter_entries(120, 120)).pos)
     with open(f, "r+b") as fh:  # a header whose term disagrees with its index record
         fh.seek(off + 16)
         fh.write(struct.pack(">q", 42))
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         want = rows_to_batch("n0", list(r.iter_rows(body=body)))
         for chunk in (7, 64, 4096):
             batches = list(decode_batches(r, "n0", body=body, chunk_entries=chunk))
@@ -46,7 +46,7 @@ def test_fast_path_equals_row_path_on_a_damaged_store(tmp_path: Path, body: bool
 
 def test_batches_are_bounded_by_bytes(tmp_path: Path) -> None:
     write_store(tmp_path / "n0")
-    with StoreReader(tmp_path / "n0") as r:
+    with StoreDecoder(tmp_path / "n0") as r:
         batches = list(decode_batches(r, "n0", chunk_bytes=2000))
     assert sum(b.num_rows for b in batches) == 200
     assert all(sum(b.column("size").to_pylist()[:-1]) < 2000 for b in batches)

@@ -104,11 +104,11 @@ def test_node_names_and_bad_options(spark: SparkSession, healthy_replicas, tmp_p
 
 
 def test_partition_width_from_bytes_is_a_power_of_two(healthy_replicas) -> None:
-    from node.store.decoder import StoreReader
+    from node.store.decoder import StoreDecoder
     from tools.pipeline.datasource import partition_entries
 
     avg = sum(48 + len(body_of(i)) for i in range(N_ENTRIES)) // N_ENTRIES
-    with StoreReader(healthy_replicas[0]) as r:
+    with StoreDecoder(healthy_replicas[0]) as r:
         assert partition_entries({"partitionEntries": "10"}, r) == 10
         assert partition_entries({"partitionBytes": str(avg * 1000)}, r) == 1024
         assert partition_entries({"partitionBytes": str(avg * 700)}, r) == 512

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from node.store import codec
 from node.store.codec import BLANK_SIZE, HEADER_SIZE, INDEX_SIZE, MAGIC_BLANK, MAGIC_NOOP
-from node.store.decoder import COLUMNS, DecodedEntry, StoreReader, rows_to_columns
+from node.store.decoder import COLUMNS, DecodedEntry, StoreDecoder, rows_to_columns
 from node.store.segment_store import SegmentStore, StoreConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,13 +58,13 @@ def make_store(path: Path, n: int = 100, committed: int | None = 79,
 
 
 def rows(path: Path, **kw) -> list[DecodedEntry]:
-    with StoreReader(path) as r:
+    with StoreDecoder(path) as r:
         return list(r.iter_entries(**kw))
 
 
 def entry_location(path: Path, index: int) -> tuple[Path, int, int]:
     """(data file, offset of entry `index` in it, entry size)."""
-    with StoreReader(path) as r:
+    with StoreDecoder(path) as r:
         e = next(r.iter_entries(index, index))
         f, off = r.data_file_of(e.pos)
     return f, off, e.size
@@ -86,7 +86,7 @@ def flip_body_byte(store: Path, index: int, at: int = 0) -> None:
 
 
 def zero_index_record(store: Path, index: int) -> None:
-    with StoreReader(store) as r:
+    with StoreDecoder(store) as r:
         f, off = r.index_file_of(index)
     patch(f, off, bytes(INDEX_SIZE))
 
@@ -95,7 +95,7 @@ def zero_index_record(store: Path, index: int) -> None:
 
 def test_healthy_store_decodes_exactly(tmp_path: Path) -> None:
     results = make_store(tmp_path / "n0", n=100, committed=79, noop_at=50)
-    with StoreReader(tmp_path / "n0") as r:
+    with StoreDecoder(tmp_path / "n0") as r:
         assert (r.begin_index, r.end_index, r.committed_index) == (0, 99, 79)
         assert r.count == 100 and not r.tail_dropped
         got = list(r.iter_entries())
@@ -139,7 +139,7 @@ def test_ranges_are_inclusive_and_clamped(tmp_path: Path) -> None:
 
 def test_decode_columns_chunks_are_bounded_and_complete(tmp_path: Path) -> None:
     make_store(tmp_path / "n0", n=100)
-    with StoreReader(tmp_path / "n0") as r:
+    with StoreDecoder(tmp_path / "n0") as r:
         all_rows = list(r.iter_rows())
         chunks = list(r.decode_columns(chunk_entries=7))
         by_bytes = list(r.decode_columns(chunk_entries=1000, chunk_bytes=1000))
@@ -157,14 +157,14 @@ def test_decode_columns_chunks_are_bounded_and_complete(tmp_path: Path) -> None:
 def test_empty_and_invalid_directories(tmp_path: Path) -> None:
     SegmentStore(StoreConfig(store_dir=str(tmp_path / "empty"), data_file_size=DATA_FILE,
                              index_file_size=INDEX_FILE)).open()
-    with StoreReader(tmp_path / "empty") as r:
+    with StoreDecoder(tmp_path / "empty") as r:
         assert (r.begin_index, r.end_index, r.committed_index, r.count) == (-1, -1, -1, 0)
         assert list(r.iter_entries()) == []
     with pytest.raises(NotADirectoryError):
-        StoreReader(tmp_path / "missing")
+        StoreDecoder(tmp_path / "missing")
     (tmp_path / "plain").mkdir()
     with pytest.raises(FileNotFoundError):
-        StoreReader(tmp_path / "plain")
+        StoreDecoder(tmp_path / "plain")
 
 
 def test_truncate_and_retention_move_the_bounds(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_truncate_and_retention_move_the_bounds(tmp_path: Path) -> None:
     finally:
         store.close()
     assert begin > 0
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         assert (r.begin_index, r.end_index) == (begin, 89)
         got = list(r.iter_entries())
     assert [e.index for e in got] == list(range(begin, 90))
@@ -202,7 +202,7 @@ def test_corrupt_body_is_crc_false_not_an_error(tmp_path: Path) -> None:
 def test_zero_index_record_is_a_gap_row(tmp_path: Path) -> None:
     make_store(tmp_path / "n0", n=40)
     zero_index_record(tmp_path / "n0", 21)
-    with StoreReader(tmp_path / "n0") as r:
+    with StoreDecoder(tmp_path / "n0") as r:
         assert r.end_index == 39  # a one-record hole does not hide the rest of the log
         got = list(r.iter_entries())
     assert got[21] == DecodedEntry(21, None, None, None, None, None, None,
@@ -232,7 +232,7 @@ def test_header_disagreements_are_errors(tmp_path: Path, field_offset: int, valu
 def test_index_record_disagreements_are_errors(tmp_path: Path) -> None:
     d = tmp_path / "n0"
     make_store(d, n=20)
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         f5, o5 = r.index_file_of(5)
         f6, o6 = r.index_file_of(6)
         f7, o7 = r.index_file_of(7)
@@ -250,10 +250,10 @@ def test_torn_last_index_record_is_left_out(tmp_path: Path) -> None:
     """The record the node is writing right now may be half there: not part of the log."""
     d = tmp_path / "n0"
     make_store(d, n=20)
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         f, off = r.index_file_of(20)
     patch(f, off, struct.pack(">iq", 1, 99999))  # magic + pos written, index/term not yet
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         assert r.end_index == 19 and r.tail_dropped
         assert len(list(r.iter_entries())) == 20
 
@@ -262,14 +262,14 @@ def test_last_record_without_its_term_yet_is_left_out(tmp_path: Path) -> None:
     """struct.pack_into writes field by field: a reader can see index set and term still 0."""
     d = tmp_path / "n0"
     make_store(d, n=21)
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         f, off = r.index_file_of(20)
     patch(f, off + 24, bytes(8))
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         assert (r.end_index, r.tail_dropped) == (19, True)
     patch(f, off + 24, struct.pack(">q", 3))  # the term arrives
     flip_body_byte(d, 20)  # a CRC failure is damage, not a record being written: kept
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         assert (r.end_index, r.tail_dropped) == (20, False)
         assert next(r.iter_entries(20, 20)).crc_ok is False
 
@@ -277,7 +277,7 @@ def test_last_record_without_its_term_yet_is_left_out(tmp_path: Path) -> None:
 def test_unmatched_magic_in_index_is_reported(tmp_path: Path) -> None:
     d = tmp_path / "n0"
     make_store(d, n=20)
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         f, off = r.index_file_of(4)
     patch(f, off, struct.pack(">i", 42))
     e = rows(d)[4]
@@ -318,7 +318,7 @@ def test_reading_while_another_process_appends(tmp_path: Path) -> None:
             if not (d / "index").is_dir():
                 time.sleep(0.01)  # the writer has not created its files yet
                 continue
-            with StoreReader(d) as r:
+            with StoreDecoder(d) as r:
                 got = list(r.iter_entries())
                 end = r.end_index
             if end < 0:
@@ -353,6 +353,6 @@ def test_unreadable_checkpoint_is_reported_not_raised(tmp_path: Path) -> None:
     d = tmp_path / "n0"
     make_store(d, n=10, committed=5)
     (d / "checkpoint").write_text("committedIndex=five\nendIndex=9\n")
-    with StoreReader(d) as r:
+    with StoreDecoder(d) as r:
         assert r.committed_index == -1 and "checkpoint" in (r.checkpoint_error or "")
         assert len(list(r.iter_entries())) == 10

@@ -6,7 +6,7 @@ index records are one numpy structured view, the 48-byte data headers are gather
 fancy-index, and every cross-check (magic, index continuity, pos, size, term, header vs. index
 record) is a vector comparison. Only the CRC and the body slicing stay per entry, both C calls.
 
-Any chunk that is not perfectly healthy is handed back to `StoreReader.decode_record`, the one
+Any chunk that is not perfectly healthy is handed back to `StoreDecoder.decode_record`, the one
 place that words errors — so both paths produce identical rows by construction (and the tests
 compare them on damaged stores).
 """
@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from node.store import codec
 from node.store.codec import HEADER_SIZE, INDEX_SIZE, MAGIC_NOOP, MAGIC_NORMAL, TYPE_NAMES
-from node.store.decoder import COLUMNS, DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ENTRIES, StoreReader
+from node.store.decoder import COLUMNS, DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ENTRIES, StoreDecoder
 
 ARROW_SCHEMA = pa.schema([
     ("node", pa.string()),
@@ -53,7 +53,7 @@ def _repeat_string(value: str, n: int) -> pa.Array:
                                           pa.array([value], pa.string())).dictionary_decode()
 
 
-def _fast_batch(reader: StoreReader, node: str, first: int, rec: np.ndarray, body: bool,
+def _fast_batch(reader: StoreDecoder, node: str, first: int, rec: np.ndarray, body: bool,
                 crc: Callable[[Any], int]) -> pa.RecordBatch | None:
     """The batch for a run of index records whose entries all live in ONE data file, or None
     if anything at all is irregular (the caller then takes the row-by-row path)."""
@@ -110,7 +110,7 @@ def _fast_batch(reader: StoreReader, node: str, first: int, rec: np.ndarray, bod
     ], schema=ARROW_SCHEMA)
 
 
-def _row_batch(reader: StoreReader, node: str, first: int, raw: bytes, body: bool) -> pa.RecordBatch:
+def _row_batch(reader: StoreDecoder, node: str, first: int, raw: bytes, body: bool) -> pa.RecordBatch:
     """The general path: `decode_record` per entry (words every error), then to Arrow."""
     rows = [reader.decode_record(first + k, rec, body) for k, rec in enumerate(codec.INDEX.iter_unpack(raw))]
     return rows_to_batch(node, rows)
@@ -125,7 +125,7 @@ def rows_to_batch(node: str, rows: list[tuple]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-def _runs(reader: StoreReader, rec: np.ndarray) -> list[tuple[int, int]]:
+def _runs(reader: StoreDecoder, rec: np.ndarray) -> list[tuple[int, int]]:
     """Split a chunk of index records where the data file changes, so each run can be checked
     against one mapping. Damaged positions just make odd runs; the fast path rejects those."""
     if not reader.data_file_size:
@@ -136,7 +136,7 @@ def _runs(reader: StoreReader, rec: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def decode_batches(reader: StoreReader, node: str, from_index: int | None = None,
+def decode_batches(reader: StoreDecoder, node: str, from_index: int | None = None,
                    to_index: int | None = None, *, body: bool = True,
                    chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,

@@ -46,7 +46,7 @@ from pyspark.sql.types import (
 )
 
 from node.store.codec import INDEX
-from node.store.decoder import StoreReader
+from node.store.decoder import StoreDecoder
 
 SCHEMA = StructType([
     StructField("node", StringType()),
@@ -146,7 +146,7 @@ def parse_stores(options: Mapping[str, str]) -> list[NodeStore]:
     return [NodeStore(n, os.path.abspath(p)) for n, p in zip(unique, paths, strict=True)]
 
 
-def partition_entries(options: Mapping[str, str], reader: StoreReader | None) -> int:
+def partition_entries(options: Mapping[str, str], reader: StoreDecoder | None) -> int:
     """P, the fixed partition width in entries.
 
     `partitionEntries` wins; else partitionBytes / average entry size of the FIRST store,
@@ -184,7 +184,7 @@ def plan_partitions(stores: list[NodeStore], options: Mapping[str, str]) -> list
     parts: list[StorePartition] = []
     width: int | None = None
     for st in stores:
-        with StoreReader(st.path) as r:
+        with StoreDecoder(st.path) as r:
             if width is None:
                 width = partition_entries(options, r)
             lo, hi = r.clamp(from_index, to_index)
@@ -214,7 +214,7 @@ class DLedgerReader(DataSourceReader):
         # Imported here: pyarrow/numpy are only needed where data is decoded.
         from tools.pipeline.arrow_decode import decode_batches
 
-        with StoreReader(partition.path) as r:
+        with StoreDecoder(partition.path) as r:
             yield from decode_batches(r, partition.node, partition.from_index,
                                       partition.to_index, body=partition.body)
 

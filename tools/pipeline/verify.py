@@ -24,7 +24,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from node.store.decoder import StoreReader
+from node.store.decoder import StoreDecoder
 from tools.pipeline.datasource import NodeStore, parse_stores, partition_entries
 
 _KEY_COLUMNS = ("term", "body_crc", "size", "type")
@@ -92,7 +92,7 @@ def _snapshot(stores: list[NodeStore], width_option: int | None) -> tuple[list[N
     reports: list[NodeReport] = []
     width = width_option
     for st in stores:
-        with StoreReader(st.path) as r:
+        with StoreDecoder(st.path) as r:
             if width is None:
                 width = partition_entries({}, r)
             rep = NodeReport(st.node, st.path, r.begin_index, r.end_index, r.committed_index)
