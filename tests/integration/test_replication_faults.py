@@ -136,3 +136,32 @@ def test_follower_down_for_50k_entries_catches_up(make_cluster):
     assert len(log) >= 50_000
     assert caught_up_s < 90
     assert read_log(c.nodes[lagger].store_dir) == log
+
+
+def test_flow_control_throttles_a_far_behind_follower(make_cluster):
+    """SPEC §5: a follower more than max_pending_pushes entries behind is fed at most
+    peer_push_quota bytes per second (sliding window), and still catches up."""
+    from node.shared_state import SharedState
+
+    quota = 1 << 20
+    c = make_cluster(3, peer_push_quota=quota, max_pending_pushes=20, max_batch_push_size=64 << 10)
+    lead = c.wait_leader(timeout=15)
+    lagger = next(x for x in c.nodes if x != lead)
+    c.nodes[lagger].kill()
+    with c.client(timeout=30) as cl:
+        for _ in range(40):
+            cl.append_batch([bytes(1000)] * 100)  # ~4.2 MB the lagger will need
+    block = SharedState.attach(c.nodes[lead].shm_name())
+    try:
+        slot = list(c.nodes).index(lagger)
+        c.nodes[lagger].start()
+        wait_for(lambda: block.get_peer(slot, "bytes_pushed") > 0 and block.read_peer(slot).match_index > 0,
+                 20, "pushes to the returning follower")
+        t0, b0 = time.monotonic(), block.get_peer(slot, "bytes_pushed")
+        wait_for(lambda: time.monotonic() - t0 >= 2.0, 5, "a 2 s window")
+        rate = (block.get_peer(slot, "bytes_pushed") - b0) / (time.monotonic() - t0)
+        assert rate <= quota * 1.3, f"{rate:.0f} B/s pushed, quota {quota}"
+        assert rate > quota * 0.3, f"{rate:.0f} B/s: throttled far below the quota"
+    finally:
+        block.close()
+    c.wait_converged(timeout=60)
