@@ -222,7 +222,7 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
     lats = sorted(lat * 1000 for _t, lat, _n in meas)
     samples = []
     sec = 0
-    while start + sec < end:
+    while start + sec + 1 <= end:  # whole seconds only: a partial last one would look like a stall
         window = [x for x in meas if start + sec <= x[0] < start + sec + 1]
         wl = sorted(lat * 1000 for _t, lat, _n in window)
         samples.append({"t": sec, "entries": sum(n for _t, _l, n in window),
@@ -319,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         progress = _progress_printer(args)
         bench = Bench(args, peers)
         rss_before = group.rss_by_process() if group else {}
+        leader_before = group.leader() if group else None
         gc.disable()  # a load generator makes no cycles; collections only add client jitter
         try:
             rec = bench.run(progress)
@@ -329,7 +330,11 @@ def run(args: argparse.Namespace) -> int:
         res["verified"] = bench.verify_result
         if group is not None:
             rss_after = group.rss_by_process()
-            res["rss_mb"] = {"before": sum(rss_before.values()) / 1e6, "after": sum(rss_after.values()) / 1e6}
+            res["rss_anon_mb"] = {
+                "before": sum(rss_before.values()) / 1e6, "after": sum(rss_after.values()) / 1e6,
+                "max_growth_one_process": max((rss_after[p] - rss_before.get(p, rss_after[p])
+                                               for p in rss_after), default=0) / 1e6}
+            res["leader"] = {"before": leader_before, "after": group.leader()}
         if args.plot:
             _plot(res, args.plot)
     finally:

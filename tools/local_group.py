@@ -81,12 +81,14 @@ class LocalGroup:
         return total
 
     def rss_by_process(self) -> dict[int, int]:
-        """Resident set size (bytes) per pid: to check memory stays flat under load."""
+        """Anonymous resident memory (bytes) per pid: to check memory stays flat under load.
+        (Plain RSS would also count the touched pages of the mapped store files, which grow
+        with the log by design and belong to the page cache.)"""
         out = {}
         for pid in self.pids():
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
+                    if line.startswith("RssAnon:"):
                         out[pid] = int(line.split()[1]) * 1024
             except OSError:
                 pass
