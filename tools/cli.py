@@ -109,4 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the importable module, not this __main__ copy: subcommands raise
+    # tools.cli.CliError, which must be the class main() catches (its exit code matters).
+    from tools.cli import main as _main
+
+    sys.exit(_main())

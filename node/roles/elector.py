@@ -39,6 +39,7 @@ from node.store.term_vote import TermVoteFile
 TRANSFER_CHECK_MS = 50
 PREFERRED_CHECK_MS = 1000
 RECENT_ACK_MS = 2500  # an idle follower still answers a COMMIT push every second
+LEADER_GRACE_MS = 1500  # a new leader's dispatchers need a moment before a follower can look dead
 ROLE_TOPIC = b"role"
 ROLE_MSG = struct.Struct(">4sBqqq")  # topic, role, term, leader slot, role epoch
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
@@ -98,6 +99,7 @@ class Elector:
         self._take_rid = 1 << 40  # our own request ids for TAKE_LEADERSHIP, apart from the core's
         self.hook = shlex.split(self.cfg.on_role_change) if self.cfg.on_role_change else []
         self.hook_procs: list[subprocess.Popen] = []
+        self.leader_since_ms = 0
 
     # ------------------------------------------------------------------ effects
     def _ledger(self) -> LedgerEnd:
@@ -127,6 +129,8 @@ class Elector:
                                     voted_for_slot=voted, last_leader_heartbeat_ms=c.last_leader_heartbeat_ms,
                                     last_quorum_heartbeat_ms=c.last_succ_heartbeat_ms)
         if changed:
+            if c.role == Role.LEADER:
+                self.leader_since_ms = monotonic_ms()
             for e in step.effects:
                 if isinstance(e, RoleChanged):
                     lead = f" leader={e.leader_id}" if e.leader_id and e.role == Role.FOLLOWER else ""
@@ -255,6 +259,8 @@ class Elector:
         """Not known dead: its dispatcher's socket is connected (`alive`) and its last answer,
         if any, is recent. A target that has not answered yet in a fresh term gets the benefit
         of the doubt, bounded by the transfer timeout."""
+        if now - self.leader_since_ms < LEADER_GRACE_MS:
+            return True  # too early to tell: our dispatchers may not have reached anyone yet
         p = self.state.read_peer(self.slot[target])
         window = max(RECENT_ACK_MS, 2 * self.cfg.heartbeat_interval_ms * self.cfg.max_heartbeat_leak)
         return bool(p.alive) and not (p.last_ack_ms > 0 and now - p.last_ack_ms > window)

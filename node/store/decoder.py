@@ -16,8 +16,8 @@ Three promises shape the code:
 * **Safe on a live store.** The node appends data, then the index record. The reader fixes the
   log end once, when it opens (the last non-zero index record), lists data files *after* that,
   and never reads past it; the last record, if it disagrees with its data header, is left out
-  (it is the one the node may be writing right now; `tail_dropped` says so). Files are preallocated and never shrink
-  (`node.store.mmap_file`), so a mapping can never SIGBUS.
+  (it is the one the node may be writing right now; `tail_dropped` says so). Files are
+  preallocated and never shrink (`node.store.mmap_file`), so a mapping can never SIGBUS.
 * **Bounded memory.** Ranges decode in chunks (entry count and body bytes both capped), as
   columns (`decode_columns`) for Spark or rows (`iter_entries`) for dump.
 """

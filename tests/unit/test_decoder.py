@@ -12,7 +12,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 import zlib
 from pathlib import Path
 
@@ -288,6 +287,8 @@ def test_unmatched_magic_in_index_is_reported(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- live store
 
 _WRITER = textwrap.dedent("""
+    # A node's handler, reduced: appends one batch per stdin line, reports its end, and so
+    # lets the test read DURING each batch without sleeps (and without unbounded files).
     import sys
     sys.path.insert(0, sys.argv[2])
     from node.store.segment_store import SegmentStore, StoreConfig
@@ -296,42 +297,72 @@ _WRITER = textwrap.dedent("""
                                   index_file_size=2048, flush_mode="async"))
     st.open()
     i = 0
-    while True:
-        st.append_leader(body_of(i), 1 + i // 500)
-        i += 1
-        if i % 50 == 0:
-            st.set_committed_index(i - 1)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        for _ in range(int(line)):
+            st.append_leader(body_of(i), 1 + i // 500)
+            i += 1
+        st.set_committed_index(i - 1)
+        print(i, flush=True)
+    st.close()
 """)
+
+
+class LiveWriter:
+    """The writer process: `start_batch(n)` returns at once, `wait_batch()` -> entries so far."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(store_dir), str(Path(__file__).parent)],
+            env=dict(os.environ, PYTHONPATH=str(REPO)), text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self._line() == "ready"
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        line = self.proc.stdout.readline().strip()
+        assert line, f"writer died: {self.proc.stderr.read()}"
+        return line
+
+    def start_batch(self, n: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+
+    def wait_batch(self) -> int:
+        return int(self._line())
+
+    def stop(self) -> None:
+        self.proc.kill()  # by PID; the store needs no clean close for this test
+        self.proc.wait(timeout=10)
+
+
+def check_prefix(d: Path) -> int:
+    """Decode everything visible now: a clean contiguous prefix 0..end. Returns end."""
+    with StoreDecoder(d) as r:
+        got = list(r.iter_entries())
+        end = r.end_index
+    assert [e.index for e in got] == list(range(end + 1))
+    bad = [e for e in got if e.error or not e.crc_ok or e.body != body_of(e.index)]
+    assert not bad, bad[:3]
+    return end
 
 
 def test_reading_while_another_process_appends(tmp_path: Path) -> None:
     """Never raises, always a clean contiguous prefix, while the writer rolls files."""
     d = tmp_path / "live"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(d), str(Path(__file__).parent)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    writer = LiveWriter(d)
     try:
-        deadline = time.monotonic() + 30
-        seen_ends: list[int] = []
-        while time.monotonic() < deadline and (len(seen_ends) < 30 or seen_ends[-1] < 600):
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            if not (d / "index").is_dir():
-                time.sleep(0.01)  # the writer has not created its files yet
-                continue
-            with StoreDecoder(d) as r:
-                got = list(r.iter_entries())
-                end = r.end_index
-            if end < 0:
-                time.sleep(0.01)
-                continue
-            assert [e.index for e in got] == list(range(end + 1))
-            bad = [e for e in got if e.error or not e.crc_ok or e.body != body_of(e.index)]
-            assert not bad, bad[:3]
-            seen_ends.append(end)
-        assert len(seen_ends) >= 5 and seen_ends[-1] > seen_ends[0], seen_ends
+        ends = []
+        for _ in range(12):
+            writer.start_batch(100)
+            ends.append(check_prefix(d))  # while the batch is being written
+            written = writer.wait_batch()
+            assert check_prefix(d) == written - 1  # everything, once the batch is done
+        assert ends == sorted(ends) and ends[-1] >= 1000
+        assert len(list((d / "data").iterdir())) > 40  # rolled many files meanwhile
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        writer.stop()
 
 
 # ---------------------------------------------------------------------- CRC fast path evidence

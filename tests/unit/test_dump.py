@@ -7,13 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from test_decoder import (
-    _WRITER,
     REPO,
+    LiveWriter,
     body_of,
     flip_body_byte,
     make_store,
@@ -97,27 +96,23 @@ def test_bad_directory_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureF
 def test_dump_while_another_process_appends(tmp_path: Path) -> None:
     """The CLI as a separate process against a live store: exit 0, a clean prefix each time."""
     d = tmp_path / "live"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(d), str(Path(__file__).parent)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    writer = LiveWriter(d)
     try:
-        deadline = time.monotonic() + 30
-        counts: list[int] = []
-        while time.monotonic() < deadline and len(counts) < 4:
-            if not (d / "index").is_dir():
-                time.sleep(0.01)  # the writer has not created its files yet
-                continue
+        counts = []
+        for _ in range(4):
+            writer.start_batch(200)
             p = subprocess.run([sys.executable, "-c", "import sys; from tools.cli import main; "
                                 "sys.exit(main())", "dump", "--store-dir", str(d), "--format", "jsonl"],
-                               env=env, capture_output=True, text=True, timeout=60, check=False)
+                               env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                               text=True, timeout=60, check=False)
+            written = writer.wait_batch()
             assert p.returncode == 0, p.stderr
             objs = [json.loads(x) for x in p.stdout.splitlines()]
             assert [o["index"] for o in objs] == list(range(len(objs)))
+            assert len(objs) <= written
             assert all(o["crc_ok"] and o["error"] is None for o in objs)
             assert all(base64.b64decode(o["body_b64"]) == body_of(o["index"]) for o in objs)
-            if objs:
-                counts.append(len(objs))
-        assert len(counts) == 4 and counts[-1] > counts[0], counts
+            counts.append(len(objs))
+        assert counts == sorted(counts) and counts[-1] >= 600, counts
     finally:
-        writer.kill()
-        writer.wait(timeout=10)
+        writer.stop()
