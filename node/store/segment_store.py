@@ -17,7 +17,6 @@ to open (StoreCorruptError) instead of losing a committed entry.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 import time
@@ -56,7 +55,6 @@ from node.store.mmap_file import MappedFileList
 log = logging.getLogger("dledger.store")
 
 _BLANK = codec.BLANK
-_POS_FIELD = codec._POS
 _crc32 = codec.crc32
 
 
@@ -450,7 +448,7 @@ class SegmentStore:
             for boff, size, idx, term, magic in spans[i:j]:
                 rel = boff - src
                 pos = f.start + base + rel
-                _POS_FIELD.pack_into(buf, rel + codec.POS_OFFSET, pos)
+                codec.restamp_pos(buf, rel, pos)
                 records.append(ipack(magic, pos, size, idx, term))
             f.write(base, buf)
             f.wrote = base + run
@@ -642,9 +640,3 @@ class SegmentStore:
             "data_wrote_position": self.data.wrote_position,
         }
 
-
-def open_store(store_dir: str | os.PathLike[str], **kwargs: object) -> SegmentStore:
-    """Convenience for tools and tests: configure, open and return a store."""
-    st = SegmentStore(StoreConfig(store_dir=str(store_dir), **kwargs))  # type: ignore[arg-type]
-    st.open()
-    return st
