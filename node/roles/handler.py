@@ -597,7 +597,10 @@ class Handler:
                     rc.drain_wake()
                 if roles in events:
                     _drain(roles)
-                    self._sync_role()
+                # The block is the truth and the wake-up only a hint: re-check every iteration
+                # (one seqlock read per burst), or a lost wake-up under steady traffic would
+                # leave a leader answering NOT_LEADER about itself.
+                self._sync_role()
                 if commits in events:
                     _drain(commits)
                     self._apply_quorum()
@@ -621,8 +624,6 @@ class Handler:
                 self._apply_quorum()
                 self._expire_pending(now)
                 self._check_abnormal_pushes(now)
-                if not events:
-                    self._sync_role()
                 self._flush_wake()
                 rc.beat()
         finally:
