@@ -66,6 +66,7 @@ class NodeConfig:
     max_batch_push_interval_ms: int = 10
     max_pending_pushes: int = 1_000
     peer_push_quota: int = 20 << 20  # bytes/s per peer once it is far behind
+    peer_push_throttle_point: int = 100_000  # entries not yet pushed that make a peer "far behind"
     max_body_size: int = 4 << 20
     max_frame_size: int = 64 << 20  # ZMQ_MAXMSGSIZE on network-facing sockets
     # store
@@ -130,7 +131,8 @@ class NodeConfig:
             p.append("store_dir: required")
         positive = ("max_pending_requests", "transfer_timeout_ms", "max_wait_ack_ms",
                     "max_push_timeout_ms", "max_batch_push_size", "max_pending_pushes",
-                    "peer_push_quota", "max_body_size", "max_frame_size", "flush_interval_ms",
+                    "peer_push_quota", "peer_push_throttle_point", "max_body_size", "max_frame_size",
+                    "flush_interval_ms",
                     "checkpoint_interval_ms", "role_restart_max_backoff_ms", "stop_grace_ms")
         for name in positive:
             if getattr(self, name) <= 0:

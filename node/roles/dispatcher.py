@@ -88,10 +88,15 @@ class Dispatcher:
             self.core.step_down()
             self.inflight.clear()
 
-    def _quota_ok(self, now: int, led_end: int) -> bool:
+    def _quota_ok(self, now: int, led_end: int, next_index: int) -> bool:
+        """DLedger's checkQuotaAndWait: "far behind" is measured from the entry about to be
+        sent (entries in flight are not a backlog), against its own threshold
+        (`peer_push_throttle_point`, DLedger's peerPushThrottlePoint). With SPEC's
+        maxPendingSize (1000) as the threshold, one burst of 16 × 64 appends made a healthy
+        follower "far behind": it was throttled to the quota and stalled ~0.8 s a second."""
         while self.window and now - self.window[0][0] >= 1000:
             self.window_bytes -= self.window.popleft()[1]
-        far_behind = led_end - self.core.match_index > self.cfg.max_pending_pushes
+        far_behind = led_end - next_index > self.cfg.peer_push_throttle_point
         return not far_behind or self.window_bytes < self.cfg.peer_push_quota
 
     def _send(self, msg: P.PushRequest, kind: str, first: int, nbytes: int, now: int) -> bool:
@@ -148,7 +153,7 @@ class Dispatcher:
                 msg = P.PushRequest(kind=P.PushKind.TRUNCATE, first_index=action.index, **base)
                 ok = self._send(msg, "TRUNCATE", action.index, 0, now)
             elif isinstance(action, Append):
-                if not self._quota_ok(now, led.ledger_end_index):
+                if not self._quota_ok(now, led.ledger_end_index, action.first_index):
                     self.core.not_before_ms = self.window[0][0] + 1000  # sleep until quota frees
                     return
                 try:

@@ -139,12 +139,12 @@ def test_follower_down_for_50k_entries_catches_up(make_cluster):
 
 
 def test_flow_control_throttles_a_far_behind_follower(make_cluster):
-    """SPEC §5: a follower more than max_pending_pushes entries behind is fed at most
+    """SPEC §5: a follower more than peer_push_throttle_point entries behind is fed at most
     peer_push_quota bytes per second (sliding window), and still catches up."""
     from node.shared_state import SharedState
 
     quota = 1 << 20
-    c = make_cluster(3, peer_push_quota=quota, max_pending_pushes=20, max_batch_push_size=64 << 10)
+    c = make_cluster(3, peer_push_quota=quota, peer_push_throttle_point=20, max_batch_push_size=64 << 10)
     lead = c.wait_leader(timeout=15)
     lagger = next(x for x in c.nodes if x != lead)
     c.nodes[lagger].kill()
