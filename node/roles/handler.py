@@ -56,6 +56,7 @@ from node.store.segment_store import SegmentStore
 MAX_GET_BYTES = 4 << 20
 ABNORMAL_CHECK_MS = 1000
 DISK_CHECK_MS = 1000
+MAX_MULTI_PEERS = 4096
 
 
 @dataclass(slots=True)
@@ -104,6 +105,8 @@ class Handler:
         self.transfers: dict[int, tuple[bytes, int]] = {}  # forwarded id → (client ident, its id)
         self.next_transfer_id = 1
         self._appended = False
+        self.multi_idents: set[bytes] = set()  # peers that speak MULTI: their replies coalesce
+        self.outbox: dict[bytes, list[bytes]] = {}  # held replies, sent by _flush_replies
 
     # ------------------------------------------------------------------ shared state
     def publish_ledger(self) -> None:
@@ -130,7 +133,20 @@ class Handler:
 
     # ------------------------------------------------------------------ replies
     def _reply(self, ident: bytes, msg: P.Message) -> None:
-        send_routed(self.sock, ident, P.encode(msg))
+        if ident in self.multi_idents:
+            self.outbox.setdefault(ident, []).append(P.encode(msg))
+        else:
+            send_routed(self.sock, ident, P.encode(msg))
+
+    def _flush_replies(self) -> None:
+        """Send what `_reply` held back for MULTI-speaking peers: one frame per peer (per
+        MAX_MULTI_COUNT replies) instead of one per reply. Called before every poll."""
+        if not self.outbox:
+            return
+        for ident, frames in self.outbox.items():
+            for i in range(0, len(frames), P.MAX_MULTI_COUNT):
+                send_routed(self.sock, ident, P.encode_multi(frames[i:i + P.MAX_MULTI_COUNT], response=True))
+        self.outbox.clear()
 
     def _error(self, ident: bytes, req: P.Message | bytes, code: RC, reason: str = "") -> None:
         m = self.state.read_member()
@@ -149,25 +165,45 @@ class Handler:
 
     # ------------------------------------------------------------------ dispatch
     def handle_frame(self, ident: bytes, frame: bytes) -> None:
+        msg = self._decode_checked(ident, frame)
+        if msg is None:
+            return
+        if isinstance(msg, P.Multi):
+            self.on_multi(ident, msg)
+        else:
+            self._serve(ident, msg, frame)
+
+    def _decode_checked(self, ident: bytes, frame: bytes) -> P.Message | None:
+        """Decode one frame and check it is a request for this member of this group; anything
+        else is answered with an error (and counted) here, and None returned."""
         try:
             msg = P.decode(frame, max_frame=self.cfg.max_frame_size, max_body=self.cfg.max_body_size)
         except P.ProtocolError as e:
             self.state.incr("bad_frames")
             code = RC.UNEXPECTED_ARGUMENT
             self._error(ident, frame, code, str(e)[:200])
-            return
+            return None
+        if isinstance(msg, P.Multi):
+            if msg.response:
+                self.state.incr("bad_frames")
+                self._error(ident, msg, RC.UNEXPECTED_ARGUMENT, "not a request")
+                return None
+            return msg
         if P.is_response(msg) or not hasattr(msg, "group"):
             self.state.incr("bad_frames")
             self._error(ident, msg, RC.UNEXPECTED_ARGUMENT, "not a request")
-            return
+            return None
         if msg.remote_id != self.cfg.id:
             self.state.incr("bad_frames")
             self._error(ident, msg, RC.UNKNOWN_MEMBER, f"this is {self.cfg.id!r}")
-            return
+            return None
         if msg.group != self.cfg.group:
             self.state.incr("bad_frames")
             self._error(ident, msg, RC.UNKNOWN_GROUP, f"this is group {self.cfg.group!r}")
-            return
+            return None
+        return msg
+
+    def _serve(self, ident: bytes, msg: P.Message, frame: bytes) -> None:
         fn = self._dispatch.get(type(msg))
         if fn is None:
             self._error(ident, msg, RC.UNSUPPORTED, f"{type(msg).__name__} is not served on the data port")
@@ -176,6 +212,29 @@ class Handler:
             fn(self, ident, msg, frame)
         else:
             fn(self, ident, msg)
+
+    def on_multi(self, ident: bytes, multi: P.Multi) -> None:
+        """Serve each inner request in order; consecutive single APPENDs are written as one
+        batch (one lock, one pwritev) but still answered one by one. From now on this peer's
+        replies are coalesced into MULTI_RESPONSE frames (`_flush_replies`)."""
+        if ident not in self.multi_idents:
+            if len(self.multi_idents) >= MAX_MULTI_PEERS:
+                self.multi_idents.clear()  # bounded: the others just get plain replies again
+            self.multi_idents.add(ident)
+        run: list[P.AppendRequest] = []
+        for frame in multi.frames:
+            msg = self._decode_checked(ident, frame)
+            if msg is None:
+                continue
+            if type(msg) is P.AppendRequest:
+                run.append(msg)
+                continue
+            if run:
+                self._append_singles(ident, run)
+                run = []
+            self._serve(ident, msg, frame)
+        if run:
+            self._append_singles(ident, run)
 
     # ------------------------------------------------------------------ client requests
     def on_metadata(self, ident: bytes, req: P.MetadataRequest) -> None:
@@ -228,26 +287,28 @@ class Handler:
             u = shutil.disk_usage(self.cfg.store_dir)
             self.disk_full = u.total > 0 and (u.total - u.free) / u.total > self.cfg.disk_full_ratio
 
-    def on_append(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest) -> None:
-        batch = isinstance(req, P.BatchAppendRequest)
+    def _refuse_append(self, n: int) -> tuple[RC, str] | None:
+        """DLedger's order of checks for an append of `n` entries; None = admit."""
         m = self.state.read_member()
         if m.role != Role.LEADER or m.current_term != self.leader_term:
-            self._error(ident, req, RC.NOT_LEADER)
-            return
+            return RC.NOT_LEADER, ""
         if m.transferee_slot != NO_SLOT:
-            self._error(ident, req, RC.LEADER_TRANSFERRING)
-            return
-        n = len(req.bodies) if batch else 1
-        if batch and n == 0:
-            self._error(ident, req, RC.REQUEST_WITH_EMPTY_BODYS)
-            return
+            return RC.LEADER_TRANSFERRING, ""
         if self.pending_entries + n > self.cfg.max_pending_requests:
-            self._error(ident, req, RC.LEADER_PENDING_FULL)
-            return
-        now = monotonic_ms()
-        self._check_disk(now)
+            return RC.LEADER_PENDING_FULL, ""
+        self._check_disk(monotonic_ms())
         if self.disk_full:
-            self._error(ident, req, RC.DISK_FULL)
+            return RC.DISK_FULL, ""
+        return None
+
+    def on_append(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest) -> None:
+        batch = isinstance(req, P.BatchAppendRequest)
+        n = len(req.bodies) if batch else 1
+        refused = self._refuse_append(n)
+        if refused is None and batch and n == 0:
+            refused = RC.REQUEST_WITH_EMPTY_BODYS, ""
+        if refused is not None:
+            self._error(ident, req, *refused)
             return
         term = self.leader_term
         try:
@@ -271,7 +332,42 @@ class Handler:
         self.state.incr("appends")
         self.state.incr("entries_appended", n)
         self.pending[(term, last)] = Pending(ident, req.request_id, first, positions, pos,
-                                             now + self.cfg.max_wait_ack_ms)
+                                             monotonic_ms() + self.cfg.max_wait_ack_ms)
+        self.pending_entries += n
+        self._wake_dispatchers()
+        if self.single:
+            self._commit_to(self.store.ledger_end_index)
+
+    def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
+        """Several single APPENDs from one MULTI: one store write, one reply each."""
+        if len(reqs) == 1:
+            self.on_append(ident, reqs[0])
+            return
+        n = len(reqs)
+        refused = self._refuse_append(n)
+        term = self.leader_term
+        if refused is None:
+            try:
+                with self.lock:
+                    m = self.state.read_member()
+                    if m.role != Role.LEADER or m.current_term != term:
+                        refused = RC.NOT_LEADER, ""
+                    else:
+                        first, positions = self.store.append_batch_raw([r.body for r in reqs], term)
+                        self.publish_ledger()
+            except StoreError as e:
+                self.state.incr("append_errors")
+                refused = RC[e.code_name], str(e)[:200]
+        if refused is not None:
+            for r in reqs:
+                self._error(ident, r, *refused)
+            return
+        self.state.incr("appends", n)
+        self.state.incr("entries_appended", n)
+        deadline = monotonic_ms() + self.cfg.max_wait_ack_ms
+        pending = self.pending
+        for i, r in enumerate(reqs):
+            pending[(term, first + i)] = Pending(ident, r.request_id, first + i, None, positions[i], deadline)
         self.pending_entries += n
         self._wake_dispatchers()
         if self.single:
@@ -590,6 +686,7 @@ class Handler:
                 poller.register(s, zmq.POLLIN)
             self._sync_role()
             self._flush_wake()
+            self._flush_replies()
             while not rc.should_stop():
                 now = monotonic_ms()
                 events = dict(poller.poll(self._next_wait(now)))
@@ -625,9 +722,12 @@ class Handler:
                 self._expire_pending(now)
                 self._check_abnormal_pushes(now)
                 self._flush_wake()
+                self._flush_replies()
                 rc.beat()
         finally:
             self._fail_all_pending()
+            if self.sock is not None:
+                self._flush_replies()
             self.store.close()
 
 

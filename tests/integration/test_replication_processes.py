@@ -116,6 +116,42 @@ def test_leader_pending_full(make_cluster):
         ctx.destroy(linger=0)
 
 
+def test_multi_frame_is_served_request_by_request(make_cluster):
+    """A MULTI of single appends (written as one batch) mixed with other requests and bad
+    frames: every inner request gets its own answer, in MULTI_RESPONSE frames once the peer
+    has spoken MULTI, and the appends commit at consecutive indexes."""
+    c = make_cluster(3)
+    lead = c.wait_leader(timeout=15)
+    ctx, s = _raw_dealer(c, lead)
+    try:
+        inner = [P.encode(P.AppendRequest("default", lead, b"m%d" % i, request_id=i + 1)) for i in range(5)]
+        inner.insert(2, b"\x01\x63garbage")  # unknown type: an error reply, rid unknown (0)
+        inner.insert(4, P.encode(P.AppendRequest("other", lead, b"x", request_id=50)))
+        inner.append(P.encode(P.MetadataRequest("default", lead, request_id=60)))
+        inner.append(P.encode(P.AppendRequest("default", lead, b"last", request_id=70)))
+        s.send(P.encode_multi(inner))
+        replies, frames = [], 0
+        while len(replies) < len(inner) and s.poll(5000):
+            msg = P.decode(s.recv())
+            frames += 1
+            assert isinstance(msg, P.Multi) and msg.response
+            replies += [P.decode(f) for f in msg.frames]
+        by_rid = {r.request_id: r for r in replies}
+        assert len(replies) == len(inner) and frames < len(inner)
+        assert by_rid[0].code == RC.UNEXPECTED_ARGUMENT
+        assert by_rid[50].code == RC.UNKNOWN_GROUP
+        assert isinstance(by_rid[60], P.MetadataResponse) and by_rid[60].code == RC.SUCCESS
+        appends = [by_rid[i] for i in (1, 2, 3, 4, 5, 70)]
+        assert all(isinstance(r, P.AppendResponse) and r.code == RC.SUCCESS for r in appends)
+        first = appends[0].index
+        assert [r.index for r in appends] == list(range(first, first + 6))
+    finally:
+        ctx.destroy(linger=0)
+    with c.client() as cl:
+        assert [bytes(cl.get(first + i).body) for i in range(6)] == [b"m0", b"m1", b"m2", b"m3", b"m4",
+                                                                       b"last"]
+
+
 def test_every_third_push_dropped_still_converges(make_cluster):
     c = make_cluster(3, env={"DLEDGER_TEST_DROP_PUSH_EVERY": "3"}, max_push_timeout_ms=300)
     c.wait_leader(timeout=15)

@@ -47,6 +47,10 @@ MESSAGES = [
     p.TakeLeadershipResponse(418, "default", 5, "", request_id=21),
     p.ErrorResponse(411, "default", 3, "n0", "bad frame: ünïcode", 0x06, request_id=22),
     p.ErrorResponse(-1),
+    p.Multi([encode(p.AppendRequest("default", "n0", b"x", request_id=30)),
+             encode(p.MetadataRequest("default", "n0", request_id=31))]),
+    p.Multi([encode(p.AppendResponse(200, "default", 4, "n0", 12, 4096, request_id=30)), b""],
+            response=True),
 ]
 
 
@@ -326,3 +330,24 @@ def test_router_dealer_round_trip_over_ipc(tmp_path):
         cli.close()
     finally:
         ctx.term()
+
+
+def test_multi_is_one_frame_of_whole_frames_and_rejects_abuse():
+    inner = [encode(p.AppendRequest("g", "n0", b"%d" % i, request_id=i)) for i in range(3)]
+    frame = p.encode_multi(inner)
+    got = decode(frame)
+    assert isinstance(got, p.Multi) and not got.response
+    assert [decode(f) for f in got.frames] == [decode(f) for f in inner]
+    assert p.encode_multi(inner[:1]) == inner[0]  # one frame needs no envelope
+    with pytest.raises(ProtocolError, match="nested MULTI"):
+        decode(encode(p.Multi([frame, inner[0]])))
+    head = struct.pack(">BBHQ", 1, p.MsgType.MULTI, 0, 0)
+    for bad, why in ((head + struct.pack(">I", 0), "absurd MULTI count"),
+                     (head + struct.pack(">I", 10**6), "absurd MULTI count"),
+                     (head + struct.pack(">I", 2) + struct.pack(">I", 3) + b"abc" + struct.pack(">I", 9), "MULTI inner frame"),
+                     (head + struct.pack(">I", 1) + struct.pack(">I", 99) + b"abc", "MULTI inner frame"),
+                     (frame + b"!", "")):
+        with pytest.raises(ProtocolError, match=why):
+            decode(bad)
+    with pytest.raises(ProtocolError):
+        encode(p.Multi([]))
