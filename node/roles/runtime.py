@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -125,6 +126,9 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
                      wake_r)
     ctx_holder.append(rc)
     log.debug("started")
+    # Everything imported so far lives as long as the process: out of the collector's way, so
+    # a full collection in the handler scans its working set only (~7 ms pauses -> ~1 ms).
+    gc.freeze()
     prof_dir = os.environ.get("DLEDGER_PROFILE_DIR")  # where a committed entry's CPU goes, per role
     prof = None
     if prof_dir:
