@@ -948,7 +948,7 @@ class DLedgerClient:
     def _encode(self, call: _Call, node_id: str, rid: int) -> bytes:
         k = call.kind
         if k == _APPEND:
-            return P.encode(P.AppendRequest(self.group, node_id, call.payload, rid))
+            return P.encode_append(self.group, node_id, call.payload, rid)
         if k == _BATCH:
             return P.encode(P.BatchAppendRequest(self.group, node_id, call.payload, rid))
         if k == _GET:

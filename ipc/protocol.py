@@ -52,6 +52,7 @@ alive while you use them, or ``bytes()`` them. They compare equal to ``bytes``.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import time
@@ -423,8 +424,23 @@ def _hdr(msg: Message) -> bytes:
     return HEADER.pack(VERSION, msg.TYPE, 0, msg.request_id)
 
 
+@functools.lru_cache(maxsize=256)
+def _route(group: str, remote_id: str) -> bytes:
+    return _s(group) + _s(remote_id)
+
+
 def _enc_append(m: AppendRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _U32.pack(len(m.body)), m.body))
+    return b"".join((_hdr(m), _route(m.group, m.remote_id), _U32.pack(len(m.body)), m.body))
+
+
+def encode_append(group: str, remote_id: str, body: Buffer, request_id: int) -> bytes:
+    """``encode(AppendRequest(group, remote_id, body, request_id))`` without building the
+    message object: a pipelining client's per-append cost (same bytes, tested)."""
+    try:
+        return b"".join((HEADER.pack(VERSION, MsgType.APPEND, 0, request_id), _route(group, remote_id),
+                         _U32.pack(len(body)), body))
+    except struct.error as e:
+        raise ProtocolError(f"cannot encode AppendRequest: {e}") from None
 
 
 def _enc_batch(m: BatchAppendRequest) -> bytes:

@@ -351,3 +351,13 @@ def test_multi_is_one_frame_of_whole_frames_and_rejects_abuse():
             decode(bad)
     with pytest.raises(ProtocolError):
         encode(p.Multi([]))
+
+
+@pytest.mark.parametrize("body", [b"", b"x", bytes(range(256)) * 9, memoryview(b"view")])
+def test_encode_append_is_encode_of_an_append_request(body):
+    for rid in (0, 1, 2**64 - 1):
+        assert p.encode_append("g", "n0", body, rid) == encode(p.AppendRequest("g", "n0", body, rid))
+    with pytest.raises(ProtocolError):
+        p.encode_append("g", "n0", body, -1)
+    with pytest.raises(ProtocolError):
+        p.encode_append("g" * 65, "n0", body, 1)
