@@ -5,6 +5,10 @@ to the shared block, and serves the data port: client requests and the leader's 
 frame is untrusted: anything that does not decode, or names another group or member, gets an
 error reply with a code and is counted — the loop never dies of input (SPEC §7).
 
+A MULTI frame (several requests in one, from a pipelining client) is served request by request;
+consecutive single APPENDs in it share one store write, and replies to a peer that speaks MULTI
+are coalesced into one MULTI_RESPONSE per loop turn (`_flush_replies`).
+
 As leader (DLedgerServer.handleAppend): validate in DLedger's order (member, group, leader, not
 transferring), refuse with LEADER_PENDING_FULL / DISK_FULL / REQUEST_WITH_EMPTY_BODYS, append
 under the member lock (so "I lead term T → append with T → publish the ledger end" cannot
