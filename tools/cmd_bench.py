@@ -21,6 +21,7 @@ import argparse
 import gc
 import json
 import random
+import resource
 import struct
 import sys
 import threading
@@ -154,11 +155,11 @@ class Bench:
             f = c.append_batch_async([_body(seq + i, a.size) for i in range(a.batch)])
 
         def done(fut, seq=seq, sent=sent) -> None:  # noqa: ANN001
-            try:
-                r = fut.result()  # done already: one lock round, where exception() + result() took two
-            except Exception as e:  # noqa: BLE001 - every failure is counted by kind
+            e = fut.exception()  # not result(): re-raising the stored exception here would tie
+            if e is not None:    # it, its traceback and this frame into a cycle per failure
                 rec.fail(e)
                 return
+            r = fut.result()
             first = r.index if a.batch == 1 else r[0].index
             rec.ok(sent, a.batch, first, seq)
 
@@ -320,14 +321,22 @@ def run(args: argparse.Namespace) -> int:
         bench = Bench(args, peers)
         rss_before = group.rss_by_process() if group else {}
         leader_before = group.leader() if group else None
-        gc.disable()  # a load generator makes no cycles; collections only add client jitter
+        # Fewer, cheaper collections (they add client jitter), but never none: a run that fails
+        # fast (DISK_FULL, NOT_LEADER storms) creates garbage at the request rate, and with the
+        # collector off one cycle per failure was enough to grow the bench by 350 MB/s.
+        gc.collect()
+        gc.freeze()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(50_000, 50, 100)
         try:
             rec = bench.run(progress)
         finally:
-            gc.enable()
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
             progress.stop()
         res = summarize(rec, args)
         res["verified"] = bench.verify_result
+        res["client_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if group is not None:
             rss_after = group.rss_by_process()
             res["rss_anon_mb"] = {

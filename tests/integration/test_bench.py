@@ -24,3 +24,18 @@ def test_bench_local_group_json_verified_and_plotted(tmp_path):
     assert res["leader"]["before"] == res["leader"]["after"]
     assert png.stat().st_size > 10_000
     assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
+
+
+def test_bench_counts_failures_and_stays_small_when_every_append_fails():
+    """A group that refuses every append (DISK_FULL: the disk is "full" above 1% use) makes
+    the bench fail fast at the request rate: it must count the errors by kind, exit 1, and
+    not hold on to what it sent (it once grew by 350 MB/s here)."""
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--local", "1", "--duration", "3",
+                        "--warmup", "0", "--batch", "64", "--concurrency", "32", "--json",
+                        "--server-arg=--disk-full-ratio=0.0001"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert res["errors"] > 1000 and res["error_kinds"] == ["DISK_FULL"] and res["entries"] == 0
+    assert res["client_max_rss_mb"] < 400, res["client_max_rss_mb"]
+    assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
