@@ -21,6 +21,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import Role
 from node.ports import free_port_pairs
+from node.roles.runtime import die_with_parent
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -47,7 +48,10 @@ class LocalGroup:
                     [sys.executable, "-m", "tools.cli", "server", "--id", x, "--peers", self.peers,
                      "--group", self.group, "--store-dir", str(self.root / x),
                      "--data-file-size", str(256 << 20), "--index-file-size", str(32 << 20), *self.extra],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                    # If the tool dies without close() (SIGKILL, the OOM killer), each server
+                    # gets SIGTERM and stops cleanly instead of running on unowned.
+                    preexec_fn=die_with_parent)
             finally:
                 log.close()
         return self

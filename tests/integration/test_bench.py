@@ -39,3 +39,54 @@ def test_bench_counts_failures_and_stays_small_when_every_append_fails():
     assert res["errors"] > 1000 and res["error_kinds"] == ["DISK_FULL"] and res["entries"] == 0
     assert res["client_max_rss_mb"] < 400, res["client_max_rss_mb"]
     assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def test_a_killed_bench_does_not_leave_its_local_group_running():
+    """SIGKILL (or the OOM killer) gives the bench no chance to stop its group: the servers
+    must notice their parent is gone, stop, and remove their shared blocks."""
+    import os
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "tools.cli", "bench", "--local", "1", "--duration", "60",
+                          "--warmup", "0", "--batch", "8", "--concurrency", "2", "--json"],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(Path("/dev/shm").glob("dl_*")):
+            time.sleep(0.1)
+        servers = _children(p.pid)
+        assert servers and list(Path("/dev/shm").glob("dl_*")), "the local group did not start"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (any(Path(f"/proc/{s}").exists() for s in servers)
+                                               or list(Path("/dev/shm").glob("dl_*"))):
+            time.sleep(0.1)
+        assert not [s for s in servers if Path(f"/proc/{s}").exists()], "servers outlived the bench"
+        assert not list(Path("/dev/shm").glob("dl_*")), "a shared block outlived the bench"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # TERM first: the supervisor removes its block
+            for s in servers:
+                try:
+                    os.killpg(s, sig)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(Path(f"/proc/{s}").exists() for s in servers):
+                time.sleep(0.1)
