@@ -3,6 +3,8 @@
 Used by `make run` (tools/demo.py), `dledger bench --local N` and tools/bench_failover.py:
 free loopback ports, stores in a temporary directory, each node in its own process group so a
 "crash" is one SIGKILL to all its processes, and everything stopped by PID in `close()`.
+Servers are tied to the *thread* that started them (Linux PDEATHSIG): start them from a thread
+that lives as long as the group, as the tools do from their main thread.
 """
 
 from __future__ import annotations
