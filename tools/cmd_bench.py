@@ -6,8 +6,10 @@ directory and stops them at the end). Each request appends --batch bodies of --s
 --concurrency threads that each wait for every answer (--concurrency 1: one append at a time).
 After a --warmup, it runs for --duration seconds (or --count entries) and reports entries/s,
 MB/s and latency percentiles; then reads back a sample of acknowledged indexes and compares the
-bodies (a bench that does not check what it wrote is not trusted). Exit 1 if the error rate
-exceeds --max-error-rate or the verification fails.
+bodies (a bench that does not check what it wrote is not trusted). With --local it also
+reports the group's anonymous memory before, after and every 10 s (`rss_anon_mb` in --json),
+and the leader before and after. Exit 1 if the error rate exceeds --max-error-rate or the
+verification fails.
 
 Examples:
   dledger bench --local 3 --size 1024 --batch 64 --concurrency 16 --duration 10
@@ -306,6 +308,38 @@ def _progress_printer(args: argparse.Namespace):  # noqa: ANN202
     return show
 
 
+class _RssSampler:
+    """Samples the local group's anonymous memory every 10 s on a thread, so a long run shows
+    whether memory levels off once the group is warm (the first seconds allocate the steady
+    state's buffers) or keeps growing."""
+
+    PERIOD_S = 10.0
+
+    def __init__(self, group: LocalGroup) -> None:
+        self.group = group
+        self.t0 = time.monotonic()
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.PERIOD_S):
+            self.samples.append((time.monotonic() - self.t0, self.group.rss_by_process()))
+
+    def stop(self, final: dict[int, int]) -> dict:
+        """`samples` (t, total MB) and the largest growth of one process after the first sample
+        (None for runs shorter than one period)."""
+        self.done.set()
+        self.thread.join()
+        if not self.samples:
+            return {"samples": [], "max_growth_one_process_after_warmup": None}
+        warm = self.samples[0][1]
+        growth = max((final[p] - warm[p] for p in final if p in warm), default=0)
+        return {"samples": [{"t": round(t), "total": sum(r.values()) / 1e6} for t, r in self.samples],
+                "max_growth_one_process_after_warmup": growth / 1e6}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.size < 0 or args.batch < 1 or args.concurrency < 1:
         raise CliError("--size must be >= 0, --batch and --concurrency >= 1", 2)
@@ -321,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
         bench = Bench(args, peers)
         rss_before = group.rss_by_process() if group else {}
         leader_before = group.leader() if group else None
+        sampler = _RssSampler(group) if group else None
         # Fewer, cheaper collections (they add client jitter), but never none: a run that fails
         # fast (DISK_FULL, NOT_LEADER storms) creates garbage at the request rate, and with the
         # collector off one cycle per failure was enough to grow the bench by 350 MB/s.
@@ -342,7 +377,8 @@ def run(args: argparse.Namespace) -> int:
             res["rss_anon_mb"] = {
                 "before": sum(rss_before.values()) / 1e6, "after": sum(rss_after.values()) / 1e6,
                 "max_growth_one_process": max((rss_after[p] - rss_before.get(p, rss_after[p])
-                                               for p in rss_after), default=0) / 1e6}
+                                               for p in rss_after), default=0) / 1e6,
+                **sampler.stop(rss_after)}
             res["leader"] = {"before": leader_before, "after": group.leader()}
         if args.plot:
             _plot(res, args.plot)

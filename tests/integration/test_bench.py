@@ -22,6 +22,7 @@ def test_bench_local_group_json_verified_and_plotted(tmp_path):
     assert res["errors"] == 0 and res["entries"] >= 3000
     assert res["verified"] == {"checked": 200, "mismatched": 0}
     assert res["leader"]["before"] == res["leader"]["after"]
+    assert res["rss_anon_mb"]["before"] > 0 and isinstance(res["rss_anon_mb"]["samples"], list)
     assert png.stat().st_size > 10_000
     assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
 
