@@ -222,6 +222,16 @@ def elector_address(host: str, port: int) -> str:
     return tcp_endpoint(host, port + 1)
 
 
+def drain(sock: zmq.Socket) -> None:
+    """Discard every message waiting on `sock`: wake-up sockets carry hints only (the shared
+    block is the truth), so one wake-up per burst is all a role needs."""
+    while True:
+        try:
+            sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
 def recv_routed(sock: zmq.Socket, flags: int = 0) -> tuple[bytes, bytes] | None:
     """(identity, frame) from a ROUTER, or None for a message with the wrong frame count
     (a DEALER sends exactly one frame; REQ-style empty delimiters or extra frames are junk

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zmq
 
 from ipc.codes import Role
-from ipc.sockets import pull, push, sub
+from ipc.sockets import drain, pull, push, sub
 from node.core.replication import commit_index, quorum_index
 from node.roles.dispatcher import ack_channel, appended_channel
 from node.roles.elector import role_channel
@@ -81,11 +81,7 @@ class AckChecker:
                 rc.drain_wake()
                 del events[rc.wake_fd]
             for s in events:
-                while True:
-                    try:
-                        s.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                drain(s)
             if self.check():
                 try:
                     wake_handler.send(COMMIT_MSG, zmq.NOBLOCK)

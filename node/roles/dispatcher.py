@@ -24,7 +24,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, dealer, push, sub
+from ipc.sockets import data_address, dealer, drain, push, sub
 from node.core.replication import (
     Append,
     Commit,
@@ -258,11 +258,7 @@ class Dispatcher:
                 rc.drain_wake()
             for s in (roles, appended):
                 if s in events:
-                    while True:
-                        try:
-                            s.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
+                    drain(s)
             if self.sock in events:
                 for _ in range(1024):
                     try:
