@@ -43,7 +43,17 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, dealer, pub, pull, recv_routed, router, send_routed, sub
+from ipc.sockets import (
+    data_address,
+    dealer,
+    drain,
+    pub,
+    pull,
+    recv_routed,
+    router,
+    send_routed,
+    sub,
+)
 from node.core.replication import decide_compare, follower_commit
 from node.member_lock import MemberLock
 from node.roles.ack_checker import commit_channel
@@ -305,77 +315,75 @@ class Handler:
             return RC.DISK_FULL, ""
         return None
 
+    def _write_as_leader(self, write):  # noqa: ANN001, ANN202 - write(term) -> store result
+        """Run the store write under the member lock, after re-checking this node still leads
+        its term, so "I lead term T → append with T → publish the ledger end" cannot interleave
+        with the elector raising the term or granting a vote. Returns ((term, result), None)
+        or (None, (code, reason))."""
+        term = self.leader_term
+        try:
+            with self.lock:
+                m = self.state.read_member()
+                if m.role != Role.LEADER or m.current_term != term:
+                    return None, (RC.NOT_LEADER, "")
+                result = write(term)
+                self.publish_ledger()
+        except StoreError as e:
+            self.state.incr("append_errors")
+            return None, (RC[e.code_name], str(e)[:200])
+        return (term, result), None
+
+    def _register_appended(self, requests: int, entries: int) -> None:
+        """Book-keeping once an append's pending replies are registered."""
+        self.state.incr("appends", requests)
+        self.state.incr("entries_appended", entries)
+        self.pending_entries += entries
+        self._wake_dispatchers()
+        if self.single:
+            self._commit_to(self.store.ledger_end_index)
+
     def on_append(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest) -> None:
         batch = isinstance(req, P.BatchAppendRequest)
         n = len(req.bodies) if batch else 1
         refused = self._refuse_append(n)
         if refused is None and batch and n == 0:
             refused = RC.REQUEST_WITH_EMPTY_BODYS, ""
+        if refused is None:
+            store = self.store
+            done, refused = self._write_as_leader(
+                (lambda t: store.append_batch_raw(req.bodies, t)) if batch else
+                (lambda t: store.append_leader(req.body, t)))
         if refused is not None:
             self._error(ident, req, *refused)
             return
-        term = self.leader_term
-        try:
-            with self.lock:
-                m = self.state.read_member()
-                if m.role != Role.LEADER or m.current_term != term:
-                    self._error(ident, req, RC.NOT_LEADER)
-                    return
-                if batch:
-                    first, positions = self.store.append_batch_raw(req.bodies, term)
-                    last, pos = first + n - 1, positions[0]
-                else:
-                    r = self.store.append_leader(req.body, term)
-                    first = last = r.index
-                    positions, pos = None, r.pos
-                self.publish_ledger()
-        except StoreError as e:
-            self.state.incr("append_errors")
-            self._error(ident, req, RC[e.code_name], str(e)[:200])
-            return
-        self.state.incr("appends")
-        self.state.incr("entries_appended", n)
+        term, r = done
+        if batch:
+            first, positions = r
+            last, pos = first + n - 1, positions[0]
+        else:
+            first = last = r.index
+            positions, pos = None, r.pos
         self.pending[(term, last)] = Pending(ident, req.request_id, first, positions, pos,
                                              monotonic_ms() + self.cfg.max_wait_ack_ms)
-        self.pending_entries += n
-        self._wake_dispatchers()
-        if self.single:
-            self._commit_to(self.store.ledger_end_index)
+        self._register_appended(1, n)
 
     def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
         """Several single APPENDs from one MULTI: one store write, one reply each."""
-        if len(reqs) == 1:
-            self.on_append(ident, reqs[0])
-            return
         n = len(reqs)
         refused = self._refuse_append(n)
-        term = self.leader_term
         if refused is None:
-            try:
-                with self.lock:
-                    m = self.state.read_member()
-                    if m.role != Role.LEADER or m.current_term != term:
-                        refused = RC.NOT_LEADER, ""
-                    else:
-                        first, positions = self.store.append_batch_raw([r.body for r in reqs], term)
-                        self.publish_ledger()
-            except StoreError as e:
-                self.state.incr("append_errors")
-                refused = RC[e.code_name], str(e)[:200]
+            done, refused = self._write_as_leader(
+                lambda t: self.store.append_batch_raw([r.body for r in reqs], t))
         if refused is not None:
             for r in reqs:
                 self._error(ident, r, *refused)
             return
-        self.state.incr("appends", n)
-        self.state.incr("entries_appended", n)
+        term, (first, positions) = done
         deadline = monotonic_ms() + self.cfg.max_wait_ack_ms
         pending = self.pending
         for i, r in enumerate(reqs):
             pending[(term, first + i)] = Pending(ident, r.request_id, first + i, None, positions[i], deadline)
-        self.pending_entries += n
-        self._wake_dispatchers()
-        if self.single:
-            self._commit_to(self.store.ledger_end_index)
+        self._register_appended(n, n)
 
     # ------------------------------------------------------------------ commit / pending
     def _commit_to(self, index: int) -> None:
@@ -697,13 +705,13 @@ class Handler:
                 if rc.wake_fd in events:
                     rc.drain_wake()
                 if roles in events:
-                    _drain(roles)
+                    drain(roles)
                 # The block is the truth and the wake-up only a hint: re-check every iteration
                 # (one seqlock read per burst), or a lost wake-up under steady traffic would
                 # leave a leader answering NOT_LEADER about itself.
                 self._sync_role()
                 if commits in events:
-                    _drain(commits)
+                    drain(commits)
                     self._apply_quorum()
                 if self.ctl in events:
                     while True:
@@ -734,13 +742,6 @@ class Handler:
                 self._flush_replies()
             self.store.close()
 
-
-def _drain(sock: zmq.Socket) -> None:
-    while True:
-        try:
-            sock.recv(zmq.NOBLOCK)
-        except zmq.Again:
-            return
 
 
 def main() -> int:
