@@ -6,21 +6,14 @@ Other processes are real interpreters (``sys.executable -c``), as the role proce
 from __future__ import annotations
 
 import os
-import queue
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from child_process import Child
 
 from node.member_lock import LockTimeout, MemberLock
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Holds the lock until told to release; prints the monotonic time just before releasing.
 _HOLDER = """
@@ -35,69 +28,6 @@ _HOLDER = """
     print("released", flush=True)
     sys.stdin.readline()
 """
-
-
-class Child:
-    """A ``python -c`` child whose stdout lines arrive through a queue (for deadlines)."""
-
-    def __init__(self, code: str, *args: str) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(code), *args],
-            cwd=REPO, env=env, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
-
-    def line(self, timeout: float = 10.0) -> str:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"child said nothing for {timeout} s") from None
-        if line is None:
-            assert self.proc.stderr is not None
-            raise AssertionError(f"child exited rc={self.proc.wait()}: {self.proc.stderr.read()}")
-        return line
-
-    def silent_for(self, seconds: float) -> bool:
-        """True if the child printed nothing for ``seconds`` (a bounded negative check)."""
-        try:
-            line = self._lines.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        self._lines.put(line)  # keep it for line(); order is irrelevant for our uses
-        return False
-
-    def send(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=20)
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    made: list[Child] = []
-    try:
-        yield made
-    finally:
-        for c in made:
-            c.kill()
-            for f in (c.proc.stdin, c.proc.stdout, c.proc.stderr):
-                if f is not None:
-                    f.close()
 
 
 @pytest.fixture
