@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import gc
 import logging
 import os
@@ -138,6 +139,12 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
         prof.enable()
     try:
         run(rc)
+    except zmq.ZMQError as e:
+        if e.errno != errno.EADDRINUSE:
+            log.exception("role crashed")
+        else:  # an expected, self-explaining condition: no traceback; the supervisor retries
+            log.error("cannot listen: %s", e)
+        return 1
     except Exception:
         log.exception("role crashed")
         return 1

@@ -20,6 +20,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,25 @@ class Supervisor:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+
+    def _check_ports(self) -> None:
+        """Refuse to start, in one line, when this node's data or elector port is taken.
+
+        The roles bind these themselves and a role that fails is restarted, which heals a
+        port freed a moment later; but a port held for good (another program, a wrong
+        `--peers`) would otherwise show up only as a role crashing forever in the log.
+        SO_REUSEADDR as ZeroMQ's listeners set it, so a port whose old connections sit in
+        TIME_WAIT counts as free, exactly as it is for the roles."""
+        host, port = self.cfg.address
+        for what, p in (("data", port), ("elector", port + 1)):
+            try:
+                family, kind, proto, _, addr = socket.getaddrinfo(host, p, type=socket.SOCK_STREAM)[0]
+                with socket.socket(family, kind, proto) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind(addr)
+            except OSError as e:
+                raise SupervisorError(f"cannot listen on {host}:{p} ({what} port): "
+                                      f"{e.strerror or e}") from None
 
     def _make_run_dir(self) -> None:
         if self.cfg.run_dir:
@@ -186,6 +206,7 @@ class Supervisor:
         """Run the node in the foreground until SIGTERM/SIGINT; returns the exit code."""
         self._lock_store()
         try:
+            self._check_ports()
             self._make_run_dir()
             self.state = SharedState.create(state_name(self.cfg), len(self.cfg.peer_ids),
                                             self.cfg.self_slot, role="supervisor")

@@ -234,7 +234,25 @@ class Cluster:
         return None
 
     def wait_leader(self, timeout: float = 10.0, among: list[str] | None = None) -> str:
-        return wait_for(lambda: self.leader(among), timeout, f"one agreed leader among {among or 'all'}")
+        try:
+            return wait_for(lambda: self.leader(among), timeout, f"one agreed leader among {among or 'all'}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.describe()}") from None
+
+    def describe(self, log_lines: int = 8) -> str:
+        """Each node's process state, METADATA view and last warnings: what a failed wait shows,
+        so a flaky failure in CI can be diagnosed from its output alone."""
+        out = []
+        for nid, v in self.views().items():
+            n = self.nodes[nid]
+            state = "stopped" if n.stopped else ("alive" if n.alive else "down")
+            view = (f"role={Role(v.role).name} term={v.term} leader={v.leader_id} "
+                    f"end={v.ledger_end_index} commit={v.committed_index}") if v else "no answer"
+            out.append(f"  {nid} {n.address} {state}: {view}")
+            noisy = [ln for ln in n.log_text().splitlines()
+                     if any(w in ln for w in ("WARNING", "ERROR", "Error", "Traceback"))]
+            out += [f"    | {ln[:200]}" for ln in noisy[-log_lines:]]
+        return "\n".join(out)
 
     def term_of(self, node_id: str) -> int:
         m = self.metadata(node_id)
@@ -278,7 +296,10 @@ class Cluster:
         return len(ends) == 1 and next(iter(ends))[0] == next(iter(ends))[1]
 
     def wait_converged(self, timeout: float = 20.0, among: list[str] | None = None) -> None:
-        wait_for(lambda: self.converged(among), timeout, f"replicas {among or 'all'} converge")
+        try:
+            wait_for(lambda: self.converged(among), timeout, f"replicas {among or 'all'} converge")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.describe()}") from None
 
     def start_monitor(self, interval: float = 0.05) -> Monitor:
         self.monitor = Monitor(self, interval)

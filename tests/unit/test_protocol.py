@@ -346,7 +346,7 @@ def test_multi_is_one_frame_of_whole_frames_and_rejects_abuse():
                      (head + struct.pack(">I", 10**6), "absurd MULTI count"),
                      (head + struct.pack(">I", 2) + struct.pack(">I", 3) + b"abc" + struct.pack(">I", 9), "MULTI inner frame"),
                      (head + struct.pack(">I", 1) + struct.pack(">I", 99) + b"abc", "MULTI inner frame"),
-                     (frame + b"!", "")):
+                     (frame + b"!", "trailing garbage")):
         with pytest.raises(ProtocolError, match=why):
             decode(bad)
     with pytest.raises(ProtocolError):
