@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,12 @@ import pyspark
 import pytest
 from spark_stores import write_store
 
+from node.ports import free_port_pairs
+
 pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive_workers(ui_port: int) -> int:
@@ -55,7 +50,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def test_verify_on_a_standalone_cluster(tmp_path: Path, healthy_replicas: list[Path]) -> None:
     diverged = tmp_path / "n3"
     write_store(diverged, overrides={130: b"not what n0 has"})
-    port, ui_port, worker_ui = free_port(), free_port(), free_port()
+    port, ui_port, worker_ui = free_port_pairs(3)  # outside the ephemeral range: see node.ports
     # C1-only JIT: these JVMs live for seconds, so start-up speed is all that counts.
     fast_jvm = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
     env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_SCALA_VERSION="2.13",
