@@ -82,6 +82,7 @@ class AckChecker:
                 del events[rc.wake_fd]
             for s in events:
                 drain(s)
+            self.reader.follow_begin(self.state.read_ledger().ledger_begin_index)  # unmap deleted files
             if self.check():
                 try:
                     wake_handler.send(COMMIT_MSG, zmq.NOBLOCK)

@@ -134,6 +134,7 @@ class Dispatcher:
         for _ in range(64):
             now = monotonic_ms()
             led = self.state.read_ledger()
+            self.reader.follow_begin(led.ledger_begin_index)  # unmap what retention deleted
             try:
                 action = self.core.next_action(now, led.ledger_begin_index, led.ledger_end_index,
                                                led.committed_index, self.reader.term_at)

@@ -34,7 +34,6 @@ supervisor stops the node with that message instead of restarting it.
 
 from __future__ import annotations
 
-import shutil
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -59,13 +58,14 @@ from node.member_lock import MemberLock
 from node.roles.ack_checker import commit_channel
 from node.roles.dispatcher import appended_channel
 from node.roles.elector import control_channel, role_channel
+from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
 from node.roles.supervisor import EXIT_FATAL
 from node.shared_state import NO_SLOT, monotonic_ms
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import LOCK_FILE
-from node.store.segment_store import SegmentStore
+from node.store.segment_store import SegmentStore, disk_usage_ratio
 
 MAX_GET_BYTES = 4 << 20
 ABNORMAL_CHECK_MS = 1000
@@ -121,6 +121,7 @@ class Handler:
         self._appended = False
         self.multi_idents: set[bytes] = set()  # peers that speak MULTI: their replies coalesce
         self.outbox: dict[bytes, list[bytes]] = {}  # held replies, sent by _flush_replies
+        self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
 
     # ------------------------------------------------------------------ shared state
     def publish_ledger(self) -> None:
@@ -298,8 +299,7 @@ class Handler:
     def _check_disk(self, now: int) -> None:
         if now >= self.next_disk_check:
             self.next_disk_check = now + DISK_CHECK_MS
-            u = shutil.disk_usage(self.cfg.store_dir)
-            self.disk_full = u.total > 0 and (u.total - u.free) / u.total > self.cfg.disk_full_ratio
+            self.disk_full = disk_usage_ratio(self.cfg.store_dir) > self.cfg.disk_full_ratio
 
     def _refuse_append(self, n: int) -> tuple[RC, str] | None:
         """DLedger's order of checks for an append of `n` entries; None = admit."""
@@ -666,6 +666,17 @@ class Handler:
     }
 
     # ------------------------------------------------------------------ loop
+    def _run_retention(self, now: int) -> None:
+        """Delete old data files if the disk asks for it (node.roles.retention); a failure is
+        logged and retried next pass, never fatal to the handler."""
+        try:
+            done = self.retention.run_once(now, leading=self.leader_term != -1)
+        except (StoreError, OSError) as e:
+            self.log.error("retention pass failed: %s", e)
+            return
+        if done.files:
+            self.publish_ledger()
+
     def _next_wait(self, now: int) -> int:
         due = [now + 500]
         if self.pending:
@@ -733,6 +744,8 @@ class Handler:
                 self._apply_quorum()
                 self._expire_pending(now)
                 self._check_abnormal_pushes(now)
+                if self.retention.due(now):
+                    self._run_retention(now)
                 self._flush_wake()
                 self._flush_replies()
                 rc.beat()

@@ -29,12 +29,21 @@ class StoreReader:
         self.dir = Path(store_dir)
         self._data: MappedFileList | None = None
         self._index: MappedFileList | None = None
+        self._seen_begin = -1
         self.refresh()
 
     def _lists(self) -> tuple[MappedFileList, MappedFileList]:
         if self._data is None or self._index is None:
             raise StaleRead(f"{self.dir}: store has no files yet")
         return self._data, self._index
+
+    def follow_begin(self, ledger_begin_index: int) -> None:
+        """Call with the published ledger begin: when retention has moved it, drop the mappings
+        of the deleted files. Until a process unmaps a deleted file the kernel cannot give its
+        space back, so every long-lived reader calls this on its loop."""
+        if ledger_begin_index != self._seen_begin:
+            self._seen_begin = ledger_begin_index
+            self.refresh()
 
     def refresh(self) -> None:
         for name, attr in ((DATA_DIR, "_data"), (INDEX_DIR, "_index")):

@@ -21,11 +21,25 @@ def test_bench_local_group_json_verified_and_plotted(tmp_path):
     for key in ("entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "errors", "config", "samples"):
         assert key in res, key
     assert res["errors"] == 0 and res["entries"] >= 3000
-    assert res["verified"] == {"checked": 200, "mismatched": 0}
+    assert res["verified"] == {"checked": 200, "mismatched": 0, "deleted_by_retention": 0}
     assert res["leader"]["before"] == res["leader"]["after"]
     assert res["rss_anon_mb"]["before"] > 0 and isinstance(res["rss_anon_mb"]["samples"], list)
     assert png.stat().st_size > 10_000
     assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
+
+
+def test_bench_verifies_only_what_retention_kept():
+    """On a group that deletes its oldest files while the bench runs, entries deleted by
+    retention are reported as such, never as mismatches, and the kept ones still verify."""
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--local", "1", "--duration", "4",
+                        "--batch", "50", "--concurrency", "8", "--warmup", "0", "--size", "1000",
+                        "--json", "--server-arg=--file-reserved-hours=0",
+                        "--server-arg=--disk-space-ratio-to-clean=0.0001",
+                        "--server-arg=--data-file-size=1048576", "--server-arg=--max-body-size=65536"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    v = json.loads(r.stdout)["verified"]
+    assert v["mismatched"] == 0 and v["deleted_by_retention"] > 0 and v["checked"] > 0, v
 
 
 def test_bench_counts_failures_and_stays_small_when_every_append_fails():

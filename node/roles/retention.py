@@ -1,0 +1,71 @@
+"""The retention service: the handler's once-a-second look at old data files.
+
+It runs inside the handler because the handler is the store's only writer, and deleting a file
+moves ledgerBegin, which must be published like any other ledger change. The decision itself is
+node.core.retention (pure); this module gathers its facts — the disk, the files, the committed
+index, the peers' watermarks from the shared block — and carries it out, one file per pass so an
+unlink never stalls appends for long. Dispatchers notice the new ledgerBegin in the block and
+unmap what was deleted, which is when the kernel gives the space back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from node.config import NodeConfig
+from node.core.retention import DataFile, RetentionPlan, RetentionPolicy, plan_retention
+from node.shared_state import SharedState
+from node.store.segment_store import SegmentStore, disk_usage_ratio
+
+CHECK_MS = 1000
+BUSY_RETRY_MS = 20
+
+
+class RetentionService:
+    def __init__(self, cfg: NodeConfig, store: SegmentStore, state: SharedState,
+                 log: logging.Logger) -> None:
+        self.cfg, self.store, self.state, self.log = cfg, store, state, log
+        self.policy = RetentionPolicy(cfg.file_reserved_hours, cfg.disk_space_ratio_to_clean,
+                                      cfg.disk_full_ratio)
+        self.next_check_ms = 0
+        self._last_held: tuple[str, ...] = ()
+
+    def due(self, now_ms: int) -> bool:
+        return now_ms >= self.next_check_ms
+
+    def run_once(self, now_ms: int, leading: bool) -> RetentionPlan:
+        """Decide and delete; returns what was done (`files` == 0: nothing). The caller
+        publishes the ledger when files were deleted."""
+        self.next_check_ms = now_ms + CHECK_MS
+        ratio = disk_usage_ratio(self.store.dir)
+        if ratio < self.policy.disk_space_ratio_to_clean:
+            return RetentionPlan()  # the common case: no file listing, no stat calls
+        files = [DataFile(*r) for r in self.store.data_file_ranges(self.policy.max_files + 1)]
+        peers = {}
+        if leading:
+            ids = self.cfg.peer_ids
+            peers = {ids[p.slot]: p.match_index + 1 for p in self.state.read_peers()}
+        plan = plan_retention(files, now_s=time.time(), disk_usage_ratio=ratio,
+                              committed_index=self.store.committed_index, peer_next_index=peers,
+                              policy=self.policy)
+        if plan.held_by != self._last_held and plan.held_by:
+            self.log.warning("retention: disk %.0f%% full, but %s still need(s) the oldest file; "
+                             "keeping it", ratio * 100, ", ".join(plan.held_by))
+        self._last_held = plan.held_by
+        if plan.files == 0:
+            return plan
+        begin = self.store.ledger_begin_index
+        t0 = time.perf_counter()
+        deleted = self.store.delete_before(plan.delete_before, wait=False)
+        if deleted is None:  # the flush service is syncing: try again soon, never wait for it
+            self.next_check_ms = now_ms + BUSY_RETRY_MS
+            return RetentionPlan()
+        self.log.info("retention: disk %.0f%% full; deleted %d data file(s) in %.1f ms, ledger "
+                      "begin %d -> %d%s", ratio * 100, deleted, (time.perf_counter() - t0) * 1e3,
+                      begin, self.store.ledger_begin_index,
+                      " (forced: the disk is at the full ratio)" if plan.forced else "")
+        if plan.strands:
+            self.log.error("retention forced past what %s had stored: snapshots are not "
+                           "supported, so re-seed them from a replica's store", ", ".join(plan.strands))
+        return RetentionPlan(plan.delete_before, deleted, plan.forced, plan.strands, plan.held_by)
