@@ -66,8 +66,10 @@ def test_retention_keeps_what_a_lagging_peer_needs_then_frees_the_space(make_clu
                  f"{nid} deletes old files once every peer has them")
     # The files are gone from the directory and from every process of the node.
     for nid, node in c.nodes.items():
-        wait_for(lambda node=node: len(_data_files(node.store_dir)) <= 2, 15,  # one file a pass
-                 f"{nid} deletes all but its newest files")
+        # everything is committed and stored everywhere: all but the file being written go (one
+        # a pass); waiting for exactly that also makes the ledger begin stable for the reads below
+        wait_for(lambda node=node: len(_data_files(node.store_dir)) == 1, 15,
+                 f"{nid} deletes all but its newest file")
         try:
             wait_for(lambda node=node: not _deleted_files_held(_node_pids(node), node.store_dir), 10,
                      f"{nid}'s processes let go of deleted files")
