@@ -10,8 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _segments() -> set[str]:
+    """Our shared blocks in /dev/shm. Tests compare before and after rather than expect none:
+    another group on the machine (a parallel run, a crashed earlier run) is not this bench's."""
+    return {p.name for p in Path("/dev/shm").glob("dl_*")}
+
+
 def test_bench_local_group_json_verified_and_plotted(tmp_path):
     png = tmp_path / "bench.png"
+    before = _segments()
     r = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--local", "3", "--count", "3000",
                         "--batch", "10", "--concurrency", "4", "--warmup", "0", "--size", "200",
                         "--verify-sample", "200", "--json", "--plot", str(png)],
@@ -25,7 +32,7 @@ def test_bench_local_group_json_verified_and_plotted(tmp_path):
     assert res["leader"]["before"] == res["leader"]["after"]
     assert res["rss_anon_mb"]["before"] > 0 and isinstance(res["rss_anon_mb"]["samples"], list)
     assert png.stat().st_size > 10_000
-    assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
+    assert not _segments() - before, "the bench left a node's shared block behind"
 
 
 def test_bench_verifies_only_what_retention_kept():
@@ -46,6 +53,7 @@ def test_bench_counts_failures_and_stays_small_when_every_append_fails():
     """A group that refuses every append (DISK_FULL: the disk is "full" above 1% use) makes
     the bench fail fast at the request rate: it must count the errors by kind, exit 1, and
     not hold on to what it sent (it once grew by 350 MB/s here)."""
+    before = _segments()
     r = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--local", "1", "--duration", "3",
                         "--warmup", "0", "--batch", "64", "--concurrency", "32", "--json",
                         "--server-arg=--disk-full-ratio=0.0001"],
@@ -54,7 +62,7 @@ def test_bench_counts_failures_and_stays_small_when_every_append_fails():
     res = json.loads(r.stdout)
     assert res["errors"] > 1000 and res["error_kinds"] == ["DISK_FULL"] and res["entries"] == 0
     assert res["client_max_rss_mb"] < 400, res["client_max_rss_mb"]
-    assert not list(Path("/dev/shm").glob("dl_*")), "the bench left a node's shared block behind"
+    assert not _segments() - before, "the bench left a node's shared block behind"
 
 
 def _children(pid: int) -> list[int]:
@@ -75,6 +83,7 @@ def test_a_killed_bench_does_not_leave_its_local_group_running():
     import signal
     import time
 
+    before = _segments()
     p = subprocess.Popen([sys.executable, "-m", "tools.cli", "bench", "--local", "1", "--duration", "60",
                           "--warmup", "0", "--batch", "8", "--concurrency", "2", "--json"],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -82,20 +91,20 @@ def test_a_killed_bench_does_not_leave_its_local_group_running():
     root = None
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list(Path("/dev/shm").glob("dl_*")):
+        while time.monotonic() < deadline and not _segments() - before:
             time.sleep(0.1)
         servers = _children(p.pid)
-        assert servers and list(Path("/dev/shm").glob("dl_*")), "the local group did not start"
+        assert servers and _segments() - before, "the local group did not start"
         args = Path(f"/proc/{servers[0]}/cmdline").read_bytes().split(b"\0")
         root = Path(args[args.index(b"--store-dir") + 1].decode()).parent  # the bench's temp dir
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (any(Path(f"/proc/{s}").exists() for s in servers)
-                                               or list(Path("/dev/shm").glob("dl_*"))):
+                                               or _segments() - before):
             time.sleep(0.1)
         assert not [s for s in servers if Path(f"/proc/{s}").exists()], "servers outlived the bench"
-        assert not list(Path("/dev/shm").glob("dl_*")), "a shared block outlived the bench"
+        assert not _segments() - before, "a shared block outlived the bench"
     finally:
         if p.poll() is None:
             p.kill()
