@@ -113,6 +113,7 @@ class Handler:
         self.verified_end = -1  # my log matches the current leader's up to here
         self.queue: dict[int, QueuedPush] = {}
         self.next_abnormal_check = 0
+        self.disk_ratio = 0.0  # disk_usage_ratio(store dir), measured at most once a second
         self.disk_full = False
         self.next_disk_check = 0
         self.ctl: zmq.Socket | None = None  # DEALER to the elector's control socket
@@ -299,7 +300,8 @@ class Handler:
     def _check_disk(self, now: int) -> None:
         if now >= self.next_disk_check:
             self.next_disk_check = now + DISK_CHECK_MS
-            self.disk_full = disk_usage_ratio(self.cfg.store_dir) > self.cfg.disk_full_ratio
+            self.disk_ratio = disk_usage_ratio(self.cfg.store_dir)
+            self.disk_full = self.disk_ratio > self.cfg.disk_full_ratio
 
     def _refuse_append(self, n: int) -> tuple[RC, str] | None:
         """DLedger's order of checks for an append of `n` entries; None = admit."""
@@ -669,8 +671,9 @@ class Handler:
     def _run_retention(self, now: int) -> None:
         """Delete old data files if the disk asks for it (node.roles.retention); a failure is
         logged and retried next pass, never fatal to the handler."""
+        self._check_disk(now)  # one measurement serves both DISK_FULL and retention
         try:
-            done = self.retention.run_once(now, leading=self.leader_term != -1)
+            done = self.retention.run_once(now, self.leader_term != -1, self.disk_ratio)
         except (StoreError, OSError) as e:
             self.log.error("retention pass failed: %s", e)
             return

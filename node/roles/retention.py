@@ -2,9 +2,9 @@
 
 It runs inside the handler because the handler is the store's only writer, and deleting a file
 moves ledgerBegin, which must be published like any other ledger change. The decision itself is
-node.core.retention (pure); this module gathers its facts — the disk, the files, the committed
-index, the peers' watermarks from the shared block — and carries it out, one file per pass so an
-unlink never stalls appends for long. Dispatchers notice the new ledgerBegin in the block and
+node.core.retention (pure); this module gathers its facts — the disk (as the handler measured
+it), the files, the committed index, the peers' watermarks from the shared block — and carries
+it out, one file per pass so an unlink never stalls appends for long. Dispatchers notice the new ledgerBegin in the block and
 unmap what was deleted, which is when the kernel gives the space back.
 """
 
@@ -16,7 +16,7 @@ import time
 from node.config import NodeConfig
 from node.core.retention import DataFile, RetentionPlan, RetentionPolicy, plan_retention
 from node.shared_state import SharedState
-from node.store.segment_store import SegmentStore, disk_usage_ratio
+from node.store.segment_store import SegmentStore
 
 CHECK_MS = 1000
 BUSY_RETRY_MS = 20
@@ -34,11 +34,11 @@ class RetentionService:
     def due(self, now_ms: int) -> bool:
         return now_ms >= self.next_check_ms
 
-    def run_once(self, now_ms: int, leading: bool) -> RetentionPlan:
-        """Decide and delete; returns what was done (`files` == 0: nothing). The caller
-        publishes the ledger when files were deleted."""
+    def run_once(self, now_ms: int, leading: bool, ratio: float) -> RetentionPlan:
+        """Decide and delete, given how full the disk is (`disk_usage_ratio`, which the handler
+        measures once a second for DISK_FULL as well); returns what was done (`files` == 0:
+        nothing). The caller publishes the ledger when files were deleted."""
         self.next_check_ms = now_ms + CHECK_MS
-        ratio = disk_usage_ratio(self.store.dir)
         if ratio < self.policy.disk_space_ratio_to_clean:
             return RetentionPlan()  # the common case: no file listing, no stat calls
         files = [DataFile(*r) for r in self.store.data_file_ranges(self.policy.max_files + 1)]
