@@ -58,7 +58,6 @@ _BLANK = codec.BLANK
 _crc32 = codec.crc32
 
 
-
 def disk_usage_ratio(path: str | os.PathLike[str]) -> float:
     """How full the file system holding `path` is, as df's Use% reports it: used / (used +
     available to unprivileged writers). Not (total - available) / total: on a file system with
@@ -69,6 +68,7 @@ def disk_usage_ratio(path: str | os.PathLike[str]) -> float:
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     usable = used + st.f_bavail * st.f_frsize
     return used / usable if usable > 0 else 0.0
+
 
 class SegmentStore:
     """A node's log on disk. Not thread-safe for writers: the handler is the one writer;
@@ -652,18 +652,16 @@ class SegmentStore:
         the ledger end; a file holding no entry start has last < first."""
         if self.ledger_begin_index < 0:
             return []
-        files = self.data.files[:limit]
-        end = self.ledger_end_index
-        firsts = [self.ledger_begin_index]
-        for f in files[1:]:
-            firsts.append(self._first_index_at(f.start, firsts[-1], end + 1))
-        out = []
-        for i, f in enumerate(files):
-            nxt = firsts[i + 1] if i + 1 < len(files) else (
-                end + 1 if len(files) == len(self.data.files) else
-                self._first_index_at(self.data.files[limit].start, firsts[-1], end + 1))
-            out.append((firsts[i], nxt - 1, os.fstat(f.fd).st_mtime))
-        return out
+        files, end = self.data.files, self.ledger_end_index
+        # bounds[i] = first index of file i; one bound past the last file listed (the ledger
+        # end + 1 when that is the store's last file), so file i holds [bounds[i], bounds[i+1]).
+        bounds = [self.ledger_begin_index]
+        for f in files[1:limit + 1]:
+            bounds.append(self._first_index_at(f.start, bounds[-1], end + 1))
+        if len(files) <= limit:
+            bounds.append(end + 1)
+        return [(bounds[i], bounds[i + 1] - 1, os.fstat(f.fd).st_mtime)
+                for i, f in enumerate(files[:limit])]
 
     def disk_usage_ratio(self) -> float:
         return disk_usage_ratio(self.dir)
