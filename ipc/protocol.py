@@ -430,7 +430,7 @@ def _route(group: str, remote_id: str) -> bytes:
 
 
 def _enc_append(m: AppendRequest) -> bytes:
-    return b"".join((_hdr(m), _route(m.group, m.remote_id), _U32.pack(len(m.body)), m.body))
+    return encode_append(m.group, m.remote_id, m.body, m.request_id)
 
 
 def encode_append(group: str, remote_id: str, body: Buffer, request_id: int) -> bytes:
