@@ -199,12 +199,8 @@ class Handler:
             code = RC.UNEXPECTED_ARGUMENT
             self._error(ident, frame, code, str(e)[:200])
             return None
-        if isinstance(msg, P.Multi):
-            if msg.response:
-                self.state.incr("bad_frames")
-                self._error(ident, msg, RC.UNEXPECTED_ARGUMENT, "not a request")
-                return None
-            return msg
+        if isinstance(msg, P.Multi) and not msg.response:
+            return msg  # an envelope: its inner frames are checked one by one (on_multi)
         if P.is_response(msg) or not hasattr(msg, "group"):
             self.state.incr("bad_frames")
             self._error(ident, msg, RC.UNEXPECTED_ARGUMENT, "not a request")

@@ -139,14 +139,11 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
         prof.enable()
     try:
         run(rc)
-    except zmq.ZMQError as e:
-        if e.errno != errno.EADDRINUSE:
+    except Exception as e:
+        if isinstance(e, zmq.ZMQError) and e.errno == errno.EADDRINUSE:
+            log.error("cannot listen: %s", e)  # self-explaining: no traceback; the supervisor retries
+        else:
             log.exception("role crashed")
-        else:  # an expected, self-explaining condition: no traceback; the supervisor retries
-            log.error("cannot listen: %s", e)
-        return 1
-    except Exception:
-        log.exception("role crashed")
         return 1
     finally:
         if prof is not None:
