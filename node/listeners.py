@@ -22,7 +22,8 @@ from pathlib import Path
 import zmq
 
 from ipc.codes import Role
-from ipc.sockets import ipc_path, sub
+from ipc.sockets import sub
+from node.channels import ROLE, decode_role_msg, endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +39,11 @@ class RoleChangeListener:
         info = json.loads((Path(store_dir) / "run.json").read_text(encoding="utf-8"))
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
-        self.sock = sub(self.ctx, ipc_path(info["run_dir"], "elector.pub"))
+        self.sock = sub(self.ctx, endpoint(info["run_dir"], ROLE))
 
     def events(self, timeout_s: float | None = None) -> Iterator[RoleChange]:
         """Yield role changes as they happen; stop after `timeout_s` without one (None: never)."""
-        from node.roles.elector import decode_role_msg
+
 
         while True:
             if not self.sock.poll(None if timeout_s is None else int(timeout_s * 1000)):

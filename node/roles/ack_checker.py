@@ -15,17 +15,10 @@ import zmq
 
 from ipc.codes import Role
 from ipc.sockets import drain, pull, push, sub
+from node import channels
 from node.core.replication import commit_index, quorum_index
-from node.roles.dispatcher import ack_channel, appended_channel
-from node.roles.elector import role_channel
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
-
-COMMIT_MSG = b"c"
-
-
-def commit_channel(rc: RoleContext) -> str:
-    return rc.ipc("commit.pull")
 
 
 class AckChecker:
@@ -68,10 +61,10 @@ class AckChecker:
 
     def run(self) -> None:
         rc = self.rc
-        acks = pull(rc.zctx, ack_channel(rc))
-        roles = sub(rc.zctx, role_channel(rc))
-        appended = sub(rc.zctx, appended_channel(rc), conflate=True)  # a 1-node group's own end
-        wake_handler = push(rc.zctx, commit_channel(rc))
+        acks = pull(rc.zctx, rc.channel(channels.ACK))
+        roles = sub(rc.zctx, rc.channel(channels.ROLE))
+        appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)  # a 1-node group's own end
+        wake_handler = push(rc.zctx, rc.channel(channels.COMMIT))
         poller = zmq.Poller()
         for s in (acks, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
@@ -85,7 +78,7 @@ class AckChecker:
             self.reader.follow_begin(self.state.read_ledger().ledger_begin_index)  # unmap deleted files
             if self.check():
                 try:
-                    wake_handler.send(COMMIT_MSG, zmq.NOBLOCK)
+                    wake_handler.send(channels.COMMIT_MSG, zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # the handler also re-reads the quorum on its own timer
             rc.beat()

@@ -17,7 +17,6 @@ slow follower cannot starve the others or the leader's own work.
 from __future__ import annotations
 
 import collections
-import struct
 
 import zmq
 
@@ -25,6 +24,7 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from ipc.sockets import data_address, dealer, drain, push, sub
+from node import channels
 from node.core.replication import (
     Append,
     Commit,
@@ -35,22 +35,12 @@ from node.core.replication import (
     PushState,
     Truncate,
 )
-from node.roles.elector import role_channel
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import monotonic_ms
 from node.store.reader import StaleRead, StoreReader
 
-ACK_MSG = struct.Struct(">qq")  # peer slot, match index: a hint for the ack checker
 _KIND = {P.PushKind.APPEND: "APPEND", P.PushKind.COMMIT: "COMMIT", P.PushKind.COMPARE: "COMPARE",
          P.PushKind.TRUNCATE: "TRUNCATE"}
-
-
-def appended_channel(rc: RoleContext) -> str:
-    return rc.ipc("appended.pub")
-
-
-def ack_channel(rc: RoleContext) -> str:
-    return rc.ipc("ack.pull")
 
 
 class Dispatcher:
@@ -231,7 +221,7 @@ class Dispatcher:
         if self._moved:
             self._moved = False
             try:
-                self.ack.send(ACK_MSG.pack(self.slot, self.core.match_index), zmq.NOBLOCK)
+                self.ack.send(channels.ACK_MSG.pack(self.slot, self.core.match_index), zmq.NOBLOCK)
             except zmq.Again:
                 pass
 
@@ -241,9 +231,9 @@ class Dispatcher:
         host, port = self.cfg.peer_map[self.peer]
         self.sock = dealer(rc.zctx, data_address(host, port))
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
-        roles = sub(rc.zctx, role_channel(rc))
-        appended = sub(rc.zctx, appended_channel(rc), conflate=True)
-        self.ack = push(rc.zctx, ack_channel(rc))
+        roles = sub(rc.zctx, rc.channel(channels.ROLE))
+        appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)
+        self.ack = push(rc.zctx, rc.channel(channels.ACK))
         poller = zmq.Poller()
         for s in (self.sock, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)

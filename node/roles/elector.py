@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import struct
 import subprocess
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
 from ipc.sockets import dealer, elector_address, pub, recv_routed, router, send_routed
+from node import channels
 from node.core.election import ElectorCore, LedgerEnd, Persist, Reply, RoleChanged, Send, Step
 from node.member_lock import MemberLock
 from node.roles.runtime import RoleContext, role_main
@@ -40,19 +40,7 @@ TRANSFER_CHECK_MS = 50
 PREFERRED_CHECK_MS = 1000
 RECENT_ACK_MS = 2500  # an idle follower still answers a COMMIT push every second
 LEADER_GRACE_MS = 1500  # a new leader's dispatchers need a moment before a follower can look dead
-ROLE_TOPIC = b"role"
-ROLE_MSG = struct.Struct(">4sBqqq")  # topic, role, term, leader slot, role epoch
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
-
-
-def role_channel(rc: RoleContext) -> str:
-    """Where the elector publishes role changes (every role subscribes to wake up)."""
-    return rc.ipc("elector.pub")
-
-
-def control_channel(rc: RoleContext) -> str:
-    """Where the handler forwards LEADERSHIP_TRANSFER requests to the elector."""
-    return rc.ipc("elector.ctl")
 
 
 @dataclass(slots=True)
@@ -66,13 +54,6 @@ class Transfer:
     ident: bytes | None  # the handler's routing id, or None for a preferred-leader transfer
     request_id: int
     take_rid: int = 0  # request id of the TAKE_LEADERSHIP sent, 0 = not sent yet
-
-
-def decode_role_msg(frame: bytes) -> tuple[Role, int, int, int] | None:
-    if len(frame) != ROLE_MSG.size:
-        return None
-    _t, role, term, leader, epoch = ROLE_MSG.unpack(frame)
-    return Role(role), term, leader, epoch
 
 
 class Elector:
@@ -138,7 +119,7 @@ class Elector:
             self.state.incr("role_changes")
             self._run_hook(c.role, c.term, c.leader_id)
             try:
-                self.pub.send(ROLE_MSG.pack(ROLE_TOPIC, c.role, c.term, leader, m.role_epoch), zmq.NOBLOCK)
+                self.pub.send(channels.encode_role_msg(c.role, c.term, leader, m.role_epoch), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # a hint only: subscribers also re-read the block on their own timeouts
 
@@ -333,8 +314,8 @@ class Elector:
         rc = self.rc
         host, port = self.cfg.address
         self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
-        self.pub = pub(rc.zctx, role_channel(rc))
-        self.ctl = router(rc.zctx, control_channel(rc))
+        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
+        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
         for peer in self.core.others:
             h, p = self.cfg.peer_map[peer]
             self.dealers[peer] = dealer(rc.zctx, elector_address(h, p))

@@ -53,14 +53,11 @@ from ipc.sockets import (
     send_routed,
     sub,
 )
+from node import channels
 from node.core.replication import decide_compare, follower_commit
 from node.member_lock import MemberLock
-from node.roles.ack_checker import commit_channel
-from node.roles.dispatcher import appended_channel
-from node.roles.elector import control_channel, role_channel
 from node.roles.retention import RetentionService
-from node.roles.runtime import RoleContext, role_main
-from node.roles.supervisor import EXIT_FATAL
+from node.roles.runtime import EXIT_FATAL, RoleContext, role_main
 from node.shared_state import NO_SLOT, monotonic_ms
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
@@ -140,7 +137,7 @@ class Handler:
         if self._appended:
             self._appended = False
             try:
-                self.appended_pub.send(b"%d" % self.store.ledger_end_index, zmq.NOBLOCK)
+                self.appended_pub.send(channels.encode_appended(self.store.ledger_end_index), zmq.NOBLOCK)
             except zmq.Again:
                 pass
 
@@ -695,10 +692,10 @@ class Handler:
             self.publish_ledger()
             host, port = self.cfg.address
             self.sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
-            self.appended_pub = pub(rc.zctx, appended_channel(rc))
-            roles = sub(rc.zctx, role_channel(rc))
-            commits = pull(rc.zctx, commit_channel(rc))
-            self.ctl = dealer(rc.zctx, control_channel(rc))
+            self.appended_pub = pub(rc.zctx, rc.channel(channels.APPENDED))
+            roles = sub(rc.zctx, rc.channel(channels.ROLE))
+            commits = pull(rc.zctx, rc.channel(channels.COMMIT))
+            self.ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,

@@ -25,10 +25,13 @@ from pathlib import Path
 import zmq
 
 from ipc.sockets import ipc_path, make_context
+from node import channels
 from node.config import NodeConfig
 from node.shared_state import SharedState, monotonic_ms, segment_name
 
 _PR_SET_PDEATHSIG = 1
+EXIT_FATAL = 3
+"""A role's exit code for "cannot work, do not restart me": the supervisor stops the node."""
 
 
 def die_with_parent() -> None:
@@ -64,6 +67,10 @@ class RoleContext:
 
     def ipc(self, name: str) -> str:
         return ipc_path(self.run_dir, name)
+
+    def channel(self, ch: channels.Channel) -> str:
+        """The ipc:// endpoint of one of the node's declared channels (node.channels)."""
+        return channels.endpoint(self.run_dir, ch)
 
     def should_stop(self) -> bool:
         """True once SIGTERM/SIGINT arrived or the supervisor is gone."""

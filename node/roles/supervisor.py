@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.config import NodeConfig
-from node.roles.runtime import state_name
+from node.roles.runtime import EXIT_FATAL, state_name
 from node.shared_state import SharedState, monotonic_ms
 
-EXIT_FATAL = 3
 HANG_MS = 10_000
 MIN_BACKOFF_MS = 100
 STABLE_MS = 10_000  # a role up this long gets its backoff reset
