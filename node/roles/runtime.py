@@ -64,6 +64,7 @@ class RoleContext:
     wake_fd: int = -1  # readable when a signal arrived: register it in the role's poller
     parent_pid: int = field(default_factory=os.getppid)
     stopping: bool = False
+    clock: Callable[[], int] = monotonic_ms  # ms; the simulator passes its virtual clock
 
     def ipc(self, name: str) -> str:
         return ipc_path(self.run_dir, name)
