@@ -53,14 +53,16 @@ boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 | 208 | int64 | ledger_end_index | handler | ledger |
 | 216 | int64 | ledger_end_term | handler | ledger |
 | 224 | int64 | committed_index | handler | ledger |
-| 232 | int64 | handler_beat_ms | handler | - |
-| 240 | int64 | appends | handler | - |
-| 248 | int64 | append_errors | handler | - |
-| 256 | int64 | gets | handler | - |
-| 264 | int64 | push_requests | handler | - |
-| 272 | int64 | bad_frames | handler | - |
-| 280 | int64 | entries_appended | handler | - |
-| 288 | int64 | commits_published | handler | - |
+| 232 | int64 | store_generation | handler | ledger |
+| 240 | int64 | handler_beat_ms | handler | - |
+| 248 | int64 | appends | handler | - |
+| 256 | int64 | append_errors | handler | - |
+| 264 | int64 | gets | handler | - |
+| 272 | int64 | push_requests | handler | - |
+| 280 | int64 | bad_frames | handler | - |
+| 288 | int64 | entries_appended | handler | - |
+| 296 | int64 | commits_published | handler | - |
+| 304 | int64 | store_unwritable_ms | handler | - |
 | 320 | int64 | quorum_seq | ack_checker | quorum (seq) |
 | 328 | int64 | quorum_index | ack_checker | quorum |
 | 336 | int64 | quorum_term | ack_checker | quorum |
@@ -159,7 +161,7 @@ from ipc.codes import Role  # canonical Role; re-exported here for the block's u
 log = logging.getLogger("dledger.shared_state")
 
 MAGIC: Final = int.from_bytes(b"DLedgSB1", "little")
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 NO_SLOT: Final = -1
 NO_INDEX: Final = -1
 
@@ -278,14 +280,15 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         _align(end),
         "handler",
         "ledger",
-        ("ledger_begin_index", "ledger_end_index", "ledger_end_term", "committed_index"),
+        ("ledger_begin_index", "ledger_end_index", "ledger_end_term", "committed_index",
+         "store_generation"),
         "ledger_seq",
     )
     out += f
     f, end = _section(
         end, "handler", None,
         ("handler_beat_ms", "appends", "append_errors", "gets", "push_requests", "bad_frames",
-         "entries_appended", "commits_published"), None,
+         "entries_appended", "commits_published", "store_unwritable_ms"), None,
     )
     out += f
     # ack checker: quorum index+term are a pair, so they get a seqlock too
@@ -379,6 +382,10 @@ class LedgerView:
     ledger_end_index: int
     ledger_end_term: int
     committed_index: int
+    store_generation: int = 0
+    """The store's generation counter (node/store, contract C1) when this snapshot was
+    published: a reader passes it to ``StoreReader.begin``/``validate`` so it never uses bytes
+    of a file a truncation replaced after the snapshot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,7 +619,7 @@ class SharedState:
         _MEMBER_S.pack_into(self._buf, _MEMBER_BODY[0].offset,
                             Role.CANDIDATE, 0, NO_SLOT, NO_SLOT, NO_SLOT, 0, 0, 0)
         _LEDGER_S.pack_into(self._buf, _LEDGER_BODY[0].offset,
-                            NO_INDEX, NO_INDEX, NO_INDEX, NO_INDEX)
+                            NO_INDEX, NO_INDEX, NO_INDEX, NO_INDEX, 0)
         _QUORUM_S.pack_into(self._buf, _QUORUM_BODY[0].offset, NO_INDEX, NO_INDEX)
         for p in range(self.n_peers):
             base = PEERS_OFFSET + p * PEER_STRIDE
@@ -921,6 +928,7 @@ class SharedState:
         ledger_end_index: int | None = None,
         ledger_end_term: int | None = None,
         committed_index: int | None = None,
+        store_generation: int | None = None,
     ) -> LedgerView:
         """Handler: publish the ledger group; omitted fields keep their value."""
         self._check_writer("handler")
@@ -930,6 +938,7 @@ class SharedState:
             cur[1] if ledger_end_index is None else ledger_end_index,
             cur[2] if ledger_end_term is None else ledger_end_term,
             cur[3] if committed_index is None else committed_index,
+            cur[4] if store_generation is None else store_generation,
         )
         seq_idx = FIELDS["ledger_seq"].offset // 8
         data = _LEDGER_S.pack(*vals)

@@ -146,7 +146,7 @@ def test_unsupported_cpu_is_refused(monkeypatch: pytest.MonkeyPatch, shm_name: s
 
 def test_create_initialises_every_group(block: SharedState) -> None:
     h = block.header()
-    assert (h.magic, h.layout_version, h.n_peers, h.self_slot) == (ss.MAGIC, 1, 5, 0)
+    assert (h.magic, h.layout_version, h.n_peers, h.self_slot) == (ss.MAGIC, ss.LAYOUT_VERSION, 5, 0)
     assert h.total_size == ss.layout_size(5) and h.supervisor_pid == os.getpid()
     assert block.read_member() == ss.MemberView(Role.CANDIDATE, 0, -1, -1, -1, 0, 0, 0)
     assert block.read_ledger() == ss.LedgerView(-1, -1, -1, -1)
@@ -171,6 +171,10 @@ def test_attach_round_trips_every_group(block: SharedState) -> None:
                            committed_index=8)
         assert block.read_ledger() == ss.LedgerView(0, 10, 4, 8)
         assert block.get("committed_index") == 8
+        other.write_ledger(store_generation=6)  # the other fields keep their values
+        assert block.read_ledger() == ss.LedgerView(0, 10, 4, 8, 6)
+        other.set("store_unwritable_ms", 4321)
+        assert block.get("store_unwritable_ms") == 4321
         other.write_quorum(quorum_index=9, quorum_term=4)
         assert block.read_quorum() == ss.QuorumView(9, 4)
 
@@ -188,6 +192,17 @@ def test_attach_round_trips_every_group(block: SharedState) -> None:
             other.beat(role, now_ms=100)
             assert block.last_beat(role) == 100
         assert block.bump_generation() == 1 and other.header().generation == 1
+
+
+def test_store_generation_is_read_with_the_ledger_it_describes(block: SharedState) -> None:
+    """C1/C2: a reader takes the store generation from the same seqlock snapshot as the ledger
+    end it reads up to, so "end E of generation G" is one fact, never half of two."""
+    block.write_ledger(ledger_begin_index=0, ledger_end_index=5, ledger_end_term=2,
+                       committed_index=3, store_generation=4)
+    assert block.read_ledger() == ss.LedgerView(0, 5, 2, 3, 4)
+    assert ss.FIELDS["store_generation"].group == "ledger"
+    assert ss.FIELDS["store_unwritable_ms"].group is None
+    assert ss.FIELDS["store_unwritable_ms"].writer == "handler"
 
 
 def test_single_writer_is_enforced_when_a_role_is_given(block: SharedState) -> None:
@@ -481,7 +496,7 @@ def _raw_segment(name: str, size: int, words: dict[str, int]) -> shared_memory.S
     return shm
 
 
-_GOOD = {"magic": ss.MAGIC, "layout_version": 1, "total_size": ss.layout_size(3), "n_peers": 3,
+_GOOD = {"magic": ss.MAGIC, "layout_version": ss.LAYOUT_VERSION, "total_size": ss.layout_size(3), "n_peers": 3,
          "self_slot": 0}
 
 
