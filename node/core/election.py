@@ -37,6 +37,23 @@ Deliberate differences from DLedger (docs/election.md lists them): a new leader'
 at its election (DLedger keeps the previous lastSuccHeartBeatTime, so a fresh leader whose
 first heartbeat round misses quorum steps down at once); a leader steps down on a higher term
 in ANY response (#325); taking leadership does not require preferredLeaderIds to name the node.
+
+Safety rules added on top of DLedger (issue 10):
+
+- **Higher term, at once.** A higher term in any answer (or heartbeat) is entered at once,
+  durably (Persist, vote cleared), before anything else; DLedger only noted it as
+  knownMaxTermInGroup and a deposed leader then campaigned again in its *old* term, where its
+  old voters accepted it again (repro t4).
+- **Never lead twice in one term.** A leader that steps down (lease expired, inconsistent
+  leader, store not writable) campaigns next in a new term; a (re)started node's first
+  campaign is in term + 1, after a heartbeat interval plus a randomized vote interval, so it
+  normally hears the current leader first. A leader restarted with its self-vote on disk was
+  otherwise re-elected in the same term, possibly with a log that lost a tail it had sent.
+- **Lease from round start.** `last_succ_heartbeat_ms` (published as
+  `last_quorum_heartbeat_ms`) is the START time of the last quorum heartbeat round (or of the
+  vote round won): node/core/lease.py explains why the other roles may act on it.
+- **Unwritable store.** A LEADER whose `LedgerEnd.writable` is False steps down; a candidate
+  that cannot write does not campaign (it still votes).
 """
 
 from __future__ import annotations
@@ -154,6 +171,7 @@ class _HeartbeatRound:
     term: int
     tally: HeartbeatTally
     deadline_ms: int
+    started_ms: int
 
 
 @dataclass(slots=True)
@@ -168,11 +186,22 @@ class _Outbox:
     replies: list[Reply] = field(default_factory=list)
 
 
+_TERM_BEARING_CODES = frozenset({
+    ResponseCode.SUCCESS, ResponseCode.EXPIRED_TERM, ResponseCode.INCONSISTENT_LEADER,
+    ResponseCode.TERM_NOT_READY})
+"""Answer codes whose `term` is the answering member's term in *this* group. Envelope errors
+(UNKNOWN_GROUP, UNKNOWN_MEMBER...) carry the term of whatever answered, which may be a node of
+another group on a misconfigured port: never adopted."""
+
+
 class ElectorCore:
     """One member's election state machine (MemberState's election fields + the elector).
 
-    Starts as CANDIDATE in its persisted term with its persisted vote (SPEC §3), with the vote
-    timer already expired (DLedger: nextTimeToRequestVote = -1), so the first tick votes.
+    Starts as CANDIDATE in its persisted term with its persisted vote (SPEC §3). Its first
+    campaign is in a NEW term (term + 1) and waits one heartbeat interval plus a randomized
+    vote interval (DLedger votes at once, in the persisted term): a node restarted with its
+    vote for itself on disk could otherwise be elected a second time in the term it led, and
+    a restarted follower would disrupt a healthy leader instead of hearing its heartbeat.
     """
 
     def __init__(self, self_id: str, members: Iterable[str], group: str = "default",
@@ -204,9 +233,13 @@ class ElectorCore:
         self.last_leader_heartbeat_ms = now_ms
         self.last_send_heartbeat_ms: int | None = None
         self.last_succ_heartbeat_ms = now_ms
-        self.next_vote_ms = -1
-        self.last_parse = ParseResult.WAIT_TO_REVOTE
         self.last_vote_cost_ms = 0
+        # Restart rule (class docstring): first campaign in term + 1, after the leader had a
+        # chance to be heard.
+        self.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+        self.next_vote_ms = self.cfg.heartbeat_interval_ms + next_time_to_request_vote(
+            now_ms, 0, self.cfg, self.rng)
+        self._beat_requested = False  # request_heartbeat while a round was in flight
 
         self._vote_round: _VoteRound | None = None
         self._hb_round: _HeartbeatRound | None = None
@@ -262,6 +295,23 @@ class ElectorCore:
         """End the in-flight rounds now with what was received (caller-tracked deadline)."""
         self._expire_rounds(now_ms, force=True)
         self._maintain(now_ms, ledger)
+        return self._finish(now_ms)
+
+    def request_heartbeat(self, now_ms: int) -> Step:
+        """Confirm leadership now (C4, linearizable reads): start a heartbeat round at once.
+
+        The handler parks a linearizable GET that arrived at t and serves it once the block
+        shows `last_quorum_heartbeat_ms >= t` in the same term, i.e. once a round that
+        *started* after t reached a quorum. If a round is already in flight it is not cut
+        short (its answers would be lost, and under a steady stream of confirmations no round
+        would ever complete): the next round starts the moment it ends, so every request that
+        arrived meanwhile is confirmed by that one round. Not leader: nothing happens (the
+        handler sees the role change and answers NOT_LEADER)."""
+        if self.role == Role.LEADER:
+            if self._hb_round is None:
+                self._start_heartbeat_round(now_ms)
+            else:
+                self._beat_requested = True
         return self._finish(now_ms)
 
     def on_vote_request(self, req: VoteRequest, ledger: LedgerEnd, now_ms: int,
@@ -329,9 +379,11 @@ class ElectorCore:
     def on_response(self, resp: VoteResponse | HeartbeatResponse | ErrorResponse,
                     now_ms: int) -> Step:
         """A peer answered one of our Send effects (matched by request id)."""
-        # #325: a leader steps down on ANY higher term it sees, whatever round it belongs to.
-        if self.role == Role.LEADER and resp.term > self.term:
-            self._change_role_to_candidate(resp.term)
+        # #325, generalized: ANY higher term in an answer of this group, whatever round it
+        # belongs to, is entered at once (Persist first, vote cleared); a leader steps down.
+        if (resp.term > self.term and isinstance(resp, (VoteResponse, HeartbeatResponse))
+                and resp.group == self.group and resp.code in _TERM_BEARING_CODES):
+            self._enter_higher_term(resp.term, now_ms)
         entry = self._inflight.pop(resp.request_id, None)
         if entry is not None:
             rnd, peer = entry
@@ -392,7 +444,7 @@ class ElectorCore:
         for _ in range(3):
             before = self.role
             if self.role == Role.LEADER:
-                self._maintain_as_leader(now_ms)
+                self._maintain_as_leader(now_ms, ledger)
             elif self.role == Role.FOLLOWER:
                 self._maintain_as_follower(now_ms)
             else:
@@ -400,7 +452,12 @@ class ElectorCore:
             if self.role == before:
                 break
 
-    def _maintain_as_leader(self, now_ms: int) -> None:
+    def _maintain_as_leader(self, now_ms: int, ledger: LedgerEnd) -> None:
+        if not ledger.writable:
+            # C5: a leader whose handler cannot write would answer but never commit; step down
+            # so that a member that can write takes over.
+            self._step_down(now_ms)
+            return
         last = self.last_send_heartbeat_ms
         if last is not None and now_ms - last < self.cfg.heartbeat_interval_ms:
             return
@@ -408,9 +465,13 @@ class ElectorCore:
             self._finish_heartbeat_round(now_ms)
             if self.role != Role.LEADER:
                 return
+        self._start_heartbeat_round(now_ms)
+
+    def _start_heartbeat_round(self, now_ms: int) -> None:
         self.last_send_heartbeat_ms = now_ms
+        self._beat_requested = False
         rnd = _HeartbeatRound(self.term, HeartbeatTally(self.term),
-                              now_ms + self.cfg.heartbeat_interval_ms)
+                              now_ms + self.cfg.heartbeat_interval_ms, now_ms)
         self._hb_round = rnd
         for peer in self.others:
             rid = self._rid(rnd, peer)
@@ -425,6 +486,11 @@ class ElectorCore:
 
     def _maintain_as_candidate(self, now_ms: int, ledger: LedgerEnd) -> None:
         if self._vote_round is not None or now_ms < self.next_vote_ms:
+            return
+        if not ledger.writable:
+            # C5: could not write a NOOP if elected; look again after another vote interval
+            # (re-arming the timer also keeps the caller from spinning on a past deadline).
+            self.next_vote_ms = next_time_to_request_vote(now_ms, 0, self.cfg, self.rng)
             return
         if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT:
             self._next_term()
@@ -469,7 +535,7 @@ class ElectorCore:
         if p.candidate_term is not None:
             self._change_role_to_candidate(p.candidate_term)
         if p.result == ParseResult.PASSED:
-            self._change_role_to_leader(rnd.term, now_ms)
+            self._change_role_to_leader(rnd.term, rnd.started_ms)
 
     def _finish_heartbeat_round(self, now_ms: int) -> None:
         rnd, self._hb_round = self._hb_round, None
@@ -479,12 +545,19 @@ class ElectorCore:
                                              self.last_succ_heartbeat_ms, self.cfg)
         o = p.outcome
         if o is HeartbeatOutcome.QUORUM:
-            self.last_succ_heartbeat_ms = now_ms
+            # The round's START (lease.py): its receivers reset their timers after it began.
+            self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, rnd.started_ms)
         elif o is HeartbeatOutcome.RESEND_NOW:
             self.last_send_heartbeat_ms = None
-        elif o is not HeartbeatOutcome.NO_QUORUM_YET:
+        elif o is HeartbeatOutcome.STEP_DOWN_HIGHER_TERM:
             assert p.term is not None
-            self._change_role_to_candidate(p.term)
+            self._enter_higher_term(p.term, now_ms)
+            return
+        elif o is not HeartbeatOutcome.NO_QUORUM_YET:
+            self._step_down(now_ms)
+            return
+        if self._beat_requested:
+            self.last_send_heartbeat_ms = None  # a confirmation is waiting: next round now
 
     def _rid(self, rnd: _VoteRound | _HeartbeatRound, peer: str) -> int:
         rid = self._next_rid
@@ -515,6 +588,24 @@ class ElectorCore:
         self.next_vote_ms = next_time_to_request_vote(
             now_ms, self.last_vote_cost_ms, self.cfg, self.rng, self.taking_leadership)
 
+    def _enter_higher_term(self, term: int, now_ms: int) -> None:
+        """A member is in `term` > mine: enter it at once, durably (Persist, vote cleared),
+        as candidate with a fresh vote timer. A leader deposed this way must not campaign again
+        in its old term, where its old voters would accept it again (repro t4)."""
+        if term <= self.term:
+            return
+        self._change_role_to_candidate(term)
+        self._increase_term_now(now_ms)
+
+    def _step_down(self, now_ms: int) -> None:
+        """A leader gives up leadership in its own term (lease over, inconsistent leader, store
+        not writable). Its next campaign is in a new term (WAIT_TO_VOTE_NEXT) after a vote
+        interval: never lead twice in one term, and give a member that can lead a head start."""
+        self._change_role_to_candidate(self.term)
+        self.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+        self.next_vote_ms = next_time_to_request_vote(now_ms, 0, self.cfg, self.rng,
+                                                      self.taking_leadership)
+
     def _change_role_to_candidate(self, term: int) -> None:
         """changeRoleToCandidate(term): only records the term as known; nextTerm enters it."""
         if term < self.term:
@@ -526,13 +617,16 @@ class ElectorCore:
         self._hb_round = None
         self._check_take_leadership(term, Role.CANDIDATE)
 
-    def _change_role_to_leader(self, term: int, now_ms: int) -> None:
+    def _change_role_to_leader(self, term: int, round_started_ms: int) -> None:
         if self.term != term:
             return  # "skip to be the leader in term"
         self.role = Role.LEADER
         self.leader_id = self.self_id
         self.last_send_heartbeat_ms = None  # lastSendHeartBeatTime = -1: beat at once
-        self.last_succ_heartbeat_ms = now_ms  # the election itself was a quorum contact
+        # The election itself was a quorum contact; like a heartbeat round it counts from its
+        # start (lease.py).
+        self.last_succ_heartbeat_ms = round_started_ms
+        self._beat_requested = False
         self.peers_alive.clear()
         self._vote_round = None
         self._check_take_leadership(term, Role.LEADER)

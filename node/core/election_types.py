@@ -34,9 +34,16 @@ class ElectionConfig:
     """(maxTakeLeadershipVoteIntervalMs)."""
 
     @property
-    def leader_lease_ms(self) -> int:
-        """maxHeartBeatLeak x heartBeatTimeIntervalMs: the follower timeout and leader lease."""
+    def election_timeout_ms(self) -> int:
+        """maxHeartBeatLeak x heartBeatTimeIntervalMs: how long a follower waits without a
+        heartbeat before it stands, and how long a leader keeps leading without a quorum.
+        The lease the other roles act on is shorter: node/core/lease.py."""
         return self.max_heartbeat_leak * self.heartbeat_interval_ms
+
+    @property
+    def leader_lease_ms(self) -> int:
+        """Old name of `election_timeout_ms` (it is *not* the lease of node/core/lease.py)."""
+        return self.election_timeout_ms
 
     def problems(self) -> list[str]:
         """One message per bad field (empty list = valid). Config is checked before start."""
@@ -74,10 +81,16 @@ class LedgerEnd(NamedTuple):
 
     Owned by the handler process; the elector reads it from the shared block under the
     member lock and passes it into every call that needs it.
+
+    `writable` is False while the handler cannot write its store (a leader-side write failed
+    with DISK_FULL / DISK_ERROR and none succeeded since: the block's `store_unwritable_ms`).
+    A leader that cannot write must not stay leader (the group would have a leader that
+    answers but never commits), and a node that cannot write must not stand for election.
     """
 
     index: int = -1
     term: int = -1
+    writable: bool = True
 
 
 EMPTY_LEDGER = LedgerEnd()

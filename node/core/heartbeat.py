@@ -141,16 +141,16 @@ def parse_heartbeats(tally: HeartbeatTally, member_count: int, now_ms: int,
         return HeartbeatParse(HeartbeatOutcome.STEP_DOWN_INCONSISTENT_LEADER, tally.term)
     # 5. No quorum for maxHeartBeatLeak periods: a leader cut off from the majority stops
     #    acting as leader (bounds stale reads and pending appends).
-    if now_ms - last_succ_heartbeat_ms > cfg.leader_lease_ms:
+    if now_ms - last_succ_heartbeat_ms > cfg.election_timeout_ms:
         return HeartbeatParse(HeartbeatOutcome.STEP_DOWN_LEASE_EXPIRED, tally.term)
     return HeartbeatParse(HeartbeatOutcome.NO_QUORUM_YET)
 
 
 def follower_timed_out(now_ms: int, last_leader_heartbeat_ms: int, cfg: ElectionConfig) -> bool:
     """maintainAsFollower: no heartbeat for more than maxHeartBeatLeak x interval."""
-    return now_ms - last_leader_heartbeat_ms > cfg.leader_lease_ms
+    return now_ms - last_leader_heartbeat_ms > cfg.election_timeout_ms
 
 
 def follower_deadline(last_leader_heartbeat_ms: int, cfg: ElectionConfig) -> int:
     """First ms at which follower_timed_out becomes true (the process loop's poll deadline)."""
-    return last_leader_heartbeat_ms + cfg.leader_lease_ms + 1
+    return last_leader_heartbeat_ms + cfg.election_timeout_ms + 1

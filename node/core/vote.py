@@ -184,7 +184,7 @@ def parse_vote(tally: VoteTally, member_count: int, now_ms: int, last_vote_cost_
     # 2. A leader exists in this term: wait long enough for its heartbeat to reach us
     #    (heartbeat x leak extra) instead of disturbing it.
     if tally.already_has_leader:
-        return VoteParse(ParseResult.WAIT_TO_REVOTE, timer() + cfg.leader_lease_ms)
+        return VoteParse(ParseResult.WAIT_TO_REVOTE, timer() + cfg.election_timeout_ms)
     # 3. Not even a quorum answered: retry in the same term (no term inflation while
     #    partitioned, which is what keeps an isolated node from disrupting the group later).
     if not is_quorum(tally.valid_num, member_count):

@@ -18,7 +18,9 @@ Model (close to what the real process layer does, SPEC §2/§3):
   answers a heartbeat with SUCCESS takes the leader's ledger end at send time.
 
 Invariants are checked on every effect (``InvariantError``):
-at most one leader per term, ever; a node never grants votes to two candidates in one term
+at most one leader per term, ever; a node never becomes leader twice in one term (not after
+stepping down, not after a restart: its log may have lost a tail it had sent, and two different
+entries could then share an (index, term)); a node never grants votes to two candidates in one term
 (across restarts, via what it persisted); terms never go back; persist-before-send (an ACCEPT
 leaves only after the vote is durable).
 """
@@ -97,6 +99,7 @@ class Sim:
         self.trace_persist = trace_persist
         self.noop = noop  # a new leader appends a no-op entry (SPEC §8); off = DLedger 0.x
         self.leaders: dict[int, str] = {}  # term -> leader, over the whole history
+        self.led: set[int] = set()  # terms in which somebody became leader (once each)
         self.votes: dict[tuple[str, int], str] = {}  # (voter, term) -> candidate
         self.role_changes = 0
         self.take_replies: list[TakeLeadershipResponse] = []
@@ -306,6 +309,9 @@ class Sim:
             prev = self.leaders.setdefault(eff.term, node.id)
             if prev != node.id:
                 raise InvariantError(f"two leaders in term {eff.term}: {prev} and {node.id}")
+            if eff.term in self.led:
+                raise InvariantError(f"{node.id} became leader of term {eff.term} a second time")
+            self.led.add(eff.term)
             # A new leader writes its no-op entry in its own term (SPEC §8, #305).
             if self.noop:
                 node.ledger = LedgerEnd(node.ledger.index + 1, eff.term)

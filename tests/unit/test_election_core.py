@@ -61,7 +61,7 @@ def elect(leader="n0", now=0):
     """Three cores, `leader` wins term 1 by direct delivery; returns (cores, now)."""
     cores = {i: core(i, now=now) for i in IDS}
     c = cores[leader]
-    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT  # as after the term-0 split vote
+    c.next_vote_ms = now  # its (start-up) vote timer fires first
     step = check(c.tick(now, L0))
     assert c.term == 1 and c.voted_for == leader
     for s in sends(step):
@@ -83,18 +83,25 @@ def elect(leader="n0", now=0):
     return cores, now
 
 
-def test_startup_is_candidate_in_persisted_term_and_votes_at_once():
+def test_startup_waits_a_vote_interval_then_campaigns_in_a_new_term():
     c = core("n1", term=4, voted=None)
     assert (c.role, c.term, c.voted_for, c.leader_id) == (Role.CANDIDATE, 4, None, None)
+    # not at once: one heartbeat interval + a randomized vote interval, so a live leader's
+    # heartbeat normally arrives first
+    first = c.next_vote_ms
+    assert CFG.heartbeat_interval_ms + CFG.min_vote_interval_ms <= first
+    assert first < CFG.heartbeat_interval_ms + CFG.max_vote_interval_ms
     step = check(c.tick(0, LedgerEnd(7, 3)))
-    # persist the self vote BEFORE the vote requests leave (persist before send)
-    assert step.effects[0] == Persist(4, "n1")
+    assert sends(step) == [] and step.of(Persist) == [] and step.next_deadline_ms == first
+    step = check(c.tick(first, LedgerEnd(7, 3)))
+    # a NEW term, and the self vote is persisted BEFORE the requests leave (persist before send)
+    assert step.effects[0] == Persist(5, "n1")
     reqs = [s.message for s in sends(step)]
     assert [s.peer for s in sends(step)] == ["n0", "n2"]
-    assert all((r.term, r.leader_id, r.ledger_end_term, r.ledger_end_index) == (4, "n1", 3, 7)
+    assert all((r.term, r.leader_id, r.ledger_end_term, r.ledger_end_index) == (5, "n1", 3, 7)
                for r in reqs)
     assert len({r.request_id for r in reqs}) == 2
-    assert step.next_deadline_ms == CFG.vote_round_timeout_ms  # the round's deadline
+    assert step.next_deadline_ms == first + CFG.vote_round_timeout_ms  # the round's deadline
 
 
 def test_restart_never_votes_twice_in_a_term():
@@ -158,14 +165,18 @@ def test_leader_lease_expires_without_quorum():
     for _ in range(10):  # heartbeats nobody answers
         t = lead.next_deadline(t)
         step = check(lead.tick(t, L0))
+        for s in sends(step):
+            check(lead.on_peer_unreachable(s.message.request_id, t))
         if lead.role != Role.LEADER:
             stepped = t
             break
-        for s in sends(step):
-            check(lead.on_peer_unreachable(s.message.request_id, t))
         assert lead.peers_alive == {"n1": False, "n2": False}
     assert stepped is not None and 600 < stepped - now <= 800
     assert lead.term == 1  # steps down in its term, no term inflation
+    # ... and campaigns next in a NEW term, after a vote interval (never leads twice in 1)
+    assert lead.next_vote_ms > stepped
+    step = check(lead.tick(lead.next_vote_ms, L0))
+    assert {s.message.term for s in sends(step)} == {2}
 
 
 def test_leader_steps_down_on_higher_term_even_with_quorum():
@@ -179,7 +190,8 @@ def test_leader_steps_down_on_higher_term_even_with_quorum():
     step = check(lead.on_response(HeartbeatResponse(int(ResponseCode.EXPIRED_TERM), "g", 7, "",
                                                     b.message.request_id), now + 202))
     assert lead.role == Role.CANDIDATE and lead.known_max_term == 7
-    assert RoleChanged(Role.CANDIDATE, 1, None) in step.effects
+    # and it enters term 7 at once, durably (see test_deposed_leader_enters_the_higher_term...)
+    assert step.effects[:2] == [Persist(7, None), RoleChanged(Role.CANDIDATE, 7, None)]
 
 
 def test_resend_now_when_followers_not_ready():
@@ -194,7 +206,7 @@ def test_resend_now_when_followers_not_ready():
 
 def test_unreachable_peers_end_the_vote_round_early():
     c = core("n0")
-    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+    c.next_vote_ms = 0
     step = check(c.tick(0, L0))
     assert c.term == 1
     for s in sends(step):
@@ -208,7 +220,7 @@ def test_unreachable_peers_end_the_vote_round_early():
 
 def test_vote_round_deadline_parses_what_arrived():
     c = core("n0")
-    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+    c.next_vote_ms = 0
     step = check(c.tick(0, L0))
     first = sends(step)[0]
     c.on_response(VoteResponse(200, "g", 1, "", VoteResult.REJECT_ALREADY_VOTED, -1, -1,
@@ -222,22 +234,24 @@ def test_vote_round_deadline_parses_what_arrived():
 
 def test_higher_term_in_vote_answers_moves_candidate_to_that_term():
     c = core("n0")
-    c.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+    c.next_vote_ms = 0
     a, b = sends(check(c.tick(0, L0)))
-    c.on_response(VoteResponse(200, "g", 6, "", VoteResult.REJECT_EXPIRED_VOTE_TERM, -1, -1,
-                               a.message.request_id), 1)
-    c.on_peer_unreachable(b.message.request_id, 1)
-    assert c.last_parse == ParseResult.WAIT_TO_VOTE_NEXT and c.known_max_term == 6
-    assert c.term == 1  # DLedger enters the known max term at the next round (nextTerm)
+    step = check(c.on_response(VoteResponse(200, "g", 6, "", VoteResult.REJECT_EXPIRED_VOTE_TERM,
+                                            -1, -1, a.message.request_id), 1))
+    # entered at once, durably, vote cleared (DLedger waited for the next round's nextTerm)
+    assert c.term == 6 and c.voted_for is None and step.effects[0] == Persist(6, None)
+    c.on_peer_unreachable(b.message.request_id, 1)  # a round of term 1: no longer counts
+    assert c.last_parse == ParseResult.WAIT_TO_REVOTE and c.next_vote_ms > 1
     step = check(c.tick(c.next_vote_ms, L0))
     assert c.term == 6 and step.effects[0] == Persist(6, "n0")
 
 
-def test_single_node_group_leads_at_once():
+def test_single_node_group_leads_after_its_first_vote_interval():
     c = core("n0", ids=["n0"])
-    step = check(c.tick(0, L0))
+    assert check(c.tick(0, L0)).effects == []
+    step = check(c.tick(c.next_vote_ms, L0))
     assert c.role == Role.LEADER
-    assert RoleChanged(Role.LEADER, 0, "n0") in step.effects
+    assert RoleChanged(Role.LEADER, 1, "n0") in step.effects
 
 
 def test_take_leadership_success_and_failure():
