@@ -2,7 +2,7 @@
 EntryHandler and QuorumAckChecker): no sockets, files or clocks — time is passed in, the store
 is any object with the LogStore read methods (a MemoryStore in tests).
 
-* `quorum_index` / `commit_index`: the ack checker's rule. The quorum index is the median of the
+* `quorum_index` / `commit_index` / `quorum_advance`: the ack checker's rule. The quorum index is the median of the
   current term's watermarks sorted descending (element n//2). It may only become the committed
   index if the entry there is of the current term (Raft §5.4.2, "Figure 8"): counting replicas
   never commits an older term's entry by itself; the new leader's NOOP makes it happen.
@@ -15,6 +15,7 @@ is any object with the LogStore read methods (a MemoryStore in tests).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -38,6 +39,31 @@ def commit_index(quorum: int, term_at_quorum: int, current_term: int, committed:
     if quorum > committed and term_at_quorum == current_term:
         return quorum
     return committed
+
+
+def current_term_watermarks(term: int, self_slot: int, ledger_end: int,
+                            peers: Sequence[tuple[int, int]]) -> list[int]:
+    """Every replica's watermark as the ack checker counts it: this node's own ledger end for
+    `self_slot`, and each follower's (match_index, match_term) if it was earned in `term`;
+    watermarks of older terms count as -1 (that is how they are "cleaned")."""
+    return [ledger_end if slot == self_slot else (mi if mt == term else -1)
+            for slot, (mi, mt) in enumerate(peers)]
+
+
+def quorum_advance(term: int, marks: list[int], published_index: int, published_term: int,
+                   term_at: Callable[[int], int]) -> int | None:
+    """The ack checker's decision: the new quorum index to publish for `term`, or None.
+
+    `published_*` is the quorum pair already in the block (an index counted in another term
+    counts as nothing); `term_at` reads the leader's log (it may raise the reader's StaleRead,
+    which the caller treats as "not now"). Only an entry of the current term is ever published
+    (Raft §5.4.2): older ones commit with it."""
+    committed = published_index if published_term == term else -1
+    q = quorum_index(marks)
+    if q <= committed or q < 0:
+        return None
+    new = commit_index(q, term_at(q), term, committed)
+    return None if new == committed else new
 
 
 # --------------------------------------------------------------------------------------------

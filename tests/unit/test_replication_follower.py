@@ -1,28 +1,33 @@
 """The follower's side of replication (DLedger's EntryHandler: seed 000 §6.4, seed 002 §4.4;
 SPEC §5 "Handler as follower"; Raft paper §5.3).
 
-Two layers:
+Three layers, all of node/core (the handler only executes what these decide; its I/O shell is
+tested in test_replication_handler.py):
 * the pure decisions, as tables: `decide_compare` (handleDoCompare) and `follower_commit`;
-* the handler process's push handling (`Handler.on_push` and what it calls), driven for real
-  with a MemoryStore, a fake shared block and a fake clock instead of sockets, so every
-  queueing rule (REPEATED_PUSH, PUSH_REQUEST_IS_FULL, the abnormal-push check) is pinned.
+* `FollowerCore.on_push` as a decision table: one snapshot + one push + the store → effects;
+* `FollowerCore` driven through whole push sequences, its effects executed on a MemoryStore
+  the way the handler executes them, so every queueing rule (REPEATED_PUSH,
+  PUSH_REQUEST_IS_FULL, the abnormal-push check, idempotent TRUNCATE) is pinned.
 """
 
 from __future__ import annotations
-
-import contextlib
-import logging
-from collections import Counter, OrderedDict
-from types import SimpleNamespace
 
 import pytest
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.core.follower import (
+    FollowerCore,
+    Reply,
+    SetCommitted,
+    StoreAppend,
+    StoreTruncate,
+    same_leadership,
+)
 from node.core.replication import CompareAnswer, decide_compare, follower_commit
-from node.roles import handler as H
 from node.shared_state import NO_SLOT, MemberView
+from node.store.base import StoreError
 from node.store.memory_store import MemoryStore
 
 
@@ -112,76 +117,178 @@ def test_follower_commit_table(leader_commit: int, verified: int, committed: int
 
 
 # ------------------------------------------------------------------------------------------
-# The handler process's push handling, for real
+# FollowerCore.on_push as a decision table: (my log, verified end, view, push) → effects
 # ------------------------------------------------------------------------------------------
 PEERS = ["n0", "n1", "n2"]
 TERM = 2
 
 
-class FakeState:
-    """The parts of the shared block the handler reads and writes during pushes."""
-
-    def __init__(self) -> None:
-        self.set_member(Role.FOLLOWER, TERM, 0)
-        self.ledger: dict = {}
-        self.counters: Counter = Counter()
-
-    def set_member(self, role: Role, term: int, leader_slot: int) -> None:
-        self.member = MemberView(role, term, leader_slot, NO_SLOT, NO_SLOT, 0, 0, 0)
-
-    def read_member(self) -> MemberView:
-        return self.member
-
-    def write_ledger(self, **kw) -> None:  # noqa: ANN003
-        self.ledger.update(kw)
-
-    def incr(self, name: str, delta: int = 1) -> None:
-        self.counters[name] += delta
+def view(role: Role = Role.FOLLOWER, term: int = TERM, leader: int = 0) -> MemberView:
+    return MemberView(role, term, leader, NO_SLOT, NO_SLOT, 0, 0, 0)
 
 
+def req(kind: P.PushKind, *, term: int = TERM, leader: str = "n0", commit: int = -1, first: int = -1,
+        blob: bytes = b"", count: int = 0, pre: tuple[int, int] = (-1, -1), rid: int = 1) -> P.PushRequest:
+    return P.PushRequest(group="g", remote_id="n1", leader_id=leader, term=term, kind=kind,
+                         commit_index=commit, first_index=first, count=count, entries=blob,
+                         pre_log_index=pre[0], pre_log_term=pre[1], request_id=rid)
+
+
+def append_req(leader_log: MemoryStore, first: int, last: int, commit: int = -1, rid: int = 1) -> P.PushRequest:
+    blob, n = leader_log.get_raw(first, last - first + 1, 1 << 20)
+    pre = first - 1
+    return req(P.PushKind.APPEND, first=first, blob=bytes(blob), count=n,
+               pre=(pre, leader_log.term_at(pre) if pre >= 0 else -1), commit=commit, rid=rid)
+
+
+def shape(effects: list) -> list[tuple]:
+    """Effects as comparable tuples: (kind, code or index)."""
+    out = []
+    for e in effects:
+        if isinstance(e, Reply):
+            out.append(("reply", e.code))
+        elif isinstance(e, SetCommitted):
+            out.append(("commit", e.index))
+        elif isinstance(e, StoreAppend):
+            out.append(("append", e.req.first_index))
+        elif isinstance(e, StoreTruncate):
+            out.append(("truncate", e.cut))
+    return out
+
+
+LEADER_LOG = [1, 1, 2, 2, 2, 2, 2, 2]
+R = "reply"
+DECISIONS = [
+    # (my terms, verified end, view, push, effects)
+    pytest.param([1, 1], -1, view(term=TERM + 1), req(P.PushKind.COMMIT, commit=1),
+                 [(R, RC.INCONSISTENT_TERM)], id="older-term-push"),
+    pytest.param([1, 1], -1, view(role=Role.CANDIDATE, leader=NO_SLOT), req(P.PushKind.COMMIT),
+                 [(R, RC.NOT_FOLLOWER)], id="not-following"),
+    pytest.param([1, 1], -1, view(leader=2), req(P.PushKind.COMMIT), [(R, RC.INCONSISTENT_LEADER)],
+                 id="another-leader"),
+    pytest.param([1, 1], -1, view(), req(P.PushKind.COMMIT, commit=1), [(R, RC.SUCCESS)],
+                 id="commit-without-verified-entries-commits-nothing"),
+    pytest.param([1, 1], -1, view(), req(P.PushKind.COMMIT, commit=1, pre=(1, 1)), [("commit", 1), (R, RC.SUCCESS)],
+                 id="commit-whose-entry-i-hold-verifies-it"),
+    pytest.param([1, 1, 1], 1, view(), req(P.PushKind.COMMIT, commit=2, pre=(2, 2)), [("commit", 1), (R, RC.SUCCESS)],
+                 id="commit-capped-by-verified-end"),
+    pytest.param([1, 1, 2], -1, view(), req(P.PushKind.COMPARE, pre=(2, 2)), [(R, RC.SUCCESS)], id="compare-match"),
+    pytest.param([1, 1, 1], -1, view(), req(P.PushKind.COMPARE, pre=(2, 2)), [(R, RC.INCONSISTENT_STATE)],
+                 id="compare-mismatch"),
+    pytest.param([1, 1, 1, 1], 1, view(), req(P.PushKind.TRUNCATE, first=2), [("truncate", 2)], id="truncate"),
+    pytest.param([1, 1, 2, 2, 2], 4, view(), req(P.PushKind.TRUNCATE, first=2), [("truncate", 5)],
+                 id="truncate-never-cuts-what-was-verified"),
+    pytest.param([1, 1, 2], -1, view(), append_req(store_of(LEADER_LOG), 3, 4), [("append", 3)],
+                 id="append-at-end-plus-one"),
+    pytest.param([1, 1, 1], -1, view(), append_req(store_of(LEADER_LOG), 3, 4), [(R, RC.INCONSISTENT_STATE)],
+                 id="append-whose-previous-entry-differs"),
+    pytest.param([1, 1], -1, view(), append_req(store_of(LEADER_LOG), 4, 5), [], id="append-beyond-a-gap-waits"),
+    pytest.param([1, 1, 2, 2], -1, view(), append_req(store_of(LEADER_LOG), 2, 3, commit=3),
+                 [("commit", 3), (R, RC.SUCCESS)], id="resend-of-what-i-hold-is-success"),
+    pytest.param([1, 1, 1, 1], -1, view(), append_req(store_of(LEADER_LOG), 2, 5), [(R, RC.INCONSISTENT_STATE)],
+                 id="overlap-that-conflicts"),
+    pytest.param([1, 1], -1, view(), req(P.PushKind.COMMIT, term=TERM + 1), [(R, RC.INCONSISTENT_TERM)],
+                 id="newer-term-push-before-the-elector-saw-it"),
+]
+
+
+@pytest.mark.parametrize(("terms", "verified", "v", "r", "effects"), DECISIONS)
+def test_follower_core_decision_table(terms: list[int], verified: int, v: MemberView, r: P.PushRequest,
+                                      effects: list[tuple]) -> None:
+    core = FollowerCore(PEERS, 4, 1_000)
+    core.sync(v)
+    core.verified_end = verified
+    assert shape(core.on_push(b"L", r, b"", v, 1_000, store_of(terms))) == effects
+
+
+def test_follower_core_takes_the_key_from_the_view_it_is_given() -> None:
+    """One view per request (repro t3): a push is validated against the snapshot passed in,
+    and the verified end belongs to that snapshot's (term, leader). A COMMIT of the new leader
+    seen with the old leader's view is refused; seen with the new view, nothing the old leader
+    verified counts."""
+    core = FollowerCore(PEERS, 4, 1_000)
+    s = store_of([1, 1, 1, 1, 1, 1])
+    s.set_committed_index(2)
+    old, new = view(term=1, leader=1), view(term=2, leader=2)
+    core.sync(old)
+    core.verified_end = 5  # the old leader's entries 3..5 matched it
+    commit = req(P.PushKind.COMMIT, term=2, leader="n2", commit=4, pre=(4, 2))
+    assert shape(core.on_push(b"L2", commit, b"", old, 0, s)) == [(R, RC.INCONSISTENT_TERM)]
+    assert core.verified_end == 5  # still the old leader's: its key did not change
+    assert shape(core.on_push(b"L2", commit, b"", new, 0, s)) == [(R, RC.SUCCESS)]
+    assert (core.key, core.verified_end) == ((2, 2), -1)
+
+
+def test_same_leadership_compares_role_term_and_leader_only() -> None:
+    a = view()
+    assert same_leadership(a, MemberView(Role.FOLLOWER, TERM, 0, 1, 2, 9, 123, 456))
+    assert not same_leadership(a, view(term=TERM + 1))
+    assert not same_leadership(a, view(leader=2))
+    assert not same_leadership(a, view(role=Role.CANDIDATE))
+
+
+# ------------------------------------------------------------------------------------------
+# FollowerCore through push sequences, effects executed like the handler does
+# ------------------------------------------------------------------------------------------
 class Follower:
-    """handler.Handler (node n1) with a MemoryStore; replies are collected instead of sent."""
+    """FollowerCore (node n1) over a MemoryStore; effects are executed the way the handler
+    executes them (without the lock and the re-check, which test_replication_handler covers)."""
 
-    def __init__(self, store: MemoryStore, monkeypatch: pytest.MonkeyPatch, max_pending: int = 4) -> None:
+    def __init__(self, store: MemoryStore, max_pending: int = 4) -> None:
         self.now = 1_000
-        monkeypatch.setattr(H, "monotonic_ms", lambda: self.now)
-        h = H.Handler.__new__(H.Handler)
-        h.cfg = SimpleNamespace(id="n1", group="g", peer_ids=PEERS, max_pending_pushes=max_pending,
-                                max_push_timeout_ms=1_000)
-        h.log = logging.getLogger("test.follower")
-        h.state = FakeState()
-        h.peer_ids = PEERS
-        h.lock = contextlib.nullcontext()
-        h.store = store
-        h.leader_term, h.pending, h.pending_entries = -1, OrderedDict(), 0
-        h.follow_key, h.verified_end, h.queue, h.next_abnormal_check = None, -1, {}, 0
-        self.replies: list[P.PushResponse] = []
-        h._reply = lambda _ident, msg: self.replies.append(msg)
-        self.h = h
+        self.core = FollowerCore(PEERS, max_pending, 1_000)
+        self.view = view()
+        self.store = store
+        self.replies: list[Reply] = []
         self.rid = 0
 
-    @property
-    def store(self) -> MemoryStore:
-        return self.h.store
+    def run(self, effects: list) -> None:
+        s = self.store
+        for e in effects:
+            if isinstance(e, Reply):
+                self.replies.append(e)
+            elif isinstance(e, SetCommitted):
+                s.set_committed_index(e.index)
+            elif isinstance(e, StoreAppend):
+                end = s.append_follower(e.blob, e.recs)
+                s.set_committed_index(self.core.appended(end, e.req.commit_index, s.committed_index))
+                self.replies.append(Reply(e.ident, e.req, RC.SUCCESS, self.view.current_term))
+            elif isinstance(e, StoreTruncate):
+                try:
+                    if e.cut <= s.ledger_end_index:
+                        s.truncate(e.cut)
+                except StoreError:
+                    self.replies.append(Reply(e.ident, e.req, RC.INCONSISTENT_STATE, self.view.current_term))
+                    self.run(self.core.write_failed(self.view))
+                    continue
+                self.core.truncated(e.req)
+                self.replies.append(Reply(e.ident, e.req, RC.SUCCESS, self.view.current_term))
 
-    def push(self, kind: P.PushKind, *, term: int = TERM, leader: str = "n0", commit: int = -1,
-             first: int = -1, blob: bytes = b"", count: int = 0, pre: tuple[int, int] = (-1, -1)) -> int:
+    def drain(self) -> None:
+        while effects := self.core.drain(self.view, self.store):
+            self.run(effects)
+
+    def push(self, kind: P.PushKind, **kw) -> int:  # noqa: ANN003
         self.rid += 1
-        req = P.PushRequest(group="g", remote_id="n1", leader_id=leader, term=term, kind=kind,
-                            commit_index=commit, first_index=first, count=count, entries=blob,
-                            pre_log_index=pre[0], pre_log_term=pre[1], request_id=self.rid)
-        self.h.on_push(b"L", req, b"")
+        r = req(kind, rid=self.rid, **kw)
+        self.run(self.core.on_push(b"L", r, b"", self.view, self.now, self.store))
+        if kind == P.PushKind.APPEND:
+            self.drain()
         return self.rid
 
     def append(self, leader_log: MemoryStore, first: int, last: int, commit: int = -1) -> int:
         blob, n = leader_log.get_raw(first, last - first + 1, 1 << 20)
         pre = first - 1
         pre_term = leader_log.term_at(pre) if pre >= 0 else -1
-        return self.push(P.PushKind.APPEND, first=first, blob=blob, count=n, pre=(pre, pre_term),
+        return self.push(P.PushKind.APPEND, first=first, blob=bytes(blob), count=n, pre=(pre, pre_term),
                          commit=commit)
 
-    def answer(self, rid: int) -> P.PushResponse | None:
-        got = [r for r in self.replies if r.request_id == rid]
+    def abnormal_check(self) -> None:
+        self.run(self.core.check_abnormal(self.view, self.now, self.store))
+        self.drain()
+
+    def answer(self, rid: int) -> Reply | None:
+        got = [r for r in self.replies if r.req.request_id == rid]
         assert len(got) <= 1, f"request {rid} answered {len(got)} times"
         return got[0] if got else None
 
@@ -192,7 +299,7 @@ class Follower:
 
 @pytest.fixture
 def leader_log() -> MemoryStore:
-    return store_of([1, 1, 2, 2, 2, 2, 2, 2])
+    return store_of(LEADER_LOG)
 
 
 @pytest.mark.parametrize(("member", "push_term", "push_leader", "code"), [
@@ -201,10 +308,10 @@ def leader_log() -> MemoryStore:
     pytest.param((Role.CANDIDATE, TERM, NO_SLOT), TERM, "n0", RC.NOT_FOLLOWER, id="not-follower"),
     pytest.param((Role.FOLLOWER, TERM, 2), TERM, "n0", RC.INCONSISTENT_LEADER, id="other-leader"),
 ])
-def test_push_refused_unless_from_my_leader_in_my_term(monkeypatch: pytest.MonkeyPatch, member: tuple,
-                                                      push_term: int, push_leader: str, code: RC) -> None:
-    f = Follower(store_of([1, 1]), monkeypatch)
-    f.h.state.set_member(*member)
+def test_push_refused_unless_from_my_leader_in_my_term(member: tuple, push_term: int, push_leader: str,
+                                                      code: RC) -> None:
+    f = Follower(store_of([1, 1]))
+    f.view = view(*member)
     for kind in P.PushKind:
         rid = f.push(kind, term=push_term, leader=push_leader, first=2, pre=(1, 1))
         r = f.answer(rid)
@@ -213,58 +320,48 @@ def test_push_refused_unless_from_my_leader_in_my_term(monkeypatch: pytest.Monke
     assert f.terms() == [1, 1]
 
 
-def test_append_at_end_plus_one_is_stored_and_commit_follows(monkeypatch, leader_log) -> None:
-    f = Follower(store_of([1, 1, 2]), monkeypatch)
+def test_append_at_end_plus_one_is_stored_and_commit_follows(leader_log) -> None:
+    f = Follower(store_of([1, 1, 2]))
     assert f.answer(f.push(P.PushKind.COMPARE, pre=(2, 2))).code == RC.SUCCESS
     rid = f.append(leader_log, 3, 5, commit=4)
-    r = f.answer(rid)
-    assert (r.code, r.index, r.end_index) == (RC.SUCCESS, 5, 5)  # index = my new ledger end
+    assert f.answer(rid).code == RC.SUCCESS
     assert f.terms() == [1, 1, 2, 2, 2, 2]
     assert f.store.committed_index == 4  # min(leader commit 4, verified end 5)
-    assert f.h.state.ledger["ledger_end_index"] == 5  # published for the elector's vote checks
 
 
-def test_append_whose_previous_entry_differs_is_refused(monkeypatch, leader_log) -> None:
-    # Raft §5.3 consistency check (the dispatcher sends preLogIndex/preLogTerm with APPEND).
-    f = Follower(store_of([1, 1, 1]), monkeypatch)  # index 2 is term 1 here, term 2 there
-    rid = f.append(leader_log, 3, 4)
-    assert f.answer(rid).code == RC.INCONSISTENT_STATE
-    assert f.terms() == [1, 1, 1]
-
-
-def test_push_ahead_of_a_gap_waits_then_both_apply_in_order(monkeypatch, leader_log) -> None:
+def test_push_ahead_of_a_gap_waits_then_both_apply_in_order(leader_log) -> None:
     # seed 000 §6.1.3: appends are applied at ledgerEnd + 1; one further ahead waits.
-    f = Follower(store_of([1, 1]), monkeypatch)
+    f = Follower(store_of([1, 1]))
     later = f.append(leader_log, 4, 5, commit=3)
-    assert f.answer(later) is None and list(f.h.queue) == [4]
+    assert f.answer(later) is None and list(f.core.queue) == [4]
     first = f.append(leader_log, 2, 3, commit=3)
     assert f.answer(first).code == RC.SUCCESS
     assert f.answer(later).code == RC.SUCCESS
-    assert [r.request_id for r in f.replies] == [first, later]
+    assert [r.req.request_id for r in f.replies] == [first, later]
     assert f.terms() == [1, 1, 2, 2, 2, 2]
-    assert not f.h.queue
+    assert not f.core.queue
 
 
-def test_duplicate_queued_push_is_repeated_push(monkeypatch, leader_log) -> None:
+def test_duplicate_queued_push_is_repeated_push(leader_log) -> None:
     # seed 002 §4.4 handlePush: writeRequestMap.putIfAbsent → REPEATED_PUSH for a duplicate.
-    f = Follower(store_of([1, 1]), monkeypatch)
+    f = Follower(store_of([1, 1]))
     a = f.append(leader_log, 4, 5)
     b = f.append(leader_log, 4, 6)
     assert f.answer(a) is None
     assert f.answer(b).code == RC.REPEATED_PUSH
 
 
-def test_full_push_queue_is_push_request_is_full(monkeypatch, leader_log) -> None:
-    f = Follower(store_of([1, 1]), monkeypatch, max_pending=2)
+def test_full_push_queue_is_push_request_is_full(leader_log) -> None:
+    f = Follower(store_of([1, 1]), max_pending=2)
     f.append(leader_log, 4, 4)
     f.append(leader_log, 5, 5)
     rid = f.append(leader_log, 6, 6)
     assert f.answer(rid).code == RC.PUSH_REQUEST_IS_FULL
-    assert len(f.h.queue) == 2
+    assert len(f.core.queue) == 2
 
 
-def test_resend_overlapping_what_i_have_appends_only_the_new_part(monkeypatch, leader_log) -> None:
-    f = Follower(store_of([1, 1, 2, 2]), monkeypatch)
+def test_resend_overlapping_what_i_have_appends_only_the_new_part(leader_log) -> None:
+    f = Follower(store_of([1, 1, 2, 2]))
     f.push(P.PushKind.COMPARE, pre=(3, 2))
     rid = f.append(leader_log, 2, 6)
     assert f.answer(rid).code == RC.SUCCESS
@@ -272,81 +369,66 @@ def test_resend_overlapping_what_i_have_appends_only_the_new_part(monkeypatch, l
     assert f.store.get(2).body == leader_log.get(2).body
 
 
-def test_resend_of_entries_already_stored_is_success_not_repeated_push(monkeypatch, leader_log) -> None:
+def test_resend_of_entries_already_stored_is_success_not_repeated_push(leader_log) -> None:
     # SPEC §8 / DLedger #331: the ack of a push was lost and the leader resends it; the
     # follower must acknowledge it (never loop on REPEATED_PUSH).
-    f = Follower(store_of([1, 1, 2, 2, 2]), monkeypatch)
+    f = Follower(store_of([1, 1, 2, 2, 2]))
     f.push(P.PushKind.COMPARE, pre=(4, 2))
     rid = f.append(leader_log, 2, 4, commit=3)
-    r = f.answer(rid)
-    assert (r.code, r.index) == (RC.SUCCESS, 4)
+    assert f.answer(rid).code == RC.SUCCESS
     assert f.store.committed_index == 3
-    assert f.h.verified_end == 4
+    assert f.core.verified_end == 4
 
 
-def test_overlap_that_conflicts_is_inconsistent(monkeypatch, leader_log) -> None:
-    f = Follower(store_of([1, 1, 1, 1]), monkeypatch)  # term 1 at 2, 3: not the leader's
-    rid = f.append(leader_log, 2, 5)
-    assert f.answer(rid).code == RC.INCONSISTENT_STATE
-    assert f.terms() == [1, 1, 1, 1]
-
-
-def test_compare_answers_and_clears_the_append_queue(monkeypatch, leader_log) -> None:
+def test_compare_answers_and_clears_the_append_queue(leader_log) -> None:
     # seed 002 §4.4: COMPARE/TRUNCATE clear writeRequestMap; we answer the dropped pushes
     # INCONSISTENT_STATE instead of letting them time out.
-    f = Follower(store_of([1, 1, 2, 2, 3]), monkeypatch)
+    f = Follower(store_of([1, 1, 2, 2, 3]))
     queued = f.append(leader_log, 7, 7)
     rid = f.push(P.PushKind.COMPARE, pre=(4, 2))
     assert f.answer(queued).code == RC.INCONSISTENT_STATE
     r = f.answer(rid)
-    assert (r.code, r.x_term, r.x_index, r.end_index) == (RC.INCONSISTENT_STATE, 3, 4, 4)
-    assert not f.h.queue
+    assert (r.code, r.x_term, r.x_index) == (RC.INCONSISTENT_STATE, 3, 4)
+    assert not f.core.queue
     rid = f.push(P.PushKind.COMPARE, pre=(3, 2))
     assert f.answer(rid).code == RC.SUCCESS
-    assert f.h.verified_end == 3
+    assert f.core.verified_end == 3
 
 
-def test_compare_beyond_my_end_returns_my_end(monkeypatch) -> None:
-    f = Follower(store_of([1, 1]), monkeypatch)
-    r = f.answer(f.push(P.PushKind.COMPARE, pre=(6, 2)))
-    assert (r.code, r.x_term, r.end_index) == (RC.INCONSISTENT_STATE, -1, 1)
-
-
-def test_truncate_drops_the_tail_and_verifies_up_to_the_cut(monkeypatch, leader_log) -> None:
+def test_truncate_drops_the_tail_and_verifies_up_to_the_cut(leader_log) -> None:
     # seed 000 §6.4.5 handleDoTruncate.
-    f = Follower(store_of([1, 1, 1, 1, 1]), monkeypatch)
+    f = Follower(store_of([1, 1, 1, 1, 1]))
     f.push(P.PushKind.COMPARE, pre=(1, 1))
-    r = f.answer(f.push(P.PushKind.TRUNCATE, first=2, commit=1))
-    assert (r.code, r.end_index) == (RC.SUCCESS, 1)
+    assert f.answer(f.push(P.PushKind.TRUNCATE, first=2, commit=1)).code == RC.SUCCESS
     assert f.terms() == [1, 1]
-    assert f.h.verified_end == 1
+    assert f.core.verified_end == 1
     assert f.answer(f.append(leader_log, 2, 3)).code == RC.SUCCESS
     assert f.terms() == [1, 1, 2, 2]
 
 
-def test_truncate_beyond_my_end_is_a_no_op_success(monkeypatch) -> None:
-    f = Follower(store_of([1, 1]), monkeypatch)
+def test_truncate_beyond_my_end_is_a_no_op_success() -> None:
+    f = Follower(store_of([1, 1]))
     f.push(P.PushKind.COMPARE, pre=(1, 1))
     assert f.answer(f.push(P.PushKind.TRUNCATE, first=2)).code == RC.SUCCESS
     assert f.terms() == [1, 1]
 
 
-def test_truncate_of_committed_entries_is_refused(monkeypatch) -> None:
+def test_truncate_of_committed_entries_is_refused() -> None:
     # The store never drops committed entries (docs/store.md "Truncate"); the leader hears
     # INCONSISTENT_STATE and compares again.
     s = store_of([1, 1, 1, 1])
     s.set_committed_index(2)
-    f = Follower(s, monkeypatch)
+    f = Follower(s)
     assert f.answer(f.push(P.PushKind.TRUNCATE, first=1)).code == RC.INCONSISTENT_STATE
     assert f.terms() == [1, 1, 1, 1]
 
 
-def test_commit_push_advances_committed_only_over_verified_entries(monkeypatch) -> None:
+def test_commit_push_advances_committed_only_over_verified_entries() -> None:
     # An old-term tail not yet compared with this leader must not become committed just
     # because the leader's commit index is high (Raft §5.3/§5.4: the follower's entries past
     # the agreed point may still be overwritten). Here 2, 3 are term-1 entries the new leader
     # of term 2 does not have.
-    f = Follower(store_of([1, 1, 1, 1]), monkeypatch)
+    f = Follower(store_of([1, 1, 1, 1]))
     assert f.answer(f.push(P.PushKind.COMMIT, commit=3)).code == RC.SUCCESS
     assert f.store.committed_index == -1
     f.push(P.PushKind.COMPARE, pre=(1, 1))
@@ -354,67 +436,68 @@ def test_commit_push_advances_committed_only_over_verified_entries(monkeypatch) 
     assert f.store.committed_index == 1
 
 
-def test_new_leader_resets_verified_end_and_drops_the_queue(monkeypatch, leader_log) -> None:
-    f = Follower(store_of([1, 1, 2, 2]), monkeypatch)
+def test_new_leader_resets_verified_end_and_drops_the_queue(leader_log) -> None:
+    f = Follower(store_of([1, 1, 2, 2]))
     f.push(P.PushKind.COMPARE, pre=(3, 2))
     queued = f.append(leader_log, 6, 6)
-    assert f.h.verified_end == 3
-    f.h.state.set_member(Role.FOLLOWER, TERM + 1, 2)  # the elector follows n2 in a new term
+    assert f.core.verified_end == 3
+    f.view = view(term=TERM + 1, leader=2)  # the elector follows n2 in a new term
     rid = f.push(P.PushKind.COMMIT, term=TERM + 1, leader="n2", commit=3)
     assert f.answer(queued).code == RC.INCONSISTENT_STATE
     assert f.answer(rid).code == RC.SUCCESS
-    assert f.h.verified_end == -1
+    assert f.core.verified_end == -1
     assert f.store.committed_index == -1  # nothing verified against n2 yet
 
 
-def test_abnormal_check_answers_a_gap_that_never_fills(monkeypatch, leader_log) -> None:
+def test_abnormal_check_answers_a_gap_that_never_fills(leader_log) -> None:
     # seed 000 §6.4.7 checkAbnormalFuture: once a second; a push waiting beyond
     # ledgerEnd + 1 for longer than the push timeout → INCONSISTENT_STATE (leader compares).
-    f = Follower(store_of([1, 1]), monkeypatch)
+    f = Follower(store_of([1, 1]))
     rid = f.append(leader_log, 4, 5)
-    f.h._check_abnormal_pushes(f.now)  # arms the once-a-second check; too young to fail
+    f.abnormal_check()  # arms the once-a-second check; too young to fail
     assert f.answer(rid) is None
     f.now += 999
-    f.h._check_abnormal_pushes(f.now)
+    f.abnormal_check()
     assert f.answer(rid) is None  # not checked again within the second
     f.now += 1
-    f.h._check_abnormal_pushes(f.now)
+    f.abnormal_check()
     assert f.answer(rid).code == RC.INCONSISTENT_STATE
-    assert not f.h.queue
+    assert not f.core.queue
 
 
-def test_abnormal_check_acknowledges_a_queued_push_the_log_caught_up_with(monkeypatch, leader_log) -> None:
+def test_a_queued_push_the_log_caught_up_with_is_acknowledged_at_once(leader_log) -> None:
     # seed 000 §6.4.7 "PushFallBehind": a queued push now at or below ledgerEnd is answered
-    # SUCCESS if it matches (the leader's earlier ack was lost).
-    f = Follower(store_of([1, 1]), monkeypatch)
+    # SUCCESS if it matches (the leader's earlier ack was lost). DLedger waits for the
+    # once-a-second check; the core's drain takes every queued push at or below end + 1.
+    f = Follower(store_of([1, 1]))
     f.push(P.PushKind.COMPARE, pre=(1, 1))
     queued = f.append(leader_log, 4, 5)
     big = f.append(leader_log, 2, 6)  # a resend from the watermark covers the queued one
     assert f.answer(big).code == RC.SUCCESS
-    assert f.answer(queued) is None  # still queued (its key was not end + 1 when drained)
-    f.h._check_abnormal_pushes(f.now)
-    r = f.answer(queued)
-    assert (r.code, r.index) == (RC.SUCCESS, 6)
+    assert f.answer(queued).code == RC.SUCCESS
+    assert not f.core.queue
 
 
-# ------------------------------------------------------------------------------------------
-# BUG (doubtful under TCP; real under Raft's network model): TRUNCATE is not idempotent
-# ------------------------------------------------------------------------------------------
-def test_bug_duplicate_truncate_must_not_drop_entries_already_acknowledged(monkeypatch, leader_log) -> None:
-    """BUG: `_on_truncate` truncates unconditionally. A TRUNCATE(m + 1) delivered again
-    (duplicated, or delayed past the APPENDs that followed it — possible across a dispatcher
-    restart, whose new connection is fair-queued with the old one at the follower's ROUTER)
-    drops entries this follower already acknowledged in this term; the leader has counted
-    them in its quorum and may have committed them, so a committed entry can end up on fewer
-    than a majority. Raft §5.3 only ever deletes *conflicting* entries, which makes stale
-    requests harmless.
-    Fix: in `_on_truncate`, cut from max(first_index, verified_end + 1) (entries up to
-    verified_end are known to match this leader), and in COMPARE SUCCESS keep
-    verified_end = max(verified_end, pre_log_index)."""
-    f = Follower(store_of([1, 1, 1]), monkeypatch)  # index 2: an old term-1 entry, must go
+def test_a_failed_write_forgets_what_was_verified(leader_log) -> None:
+    """After a store write failed, what the store holds is not what the core assumed: it
+    forgets its verified end and the queue, so the leader compares again."""
+    f = Follower(store_of([1, 1, 2]))
+    f.push(P.PushKind.COMPARE, pre=(2, 2))
+    queued = f.append(leader_log, 6, 6)
+    f.run(f.core.write_failed(f.view))
+    assert f.core.verified_end == -1
+    assert f.answer(queued).code == RC.INCONSISTENT_STATE
+
+
+def test_duplicate_truncate_must_not_drop_entries_already_acknowledged(leader_log) -> None:
+    """A TRUNCATE(m + 1) delivered again (duplicated, or delayed past the APPENDs that followed
+    it — possible across a dispatcher restart, whose new connection is fair-queued with the old
+    one at the follower's ROUTER) must not drop entries this follower already acknowledged in
+    this term: the leader has counted them and may have committed them. Raft §5.3 only ever
+    deletes *conflicting* entries."""
+    f = Follower(store_of([1, 1, 1]))  # index 2: an old term-1 entry, must go
     f.push(P.PushKind.COMPARE, pre=(1, 1))
     assert f.answer(f.push(P.PushKind.TRUNCATE, first=2)).code == RC.SUCCESS
-    r = f.answer(f.append(leader_log, 2, 5, commit=-1))
-    assert (r.code, r.index) == (RC.SUCCESS, 5)  # the leader now counts 5 for this follower
+    assert f.answer(f.append(leader_log, 2, 5, commit=-1)).code == RC.SUCCESS
     f.push(P.PushKind.TRUNCATE, first=2)  # the same TRUNCATE, again
     assert f.terms() == [1, 1, 2, 2, 2, 2], "acknowledged entries were truncated"
