@@ -6,6 +6,7 @@ against one interface (hashicorp/raft's LogStore idea) and can swap the memory s
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -25,6 +26,35 @@ class StoreError(Exception):
         super().__init__(message)
         if code_name:
             self.code_name = code_name
+
+
+class DiskFull(StoreError):
+    """The file system refused space (ENOSPC, EDQUOT): the write did not happen."""
+
+    code_name = "DISK_FULL"
+
+
+class DiskError(StoreError):
+    """Any other I/O failure of the store's files (EIO, EROFS, ...)."""
+
+    code_name = "DISK_ERROR"
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def store_error_from_os(e: OSError, action: str) -> StoreError:
+    """The store error for an OSError met while doing `action` ("append", "truncate", ...).
+
+    Why: callers (the handler) answer and decide on StoreError alone; a bare OSError escaping
+    a write path crash-looped the handler (ENOSPC on a file roll) while its elector kept
+    leading. The message names the file, which fd-based calls do not do by themselves
+    (node.store.mmap_file attaches it).
+    """
+    where = f"{e.filename}: " if e.filename else ""
+    reason = e.strerror or str(e)
+    cls = DiskFull if e.errno in _FULL_ERRNOS else DiskError
+    return cls(f"{action}: {where}{reason}")
 
 
 class IndexOutOfRange(StoreError):

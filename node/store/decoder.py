@@ -20,6 +20,14 @@ Three promises shape the code:
   preallocated and never shrink (`node.store.mmap_file`), so a mapping can never SIGBUS.
 * **Bounded memory.** Ranges decode in chunks (entry count and body bytes both capped), as
   columns (`decode_columns`) for Spark or rows (`iter_entries`) for dump.
+* **Never a replaced file's bytes.** A truncation deletes files and appends re-create them
+  under the same names; a mapping taken before holds the old inode (old-term entries that look
+  valid). The store generation (`DIR/generation`, node.store.generation) fences it: the
+  decoder notes it at open (waiting, bounded, while it is odd) and checks it again after
+  every chunk of rows it decodes, before handing them out. When it moved, the decoder re-maps
+  the store and decodes the chunk again (at most `MAX_RELOADS` times per pass); if it keeps
+  moving, the chunk's rows carry an ``error`` starting with ``stale:``. Callers that decode
+  through `index_slices`/`decode_record` themselves check `generation_moved()` likewise.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import Any
 
 from node.store import codec
 from node.store.codec import ENTRY_MAGICS, HEADER, HEADER_SIZE, INDEX, INDEX_SIZE, TYPE_NAMES
+from node.store.generation import GenerationView
 from node.store.layout import (
     DATA_DIR,
     INDEX_DIR,
@@ -55,6 +64,11 @@ DEFAULT_CHUNK_BYTES = 16 << 20  # body bytes per chunk: bounds memory for large 
 _ZERO_RECORD = bytes(INDEX_SIZE)
 _NONZERO = re.compile(rb"[^\x00]")
 _PROBE_BLOCK = 4096  # end search granularity: 128 index records per probe
+_CHECK_ROWS = 1024  # rows decoded between two generation checks ...
+_CHECK_BYTES = 4 << 20  # ... or entry bytes, whichever comes first
+MAX_RELOADS = 3  # re-maps per pass when the generation moves, before rows are marked stale
+_ODD_WAIT_S = 0.5  # how long opening waits for a destructive change to finish
+STALE_ERROR = "stale: the store was truncated or recovered while this entry was read"
 
 
 def _list(directory: Path) -> list[Segment]:
@@ -137,6 +151,21 @@ class StoreDecoder:
         if not (self.store_dir / INDEX_DIR).is_dir() and not (self.store_dir / DATA_DIR).is_dir():
             raise FileNotFoundError(f"{self.store_dir}: no {DATA_DIR}/ or {INDEX_DIR}/: not a store directory")
         self._crc = crc
+        self._gen = GenerationView(self.store_dir)
+        self._index: list[_Mapped] = []
+        self._data: list[_Mapped] = []
+        self._load()
+
+    def _load(self) -> None:
+        """Map the store as it is now, at an even generation if one comes within
+        `_ODD_WAIT_S` (a truncation or recovery in progress); `generation` is the value read
+        before mapping, so any change after it is seen by `generation_moved()`."""
+        deadline = time.monotonic() + _ODD_WAIT_S
+        g = self._gen.read()
+        while g % 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+            g = self._gen.read()
+        self.generation = g
         self.checkpoint_error: str | None = None
         try:
             self.committed_index = read_checkpoint(self.store_dir).committed_index
@@ -160,6 +189,17 @@ class StoreDecoder:
     def close(self) -> None:
         for m in self._index + self._data:
             m.close()
+        self._index, self._data = [], []
+
+    def generation_moved(self) -> bool:
+        """True when the writer changed files destructively since this decoder mapped them (or
+        is changing them now): rows decoded since may be a replaced file's bytes."""
+        return self._gen.read() != self.generation
+
+    def reload(self) -> None:
+        """Re-map the store as it is now (new bounds, new files, new generation)."""
+        self.close()
+        self._load()
 
     def __enter__(self) -> StoreDecoder:
         return self
@@ -370,12 +410,43 @@ class StoreDecoder:
 
     def iter_rows(self, from_index: int | None = None, to_index: int | None = None, *,
                   body: bool = True) -> Iterator[tuple]:
-        """Row tuples (`COLUMNS` order) for [from, to] ∩ [begin, end], in index order."""
+        """Row tuples (`COLUMNS` order) for [from, to] ∩ [begin, end], in index order.
+
+        Rows come in chunks checked against the store generation before they are handed out
+        (module docstring): a chunk read while the writer replaced files is decoded again from
+        a fresh mapping, or, if the store keeps changing, marked ``stale:``."""
         lo, hi = self.clamp(from_index, to_index)
+        reloads = 0
+        i = lo
+        while i <= hi:
+            rows, nxt = self._decode_chunk(i, hi, body)
+            while self.generation_moved() and reloads < MAX_RELOADS:
+                reloads += 1
+                self.reload()
+                i, hi = self.clamp(i, to_index)
+                if i > hi:
+                    return
+                rows, nxt = self._decode_chunk(i, hi, body)
+            if self.generation_moved():
+                rows = [_stale(r) for r in rows]
+            yield from rows
+            i = nxt
+
+    def _decode_chunk(self, i: int, hi: int, body: bool) -> tuple[list[tuple], int]:
+        """Rows from `i` up to `hi`, at most `_CHECK_ROWS` rows / about `_CHECK_BYTES` bytes;
+        returns them and the next index to decode."""
         decode = self.decode_record
-        for first, raw in self.index_slices(lo, hi):
+        rows: list[tuple] = []
+        nbytes = 0
+        last = min(hi, i + _CHECK_ROWS - 1)
+        for first, raw in self.index_slices(i, last):
             for k, rec in enumerate(INDEX.iter_unpack(raw)):
-                yield decode(first + k, rec, body)
+                row = decode(first + k, rec, body)
+                rows.append(row)
+                nbytes += row[3] or 0
+                if nbytes >= _CHECK_BYTES:
+                    return rows, first + k + 1
+        return rows, last + 1
 
     def iter_entries(self, from_index: int | None = None, to_index: int | None = None, *,
                      body: bool = True) -> Iterator[DecodedEntry]:
@@ -398,6 +469,12 @@ class StoreDecoder:
                 rows, nbytes = [], 0
         if rows:
             yield rows_to_columns(rows)
+
+
+def _stale(row: tuple) -> tuple:
+    """The row with `STALE_ERROR` added to its error column (COLUMNS[7])."""
+    err = row[7]
+    return row[:7] + (STALE_ERROR if err is None else f"{err}; {STALE_ERROR}",) + row[8:]
 
 
 def rows_to_columns(rows: list[tuple]) -> dict[str, list]:

@@ -25,6 +25,9 @@ class MemoryStore:
         self.ledger_end_index = -1
         self.ledger_end_term = -1
         self.committed_index = -1
+        # Same contract as SegmentStore.generation: even, and moved (by 2) whenever a
+        # truncation drops entries, so code that publishes/checks it runs unchanged here.
+        self.generation = 0
 
     def open(self) -> None:
         pass
@@ -122,6 +125,7 @@ class MemoryStore:
             return
         if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0):
             raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
+        self.generation += 2
         keep = index - self.ledger_begin_index
         dropped = self._entries[keep:]
         del self._entries[keep:]

@@ -17,6 +17,10 @@ Writes go through the file descriptor (`write`/`writev`: pwrite/pwritev), reads 
 mapping. Both see the one page cache, so readers in any process see what was written. Writing
 through the mapping instead would take a write fault per fresh 4 KiB page (on ext4 the costly
 page_mkwrite path): measured 90 us vs 22 us to store 66 KB, and pwrite releases the GIL.
+
+Every OSError leaving this module names the file it concerns (fd-based calls such as pwrite,
+fdatasync and posix_fallocate raise errors without one); the store turns them into
+DISK_FULL / DISK_ERROR store errors (node.store.base.store_error_from_os).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 import mmap
 import os
 from pathlib import Path
+from typing import Protocol
 
 from node.store.layout import list_segments, segment_name
 
@@ -39,29 +44,66 @@ class StoreIOError(OSError):
     """A file-level failure (cannot create, map or sync a segment)."""
 
 
+class Fence(Protocol):
+    """What a file list needs of the store generation (node.store.generation)."""
+
+    def begin_change(self) -> None: ...
+    def end_change(self) -> None: ...
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """The same error, naming the file it concerns: a "No space left on device" that does not
+    say where is no help to an operator."""
+    if e.filename is not None:
+        return e
+    return OSError(e.errno, e.strerror or str(e), str(path))
+
+
 def _preallocate(path: Path, size: int) -> None:
     """Create `path` at exactly `size` bytes, atomically (temp file + rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as e:
+        raise _named(e, path) from e
     try:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise
+                raise _named(e, path) from e
             os.ftruncate(fd, size)  # filesystem without fallocate: sparse, still fixed-size
-    except BaseException:
         os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise _named(e, path) from e
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    os.close(fd)
-    os.replace(tmp, path)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a create, rename or unlink in directory `path` durable (flush_mode=sync)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise _named(e, Path(path)) from e
 
 
 class MappedFile:
     """One segment: a file of fixed size mapped in full."""
 
-    __slots__ = ("path", "start", "size", "fd", "mm", "view", "wrote", "flushed", "readonly")
+    __slots__ = ("path", "start", "size", "fd", "mm", "view", "wrote", "flushed", "readonly", "dirty")
 
     def __init__(self, path: Path, start: int, size: int, readonly: bool = False) -> None:
         self.path, self.start, self.size, self.readonly = path, start, size, readonly
@@ -79,6 +121,9 @@ class MappedFile:
         self.view = memoryview(self.mm)
         self.wrote = 0
         self.flushed = 0
+        # `flushed < wrote` says bytes below the write position are not durable yet; `dirty`
+        # covers what it cannot: a truncation zeroed bytes at or *past* the write position.
+        self.dirty = False
 
     @property
     def end(self) -> int:
@@ -89,8 +134,11 @@ class MappedFile:
         if rel < 0 or rel + len(data) > self.size:
             raise StoreIOError(f"write of {len(data)} at {rel} outside {self.path.name}")
         done = 0
-        while done < len(data):  # pwrite may be short in theory; loop until all is written
-            done += os.pwrite(self.fd, memoryview(data)[done:], rel + done)
+        try:
+            while done < len(data):  # pwrite may be short in theory; loop until all is written
+                done += os.pwrite(self.fd, memoryview(data)[done:], rel + done)
+        except OSError as e:
+            raise _named(e, self.path) from e
 
     def writev(self, rel: int, parts: list) -> int:
         """Write consecutive `parts` at `rel` with as few syscalls as possible; returns bytes."""
@@ -99,7 +147,10 @@ class MappedFile:
             raise StoreIOError(f"write of {total} at {rel} outside {self.path.name}")
         for i in range(0, len(parts), _IOV_MAX):
             chunk = parts[i:i + _IOV_MAX]
-            n = os.pwritev(self.fd, chunk, rel)
+            try:
+                n = os.pwritev(self.fd, chunk, rel)
+            except OSError as e:
+                raise _named(e, self.path) from e
             want = sum(map(len, chunk))
             if n != want:  # short write: finish it the slow way
                 self.write(rel + n, b"".join(bytes(p) for p in chunk)[n:])
@@ -107,11 +158,13 @@ class MappedFile:
         return total
 
     def zero(self, begin: int, end: int) -> None:
-        """Zero [begin, end) of this file, skipping chunks that are zero already (cheap scan)."""
+        """Zero [begin, end) of this file, skipping chunks that are zero already (cheap scan).
+        Marks the file dirty, so the next `sync` makes the zeroes durable too."""
         pos = begin
         while pos < end:
             n = min(len(_ZERO_CHUNK), end - pos)
             if self.mm[pos:pos + n] != _ZERO_CHUNK[:n]:
+                self.dirty = True
                 self.write(pos, _ZERO_CHUNK[:n])
             pos += n
 
@@ -119,9 +172,14 @@ class MappedFile:
         """Make written pages durable. fdatasync on the fd covers pages dirtied via the mapping
         (Linux has one page cache) and, unlike mmap.flush, releases the GIL while it waits."""
         wrote = self.wrote  # read first: bytes written during the sync are not claimed
-        if self.flushed < wrote:
-            os.fdatasync(self.fd)
-            self.flushed = wrote
+        if self.flushed < wrote or self.dirty:
+            self.dirty = False  # cleared first: a zeroing during the sync marks it again
+            try:
+                os.fdatasync(self.fd)
+            except OSError as e:
+                self.dirty = True
+                raise _named(e, self.path) from e
+            self.flushed = max(self.flushed, wrote)
 
     def close(self) -> None:
         try:
@@ -134,48 +192,75 @@ class MappedFile:
             os.close(self.fd)
 
 
+def _same_inode(path: Path, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
 class MappedFileList:
     """A directory of equal-size segments addressed by one global offset.
 
     `wrote_position` is the global offset just past the last byte written. Every file before
     the last is full (its tail after the last entry holds a BLANK record in the data list).
+
+    Writer side: `fence` (the store generation) is moved around every deletion of a file whose
+    name may come back; `durable` (flush_mode=sync) fsyncs the directory after a file is
+    created or deleted, so the list of files survives a power loss like the data in them.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], file_size: int, readonly: bool = False) -> None:
+    def __init__(self, directory: str | os.PathLike[str], file_size: int, readonly: bool = False,
+                 fence: Fence | None = None, durable: bool = False) -> None:
         if file_size <= 0:
             raise ValueError("file_size must be positive")
         self.dir = Path(directory)
         self.file_size = file_size
         self.readonly = readonly
         self.files: list[MappedFile] = []
+        self.fence = fence
+        self.durable = durable
         if not readonly:
             self.dir.mkdir(parents=True, exist_ok=True)
 
     # ---- loading -------------------------------------------------------------------------
     def load(self) -> None:
-        """Map every segment present. The caller (recovery) then sets the write position."""
+        """Map every segment present. The caller (recovery) then sets the write position.
+        Nothing loaded counts as durable yet (a killed process may have left dirty pages):
+        the first sync covers every file once."""
         self.close()
         for seg in list_segments(self.dir):
             if seg.size != self.file_size:
                 raise StoreIOError(
                     f"{seg.path}: size {seg.size} but the store is configured for {self.file_size}; "
                     "start with the file size the store was created with")
-            self.files.append(MappedFile(seg.path, seg.start, seg.size, self.readonly))
+            f = MappedFile(seg.path, seg.start, seg.size, self.readonly)
+            f.dirty = not self.readonly
+            self.files.append(f)
 
     def refresh(self) -> None:
-        """Reader side: pick up files created or deleted by the writer since the last look."""
+        """Reader side: pick up files created or deleted by the writer since the last look.
+
+        A file deleted and re-created under the same name (a truncation, then appends) is a
+        different inode: the old mapping is closed and the new file mapped in the same call.
+        (The inode number cannot be reused meanwhile: our open fd keeps the old inode alive.)
+        """
         present = {s.start: s for s in list_segments(self.dir)}
         keep = []
         for f in self.files:
-            seg = present.pop(f.start, None)
-            if seg is not None and os.stat(seg.path).st_ino == os.fstat(f.fd).st_ino:
+            seg = present.get(f.start)
+            if seg is not None and _same_inode(seg.path, f.fd):
                 keep.append(f)
+                del present[f.start]
             else:
-                f.close()  # deleted, or deleted and re-created by a truncate
+                f.close()  # deleted, or deleted and re-created: the new file is mapped below
         for start in sorted(present):
             seg = present[start]
             if seg.size == self.file_size:
-                keep.append(MappedFile(seg.path, seg.start, seg.size, readonly=True))
+                try:
+                    keep.append(MappedFile(seg.path, seg.start, seg.size, readonly=True))
+                except FileNotFoundError:
+                    continue  # deleted since it was listed
         self.files = sorted(keep, key=lambda f: f.start)
 
     # ---- geometry ------------------------------------------------------------------------
@@ -210,15 +295,36 @@ class MappedFileList:
         return f.view[rel:rel + size]
 
     # ---- writing -------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if self.fence is not None:
+            self.fence.begin_change()
+
+    def _end(self) -> None:
+        if self.fence is not None:
+            self.fence.end_change()
+
     def _new_file(self, start: int) -> MappedFile:
         path = self.dir / segment_name(start)
         if path.exists():
             # Only possible if a previous roll was interrupted after the rename: the file is
-            # ours and beyond the log end, so its content is stale by definition.
-            path.unlink()
+            # ours and beyond the log end, so its content is stale by definition. A reader
+            # may have mapped it, so the deletion is fenced.
+            self._begin()
+            try:
+                path.unlink()
+            except OSError as e:
+                raise _named(e, path) from e
+            finally:
+                self._end()
         _preallocate(path, self.file_size)
-        f = MappedFile(path, start, self.file_size)
+        try:
+            f = MappedFile(path, start, self.file_size)
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            raise _named(e, path) from e
         self.files.append(f)
+        if self.durable:
+            fsync_dir(self.dir)
         return f
 
     def last_file_for_append(self, start_if_empty: int = 0) -> MappedFile:
@@ -238,43 +344,75 @@ class MappedFileList:
         Files wholly before `offset` are marked full; the file containing it gets its write
         position there and its stale tail zeroed (up to `dirty_end` when the caller knows how
         far it had written — truncation does — else to the file end, as recovery must); later
-        files are deleted (never shrunk).
+        files are deleted (never shrunk), fenced. The zeroed range stays dirty until the next
+        `sync`, which makes it durable with the rest.
         """
         keep: list[MappedFile] = []
+        doomed: list[MappedFile] = []
         for f in self.files:
             if f.end <= offset:
-                f.wrote = f.flushed = f.size
+                f.wrote = f.size
                 keep.append(f)
             elif f.start <= offset:
                 rel = offset - f.start
                 stop = f.size if dirty_end is None else min(f.size, max(rel, dirty_end - f.start))
                 f.zero(rel, stop)
-                f.wrote = f.flushed = rel
+                f.wrote = rel
+                f.flushed = min(f.flushed, rel)
                 keep.append(f)
             else:
-                f.close()
-                f.path.unlink(missing_ok=True)
+                doomed.append(f)
         self.files = keep
+        self._delete(doomed, fenced=True)
+
+    def _delete(self, doomed: list[MappedFile], fenced: bool) -> None:
+        """Unmap and delete files, then (durable) fsync the directory so a power loss cannot
+        bring them back. Fenced deletions (names that may come back: truncation, rollback)
+        raise the first failure after trying every file; retention's (not fenced) only log
+        it: a front file left behind is harmless (recovery reads it as the log's start) and
+        retention tries again."""
+        if not doomed:
+            return
+        if fenced:
+            self._begin()
+        first_error: OSError | None = None
+        try:
+            for f in doomed:
+                f.close()
+            for f in doomed:
+                try:
+                    f.path.unlink(missing_ok=True)
+                except OSError as e:
+                    first_error = first_error or _named(e, f.path)
+            if self.durable:
+                try:
+                    fsync_dir(self.dir)
+                except OSError as e:
+                    first_error = first_error or e
+        finally:
+            if fenced:
+                self._end()
+        if first_error is not None:
+            if fenced:
+                raise first_error
+            log.error("could not delete %s: %s", first_error.filename, first_error.strerror)
 
     def delete_all(self) -> None:
-        for f in self.files:
-            f.close()
-            f.path.unlink(missing_ok=True)
-        self.files = []
+        doomed, self.files = self.files, []
+        self._delete(doomed, fenced=True)
 
     def delete_files_before(self, offset: int) -> int:
-        """Delete whole files that end at or before `offset` (retention). Never the last file."""
-        n = 0
+        """Delete whole files that end at or before `offset` (retention). Never the last file.
+        Not fenced: a front file's name never comes back (offsets only grow)."""
+        doomed: list[MappedFile] = []
         while len(self.files) > 1 and self.files[0].end <= offset:
-            f = self.files.pop(0)
-            f.close()
-            f.path.unlink(missing_ok=True)
-            n += 1
-        return n
+            doomed.append(self.files.pop(0))
+        self._delete(doomed, fenced=False)
+        return len(doomed)
 
     def sync(self) -> None:
         for f in self.files:
-            if f.flushed < f.wrote:
+            if f.flushed < f.wrote or f.dirty:
                 f.sync()
 
     def close(self) -> None:

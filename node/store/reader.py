@@ -6,6 +6,15 @@ data, then the index record, then publishes, so everything at or below a publish
 complete. Files the writer created or deleted since the last look are picked up by `refresh`.
 A reader never trusts bytes blindly: every record is checked against the index it was asked
 for, and a mismatch (a truncation racing the read) is reported as `StaleRead`, never served.
+
+Record checks cannot catch a file that a truncation deleted and an append re-created under the
+same name: the old inode still mapped here holds entries with the right index and a valid
+record, of an old term. The store generation (node.store.generation) fences that:
+
+    reader.begin(led.store_generation)   # StaleRead unless the files are that generation
+    blob, n, recs = reader.get_run(...)  # (refreshes mappings first when it moved)
+    reader.validate(led.store_generation)  # StaleRead if a change started meanwhile
+    send(blob, recs)                     # only now use what was read
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from pathlib import Path
 
 from node.store import codec
 from node.store.codec import INDEX, INDEX_SIZE
-from node.store.layout import DATA_DIR, INDEX_DIR, list_segments
+from node.store.generation import GenerationView
+from node.store.layout import DATA_DIR, INDEX_DIR, LayoutError, list_segments
 from node.store.mmap_file import MappedFileList
 
 
@@ -30,7 +40,39 @@ class StoreReader:
         self._data: MappedFileList | None = None
         self._index: MappedFileList | None = None
         self._seen_begin = -1
-        self.refresh()
+        self._gen = GenerationView(self.dir)
+        self._seen_gen: int | None = None  # the generation the mappings were last refreshed at
+        try:
+            self.refresh()
+        except StaleRead:
+            pass  # the writer is changing files right now: the first read refreshes again
+
+    # ------------------------------------------------------------------ generation fence
+    @property
+    def generation(self) -> int:
+        """The store's generation counter as it is now (odd while the writer changes files)."""
+        return self._gen.read()
+
+    def begin(self, generation: int) -> None:
+        """Start a read for the ledger state published with `generation` (the handler publishes
+        it with the ledger end). Raises StaleRead when the files are not that generation (the
+        writer is changing them, or changed them after publishing): try again on the next
+        snapshot. When the generation moved since this reader last refreshed, its mappings are
+        refreshed first (closing replaced inodes and mapping their replacements)."""
+        g = self._gen.read()
+        if g != generation or g % 2:
+            raise StaleRead(f"{self.dir}: store generation is {g}, the snapshot is of {generation}")
+        if g != self._seen_gen:
+            self.refresh()
+            self._seen_gen = g  # the value read *before* the refresh: a later move refreshes again
+
+    def validate(self, generation: int) -> None:
+        """After reading, before using what was read: raise StaleRead when the generation is no
+        longer `generation` (a destructive change started meanwhile: what was read may be a
+        replaced file's bytes)."""
+        g = self._gen.read()
+        if g != generation:
+            raise StaleRead(f"{self.dir}: store generation moved from {generation} to {g} during the read")
 
     def _lists(self) -> tuple[MappedFileList, MappedFileList]:
         if self._data is None or self._index is None:
@@ -46,15 +88,21 @@ class StoreReader:
             self.refresh()
 
     def refresh(self) -> None:
-        for name, attr in ((DATA_DIR, "_data"), (INDEX_DIR, "_index")):
-            lst = getattr(self, attr)
-            if lst is None:
-                segs = list_segments(self.dir / name)
-                if not segs:
-                    continue
-                lst = MappedFileList(self.dir / name, segs[0].size, readonly=True)
-                setattr(self, attr, lst)
-            lst.refresh()
+        """Map files created since the last look, unmap deleted ones, re-map replaced ones.
+        A listing that races the writer (a file half-way through being deleted) is StaleRead."""
+        try:
+            for name, attr in ((DATA_DIR, "_data"), (INDEX_DIR, "_index")):
+                lst = getattr(self, attr)
+                if lst is None:
+                    segs = list_segments(self.dir / name)
+                    if not segs:
+                        continue
+                    lst = MappedFileList(self.dir / name, segs[0].size, readonly=True)
+                    setattr(self, attr, lst)
+                lst.refresh()
+        except (LayoutError, FileNotFoundError) as e:
+            self._seen_gen = None  # whatever is mapped now, look again next time
+            raise StaleRead(f"{self.dir}: files changed while listing them: {e}") from e
 
     def _record(self, index: int) -> tuple[int, int, int, int, int]:
         _data, idx = self._lists()
@@ -142,3 +190,4 @@ class StoreReader:
             if lst is not None:
                 lst.close()
         self._data = self._index = None
+        self._gen.close()

@@ -12,6 +12,13 @@ file, checking magic, size, index continuity, term monotonicity, pos, and — in
 tail is zeroed and later files deleted, and the index list is rewritten wherever it disagrees.
 If that cut would remove an entry at or below the checkpoint's committed index the store refuses
 to open (StoreCorruptError) instead of losing a committed entry.
+
+Destructive changes (truncate, recovery, a deleted file whose name may come back) are fenced by
+the store generation (`DIR/generation`, node.store.generation): readers in other processes
+check it around what they read. I/O failures on every write path become store errors
+(DISK_FULL for ENOSPC/EDQUOT, DISK_ERROR otherwise) naming the file, after rolling back a
+half-done append; a failed fdatasync (or a failed rollback) leaves the store refusing writes
+until it is reopened, because after it the page cache no longer tells what is on disk.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from node.store.base import (
     StoreConfig,
     StoreCorruptError,
     StoreError,
+    store_error_from_os,
 )
 from node.store.codec import (
     BLANK_SIZE,
@@ -43,6 +51,7 @@ from node.store.codec import (
     MAGIC_NORMAL,
     Entry,
 )
+from node.store.generation import GenerationCounter
 from node.store.layout import (
     DATA_DIR,
     INDEX_DIR,
@@ -50,7 +59,7 @@ from node.store.layout import (
     read_checkpoint,
     write_checkpoint,
 )
-from node.store.mmap_file import MappedFileList
+from node.store.mmap_file import MappedFileList, StoreIOError
 
 log = logging.getLogger("dledger.store")
 
@@ -80,8 +89,18 @@ class SegmentStore:
             raise ValueError("; ".join(errs))
         self.config = config
         self.dir = Path(config.store_dir)
-        self.data = MappedFileList(self.dir / DATA_DIR, config.data_file_size)
-        self.index = MappedFileList(self.dir / INDEX_DIR, config.index_file_size)
+        self._sync = config.flush_mode == "sync"
+        self._gen: GenerationCounter | None = None
+        self.data = MappedFileList(self.dir / DATA_DIR, config.data_file_size, fence=self,
+                                   durable=self._sync)
+        self.index = MappedFileList(self.dir / INDEX_DIR, config.index_file_size, fence=self,
+                                    durable=self._sync)
+        # The last error of the flush service thread (None once a flush succeeds again): the
+        # thread has no caller to raise to, so this keeps the failure visible (stats, handler).
+        self.last_flush_error: StoreError | None = None
+        # Set when the files may no longer match what we believe (failed fdatasync or failed
+        # rollback): every later write raises it until the store is reopened (recovery).
+        self._broken: StoreError | None = None
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
         self.ledger_end_term = -1
@@ -94,27 +113,82 @@ class SegmentStore:
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.data.load()
-        self.index.load()
-        self._recover()
+        """Recover the log from the files. Always moves the generation (recovery may cut the
+        tail and delete files a reader of a previous incarnation still maps). I/O failures
+        raise DiskFull/DiskError naming the file; damage raises StoreCorruptError/LayoutError."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._gen = GenerationCounter(self.dir, durable=self._sync)
+            with self._gen:
+                self.data.load()
+                self.index.load()
+                self._recover()
+            if self._sync:
+                self.flush()  # whatever recovery found (or zeroed) is durable before we serve it
+        except StoreIOError:
+            self._close_files()
+            raise  # a layout problem (a file of the wrong size), not a failing disk
+        except OSError as e:
+            self._close_files()
+            raise store_error_from_os(e, f"open of {self.dir}") from e
+        except BaseException:
+            self._close_files()
+            raise
+        self._broken = None
+        self._stop.clear()
         self._opened = True
-        if self.config.flush_mode == "async":
-            self._flusher = threading.Thread(target=self._flush_service, name="dledger-flush", daemon=True)
-            self._flusher.start()
+        # async: flush every flush_interval_ms, checkpoint every checkpoint_interval_ms.
+        # sync: appends flush themselves; the thread keeps the checkpoint current.
+        self._flusher = threading.Thread(target=self._flush_service, name="dledger-flush", daemon=True)
+        self._flusher.start()
+
+    def _close_files(self) -> None:
+        self.data.close()
+        self.index.close()
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
 
     def close(self) -> None:
+        """Flush, checkpoint and unmap. A flush/checkpoint failure is raised (as a store
+        error) after the files are closed anyway."""
         if not self._opened:
             return
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join(timeout=5)
             self._flusher = None
-        self.flush()
-        self.checkpoint()
-        self.data.close()
-        self.index.close()
-        self._opened = False
+        try:
+            if self._broken is None:
+                self.checkpoint()
+        finally:
+            self._close_files()
+            self._opened = False
+
+    # ------------------------------------------------------------------ generation fence
+    @property
+    def generation(self) -> int:
+        """The store generation (even between operations): publish it with the ledger end so
+        readers can tell whether the files they map are the ones that end describes."""
+        return self._gen.value if self._gen is not None else 0
+
+    def begin_change(self) -> None:
+        """Fence for a destructive change (the file lists call it around deletions)."""
+        if self._gen is not None:
+            self._gen.begin_change()
+
+    def end_change(self) -> None:
+        if self._gen is not None:
+            self._gen.end_change()
+
+    def _check_writable(self) -> None:
+        if self._broken is not None:
+            raise type(self._broken)(f"store refuses writes until it is reopened: {self._broken}")
+
+    def _io_failed(self, e: OSError, action: str) -> StoreError:
+        err = store_error_from_os(e, action)
+        log.error("%s: %s", self.dir, err)
+        return err
 
     def __enter__(self) -> SegmentStore:
         self.open()
@@ -256,26 +330,31 @@ class SegmentStore:
 
     def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
         """Append one entry with index = ledgerEnd + 1 in `term` (the caller checked leadership)."""
+        self._check_writable()
         if term < self.ledger_end_term:
             raise InconsistentAppend(f"term {term} below ledger end term {self.ledger_end_term}")
         n = len(body)
         size = HEADER_SIZE + n
         self._check_size(size)
-        f = self._room_for(size)
         idx = self.ledger_end_index + 1
-        off = f.wrote
-        pos = f.start + off
-        f.writev(off, [HEADER.pack(magic, size, idx, term, pos, 0, 0, _crc32(body), n), body])
-        f.wrote = off + size
+        start_pos = self.data.wrote_position
         try:
+            f = self._room_for(size)
+            off = f.wrote
+            pos = f.start + off
+            f.writev(off, [HEADER.pack(magic, size, idx, term, pos, 0, 0, _crc32(body), n), body])
+            f.wrote = off + size
             xf = self._index_file(idx)
+            xf.write(xf.wrote, INDEX.pack(magic, pos, size, idx, term))
+            xf.wrote += INDEX_SIZE
+        except OSError as e:
+            self._rollback(start_pos, idx)
+            raise self._io_failed(e, f"append of entry {idx}") from e
         except BaseException:
-            self._rollback(pos, idx)
+            self._rollback(start_pos, idx)
             raise
-        xf.write(xf.wrote, INDEX.pack(magic, pos, size, idx, term))
-        xf.wrote += INDEX_SIZE
         self._advance(idx, idx, term)
-        if self.config.flush_mode == "sync":
+        if self._sync:
             self.flush()
         return AppendResult(idx, term, pos)
 
@@ -286,10 +365,15 @@ class SegmentStore:
 
     def _rollback(self, data_pos: int, first_index: int) -> None:
         """Undo a half-done append (e.g. ENOSPC creating a file) so the files never hold
-        entries beyond the ledger end that recovery would later resurrect."""
-        with self._lock:
-            self.data.set_wrote_position(data_pos, dirty_end=self.data.wrote_position)
-            self.index.set_wrote_position(first_index * INDEX_SIZE, dirty_end=self.index.wrote_position)
+        entries beyond the ledger end that recovery would later resurrect. If the rollback
+        itself fails the files hold bytes past the ledger end: refuse writes until reopened
+        (recovery cuts them)."""
+        try:
+            with self._lock:
+                self.data.set_wrote_position(data_pos, dirty_end=self.data.wrote_position)
+                self.index.set_wrote_position(first_index * INDEX_SIZE, dirty_end=self.index.wrote_position)
+        except OSError as e:
+            self._broken = self._io_failed(e, f"rollback of a failed append from entry {first_index}")
 
     def append_batch_raw(self, bodies: list[bytes], term: int) -> tuple[int, list[int]]:
         """Append many bodies as consecutive entries; returns (first index, positions).
@@ -299,6 +383,7 @@ class SegmentStore:
         """
         if not bodies:
             raise StoreError("empty batch", "REQUEST_WITH_EMPTY_BODYS")
+        self._check_writable()
         if term < self.ledger_end_term:
             raise InconsistentAppend(f"term {term} below ledger end term {self.ledger_end_term}")
         self._check_size(HEADER_SIZE + max(map(len, bodies)))
@@ -307,11 +392,14 @@ class SegmentStore:
         start_pos = self.data.wrote_position
         try:
             self._write_batch(bodies, term, idx, positions)
+        except OSError as e:
+            self._rollback(start_pos, first)
+            raise self._io_failed(e, f"append of entries {first}..{first + len(bodies) - 1}") from e
         except BaseException:
-            self._rollback(positions[0] if positions else start_pos, first)
+            self._rollback(start_pos, first)
             raise
         self._advance(first, first + len(bodies) - 1, term)
-        if self.config.flush_mode == "sync":
+        if self._sync:
             self.flush()
         return first, positions
 
@@ -360,14 +448,16 @@ class SegmentStore:
 
     def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
         """Store entries pushed by the leader, as received: `blob` is consecutive encoded entries
-        starting at exactly ledgerEnd + 1. Validates before writing anything. Returns the new end.
+        starting at exactly ledgerEnd + 1. Validates every entry before writing anything.
+        Returns the new end.
 
         With the leader's `index_records` for the run and our write position equal to the
         leader's (the normal case: same bytes, same file size, same padding rule give the same
         positions), the run is stored with one copy for the data and one for the index, after
-        O(1) checks: the first and last records against ledgerEnd + 1, the count, the blob
-        length and the first and last headers. Otherwise every entry is checked, its pos field
+        checking every header against its index record and every body CRC (one tight loop, no
+        per-entry objects: `_check_run`). Otherwise every entry is checked, its pos field
         re-stamped to the local position and its index record written (no re-encoding)."""
+        self._check_writable()
         if index_records and self._append_follower_fast(memoryview(blob), memoryview(index_records)):
             return self.ledger_end_index
         mv = memoryview(blob)
@@ -400,47 +490,82 @@ class SegmentStore:
         start_pos, first = self.data.wrote_position, spans[0][2]
         try:
             self._write_spans(mv, spans, ipack)
+        except OSError as e:
+            self._rollback(start_pos, first)
+            raise self._io_failed(e, f"follower append of entries {first}..{spans[-1][2]}") from e
         except BaseException:
             self._rollback(start_pos, first)
             raise
         last = spans[-1]
         self._advance(first, last[2], last[3])
-        if self.config.flush_mode == "sync":
+        if self._sync:
             self.flush()
         return self.ledger_end_index
 
+    def _check_run(self, mv: memoryview, recs: memoryview, n: int) -> None:
+        """Every entry of a pushed run against its index record, before anything is stored:
+        magic, pos (contiguous from the first), size, index (consecutive), term (never
+        decreasing), body size, and the body CRC (when `verify_push_crc`). Raises StoreError
+        (UNEXPECTED_ARGUMENT) naming the first entry that fails.
+
+        Why every entry: checking only the ends let a run with a damaged body in the middle
+        be stored and later committed, and the replica then refused to start. Kept cheap: one
+        loop of two struct unpacks and one zlib CRC over a zero-copy slice per entry."""
+        unpack_rec, unpack_hdr, crc = INDEX.unpack_from, HEADER.unpack_from, _crc32
+        verify = self.config.verify_push_crc
+        magics = ENTRY_MAGICS
+        blen = len(mv)
+        _m, pos0, _s, idx0, prev_term = unpack_rec(recs, 0)
+        off = 0
+        for i in range(n):
+            magic, pos, size, index, term = unpack_rec(recs, i * INDEX_SIZE)
+            if (index != idx0 + i or pos != pos0 + off or term < prev_term or magic not in magics
+                    or size < HEADER_SIZE or off + size > blen):
+                raise StoreError(f"push index record {i} ({idx0 + i}) is not consecutive or does not "
+                                 f"fit the run: magic {magic} pos {pos} size {size} index {index} term {term}",
+                                 "UNEXPECTED_ARGUMENT")
+            h_magic, h_size, h_index, h_term, h_pos, _c, _cc, h_crc, h_body = unpack_hdr(mv, off)
+            if (h_magic != magic or h_size != size or h_index != index or h_term != term or h_pos != pos
+                    or h_body != size - HEADER_SIZE):
+                raise StoreError(f"push entry {index}: header disagrees with its index record",
+                                 "UNEXPECTED_ARGUMENT")
+            if verify and crc(mv[off + HEADER_SIZE:off + size]) != h_crc:
+                raise StoreError(f"push entry {index}: body CRC mismatch", "UNEXPECTED_ARGUMENT")
+            off += size
+            prev_term = term
+        if off != blen:
+            raise StoreError(f"push of {blen} bytes holds {off} bytes of entries", "UNEXPECTED_ARGUMENT")
+
     def _append_follower_fast(self, mv: memoryview, recs: memoryview) -> bool:
+        """Store a run with the leader's index records; False when the run must take the
+        per-entry path instead (it does not continue our log, or our positions differ)."""
         n = len(recs) // INDEX_SIZE
         if n == 0 or len(recs) != n * INDEX_SIZE:
             return False
-        first = INDEX.unpack_from(recs, 0)
-        last = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
-        _m, pos0, size0, idx0, term0 = first
-        _m, posn, sizen, idxn, termn = last
-        run = posn + sizen - pos0
-        if (idx0 != self.ledger_end_index + 1 or idxn != idx0 + n - 1 or term0 < self.ledger_end_term
-                or termn < term0 or run != len(mv) or size0 + BLANK_SIZE > self.config.data_file_size):
-            return False
-        for rec, off in ((first, 0), (last, posn - pos0)):  # the two ends must be what they claim
-            if off + HEADER_SIZE > len(mv):
-                return False
-            magic, size, index, term, pos, _c, _cc, _crc, body = HEADER.unpack_from(mv, off)
-            if (magic, pos, size, index, term) != rec or body != size - HEADER_SIZE:
-                return False
-        f = self._room_for(size0)
-        w = f.wrote
-        if f.start + w != pos0 or w + run + BLANK_SIZE > f.size:
-            return False  # positions differ from the leader's: the re-stamping path handles it
-        start_data = f.start + w
+        _m, pos0, size0, idx0, term0 = INDEX.unpack_from(recs, 0)
+        if (idx0 != self.ledger_end_index + 1 or term0 < self.ledger_end_term
+                or size0 + BLANK_SIZE > self.config.data_file_size):
+            return False  # the per-entry path says precisely what is wrong
+        self._check_run(mv, recs, n)
+        _m, _p, _s, idxn, termn = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
+        run = len(mv)
+        start_data = self.data.wrote_position
         try:
+            f = self._room_for(size0)
+            w = f.wrote
+            if f.start + w != pos0 or w + run + BLANK_SIZE > f.size:
+                return False  # positions differ from the leader's: the re-stamping path handles it
             f.write(w, mv)
             f.wrote = w + run
             self._write_index_records(idx0, recs)
+        except OSError as e:
+            self._rollback(start_data, idx0)
+            raise self._io_failed(e, f"follower append of entries {idx0}..{idxn}") from e
         except BaseException:
             self._rollback(start_data, idx0)
             raise
         self._advance(idx0, idxn, termn)
-        if self.config.flush_mode == "sync":
+        if self._sync:
             self.flush()
         return True
 
@@ -555,19 +680,30 @@ class SegmentStore:
         if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0):
             # Emptying a log whose begin is past 0 would need a snapshot to continue from.
             raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
+        self._check_writable()
         rec = self.index_record(index)
-        with self._lock:
-            data_end = self.data.wrote_position
-            idx_end = self.index.wrote_position
-            self.data.set_wrote_position(rec.pos, dirty_end=data_end)
-            self.index.set_wrote_position(index * INDEX_SIZE, dirty_end=idx_end)
-        if index == self.ledger_begin_index:
-            self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
-        else:
-            self.ledger_end_index = index - 1
-            self.ledger_end_term = self.term_at(index - 1)
-        if self.config.flush_mode == "sync":
-            self.flush()
+        # Fenced: files after the cut are deleted and their names re-created by later appends;
+        # a reader still mapping them must see the generation move (C1, docs/store.md).
+        self.begin_change()
+        try:
+            with self._lock:
+                data_end = self.data.wrote_position
+                idx_end = self.index.wrote_position
+                self.data.set_wrote_position(rec.pos, dirty_end=data_end)
+                self.index.set_wrote_position(index * INDEX_SIZE, dirty_end=idx_end)
+            if index == self.ledger_begin_index:
+                self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+            else:
+                self.ledger_end_index = index - 1
+                self.ledger_end_term = self.term_at(index - 1)
+        except OSError as e:
+            # Half-truncated files: only recovery can say what the log is now.
+            err = self._broken = self._io_failed(e, f"truncate({index})")
+            raise err from e
+        finally:
+            self.end_change()
+        if self._sync:
+            self.flush()  # the zeroed range and the deletions reach the disk before we answer
 
     def set_committed_index(self, index: int) -> None:
         """Advance the committed index (monotonic, never past the ledger end)."""
@@ -578,9 +714,17 @@ class SegmentStore:
 
     # ------------------------------------------------------------------ durability
     def flush(self) -> None:
-        with self._lock:
-            self.data.sync()
-            self.index.sync()
+        """fdatasync what was written (and zeroed) since the last flush. A failure leaves the
+        store refusing writes until reopened: after a failed fdatasync Linux may drop the dirty
+        pages and report success next time, so nothing written before it can be trusted."""
+        self._check_writable()
+        try:
+            with self._lock:
+                self.data.sync()
+                self.index.sync()
+        except OSError as e:
+            err = self._broken = self._io_failed(e, "flush")
+            raise err from e
 
     def checkpoint(self) -> None:
         """Persist committed index and ledger end — only as far as data is durable, so a
@@ -593,12 +737,20 @@ class SegmentStore:
     def _write_checkpoint(self, committed: int, end: int) -> None:
         cp = Checkpoint(min(committed, end), end)
         if cp != self._checkpointed:
-            write_checkpoint(self.dir, cp)
+            try:
+                write_checkpoint(self.dir, cp)
+            except OSError as e:
+                raise self._io_failed(e, "checkpoint") from e
             self._checkpointed = cp
 
     def _flush_service(self) -> None:
-        interval = self.config.flush_interval_ms / 1000
+        """async: flush every flush_interval_ms and checkpoint every checkpoint_interval_ms.
+        sync: appends flush themselves, so only the checkpoint is kept current (every
+        checkpoint_interval_ms, off the append path: its fsyncs cost milliseconds).
+        Errors cannot be raised to anyone from here: they are logged (once per distinct
+        error) and kept in `last_flush_error` until a pass succeeds."""
         cp_every = self.config.checkpoint_interval_ms / 1000
+        interval = cp_every if self._sync else self.config.flush_interval_ms / 1000
         next_cp = time.monotonic() + cp_every
         while not self._stop.wait(interval):
             try:
@@ -608,6 +760,11 @@ class SegmentStore:
                 if now >= next_cp:
                     self._write_checkpoint(committed, end)
                     next_cp = now + cp_every
+                self.last_flush_error = None
+            except StoreError as e:
+                if self.last_flush_error is None or str(self.last_flush_error) != str(e):
+                    log.error("%s: flush service: %s", self.dir, e)
+                self.last_flush_error = e
             except Exception:  # noqa: BLE001 - keep flushing; the error is logged
                 log.exception("%s: flush service error", self.dir)
 
