@@ -13,6 +13,7 @@ import os
 import pytest
 
 from node.store import codec
+from node.store.base import StoreError
 from node.store.decoder import STALE_ERROR, StoreDecoder
 from node.store.generation import GENERATION_FILE, GenerationCounter, GenerationView
 from node.store.memory_store import MemoryStore
@@ -151,8 +152,9 @@ def test_rollback_that_deletes_a_new_file_moves_the_generation(tmp_path, monkeyp
             s.append_leader(_old(i), 1)  # data file 0 full: the next entry rolls the data file
         g = s.generation
         monkeypatch.setattr(s.index, "_new_file", index_roll_fails)
-        with pytest.raises(Exception):
+        with pytest.raises(StoreError, match="Input/output error") as ei:
             s.append_leader(_old(8), 1)
+        assert ei.value.code_name == "DISK_ERROR"
         assert calls and s.generation == g + 2
         assert s.ledger_end_index == 7 and len(s.data.files) == 1
         monkeypatch.setattr(s.index, "_new_file", real)
