@@ -71,12 +71,14 @@ class Checkpoint:
     end_index: int = -1
 
 
-def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a tiny `key=value` file (DLedger writes Java properties). Missing file → {}."""
+def parse_properties(path: str | os.PathLike[str], raw: bytes) -> dict[str, str]:
+    """Parse `key=value` lines (DLedger writes Java properties). Bytes that are not UTF-8
+    raise LayoutError naming `path`: a file we cannot read is damaged, never "empty"."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LayoutError(f"{path}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          "the file is damaged") from None
     out: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -87,26 +89,42 @@ def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
     return out
 
 
+def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a tiny `key=value` file. Missing file → {}; not UTF-8 → LayoutError."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return {}
+    return parse_properties(path, raw)
+
+
 def write_properties_atomically(path: str | os.PathLike[str], values: dict[str, object]) -> None:
     """Write `key=value` lines durably: temp file, fsync, rename, fsync the directory.
 
-    A crash leaves either the old file or the new one, never a half-written one.
+    A crash leaves either the old file or the new one, never a half-written one. An OSError
+    (ENOSPC, EIO) names `path` and leaves no temp file behind.
     """
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
     data = "".join(f"{k}={v}\n" for k, v in values.items()).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, p)
-    dfd = os.open(p.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:  # os.write may be short
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(p)) from e
 
 
 def read_checkpoint(store_dir: str | os.PathLike[str]) -> Checkpoint:

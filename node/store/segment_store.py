@@ -116,6 +116,7 @@ class SegmentStore:
         """Recover the log from the files. Always moves the generation (recovery may cut the
         tail and delete files a reader of a previous incarnation still maps). I/O failures
         raise DiskFull/DiskError naming the file; damage raises StoreCorruptError/LayoutError."""
+        self._broken = None  # recovery re-reads what is really on disk
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._gen = GenerationCounter(self.dir, durable=self._sync)
@@ -134,7 +135,6 @@ class SegmentStore:
         except BaseException:
             self._close_files()
             raise
-        self._broken = None
         self._stop.clear()
         self._opened = True
         # async: flush every flush_interval_ms, checkpoint every checkpoint_interval_ms.

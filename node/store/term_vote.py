@@ -4,6 +4,12 @@ Raft's safety rests on a node never voting twice in one term and never going bac
 older term, across restarts too. DLedger writes this file without fsync; we write it
 atomically (temp file + fsync + rename + directory fsync) and the elector acts on a new term
 or vote only after `save` returns (persist before send).
+
+A file that is present but unreadable (not UTF-8, no `currTerm=`/`voteLeader=` line, a term
+that is not a non-negative integer) raises `TermFileDamaged` naming the file: loading it as
+"term 0, no vote" would let the node vote a second time in a term it already voted in. Only an
+absent file is a new node. A failed save (ENOSPC, EIO) raises a store error (DISK_FULL /
+DISK_ERROR) naming the file, and the term/vote in memory stays what is on disk.
 """
 
 from __future__ import annotations
@@ -12,7 +18,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.store.layout import TERM_FILE, LayoutError, read_properties, write_properties_atomically
+from node.store.base import store_error_from_os
+from node.store.layout import TERM_FILE, LayoutError, parse_properties, write_properties_atomically
+
+TERM_KEY = "currTerm"
+VOTE_KEY = "voteLeader"
+
+
+class TermFileDamaged(LayoutError):
+    """The term/vote file exists but cannot be trusted: the node must not start (an operator
+    restores it, or removes the node's store and re-adds it as a new member)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,19 +44,36 @@ class TermVoteFile:
         self.current = self.load()
 
     def load(self) -> TermVote:
-        props = read_properties(self.path)
-        if not props:
-            return TermVote()
+        """The saved term/vote; TermVote() when there is no file (a new node). Raises
+        TermFileDamaged (naming the file and what is wrong) for anything else unreadable."""
         try:
-            term = int(props.get("currTerm", "0"))
-        except ValueError as e:
-            raise LayoutError(f"{self.path}: currTerm is not an integer") from e
-        voted = props.get("voteLeader") or None
-        return TermVote(term, voted)
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return TermVote()
+        except OSError as e:
+            raise TermFileDamaged(f"{self.path}: cannot read the term/vote file: {e.strerror or e}") from e
+        try:
+            props = parse_properties(self.path, raw)
+        except LayoutError as e:
+            raise TermFileDamaged(str(e)) from None
+        missing = [k for k in (TERM_KEY, VOTE_KEY) if k not in props]
+        if missing:
+            what = "empty" if not raw.strip() else f"no {' / '.join(k + '=' for k in missing)} line"
+            raise TermFileDamaged(f"{self.path}: damaged term/vote file ({what}); refusing to guess "
+                                  "the term and vote")
+        value = props[TERM_KEY]
+        try:
+            term = int(value)
+        except ValueError:
+            term = -1
+        if term < 0 or not value.isdigit():
+            raise TermFileDamaged(f"{self.path}: {TERM_KEY}={value!r} is not a non-negative integer")
+        return TermVote(term, props[VOTE_KEY] or None)
 
     def save(self, term: int, voted_for: str | None) -> TermVote:
         """Durably record (term, voted_for). A lower term, or a different vote in the same term,
-        is a bug in the caller and raises instead of being written."""
+        is a bug in the caller and raises instead of being written. An I/O failure raises
+        DiskFull/DiskError naming the file; nothing changes then."""
         cur = self.current
         if term < cur.term:
             raise ValueError(f"term going backwards: {cur.term} -> {term}")
@@ -49,7 +81,10 @@ class TermVoteFile:
             raise ValueError(f"second vote in term {term}: {cur.voted_for} then {voted_for}")
         new = TermVote(term, voted_for)
         if new != cur:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_properties_atomically(self.path, {"currTerm": term, "voteLeader": voted_for or ""})
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_properties_atomically(self.path, {TERM_KEY: term, VOTE_KEY: voted_for or ""})
+            except OSError as e:
+                raise store_error_from_os(e, f"saving term {term} / vote {voted_for or '-'}") from e
             self.current = new
         return new
