@@ -163,6 +163,7 @@ class TransferCore:
     cfg: TransferConfig
     transfer: Transfer | None = None
     next_preferred_check_ms: int = 0
+    next_drive_ms: int = 0  # while a transfer is in progress: when to drive it next
     _next_rid: int = field(default=TAKE_RID_BASE)
 
     def request(self, target: str, ident: bytes | None, request_id: int, term: int,
@@ -173,6 +174,7 @@ class TransferCore:
             return [Answer(target, code, ident, request_id)]
         self.transfer = Transfer(target, view.term, now_ms + self.cfg.timeout_ms, ident,
                                  request_id)
+        self.next_drive_ms = now_ms  # the target may be caught up already
         return [SetTransferee(target)]
 
     def tick(self, view: TransferView, now_ms: int) -> list[TransferEffect]:
@@ -180,6 +182,7 @@ class TransferCore:
         t = self.transfer
         if t is None:
             return self._check_preferred(view, now_ms)
+        self.next_drive_ms = now_ms + TRANSFER_CHECK_MS
         if view.role != Role.LEADER or view.term != t.term:
             if view.leader_id == t.target:
                 return self._end(ResponseCode.SUCCESS)
@@ -201,7 +204,7 @@ class TransferCore:
     def next_check_ms(self, now_ms: int) -> int | None:
         """When `tick` has something to do next (None: only on the next input)."""
         if self.transfer is not None:
-            return now_ms + TRANSFER_CHECK_MS
+            return max(now_ms, self.next_drive_ms)
         if self.cfg.preferred and self.cfg.self_id not in self.cfg.preferred:
             return max(now_ms, self.next_preferred_check_ms)
         return None

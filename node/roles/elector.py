@@ -1,6 +1,6 @@
-"""The elector role: runs the pure ElectorCore (node/core) against real sockets, files and time.
+"""The elector role: runs the pure ElectorCore and TransferCore (node/core) against I/O.
 
-The core decides; this process only executes its effects, in the order the core gives them:
+The cores decide; this class only executes their effects, in the order they give them:
 `Persist` (currterm file, fsync) before anything that depends on it, `RoleChanged` into the
 shared block (and a wake-up to every role), then `Send`/`Reply` on the network.
 
@@ -13,6 +13,13 @@ entry this node already acknowledged. Sends and replies happen after the lock is
 
 The elector does not vote or stand before the handler has published the recovered ledger end
 (its first beat): deciding on an unknown ledger could elect a node lacking committed entries.
+
+I/O is injectable (contract C7), so the simulator runs this very class: everything outside the
+process goes through `self.transport` (`send(peer, frame) -> bool`, `reply(ident, frame)`,
+`role_changed(frame)`, `control_reply(ident, frame)`), time through `rc.clock()`, and `lock`,
+`termvote` may be replaced after construction. The inputs are `start()`, `on_request`,
+`on_response`, `on_control`, `tick()` and `next_wait_ms()`; `run()` only builds the ZeroMQ
+transport and poller and loops over them.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import os
 import shlex
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from pathlib import Path
 
 import zmq
 
@@ -30,72 +38,150 @@ from ipc.codes import ResponseCode, Role, VoteResult
 from ipc.sockets import dealer, elector_address, pub, recv_routed, router, send_routed
 from node import channels
 from node.core.election import ElectorCore, LedgerEnd, Persist, Reply, RoleChanged, Send, Step
+from node.core.transfer import (
+    Answer,
+    PeerView,
+    SendTakeLeadership,
+    SetTransferee,
+    TransferConfig,
+    TransferCore,
+    TransferEffect,
+    TransferView,
+)
 from node.member_lock import MemberLock
 from node.roles.runtime import RoleContext, role_main
-from node.shared_state import NO_SLOT, monotonic_ms
-from node.store.layout import LOCK_FILE
+from node.shared_state import NO_SLOT
+from node.store.layout import LOCK_FILE, TERM_FILE, LayoutError
 from node.store.term_vote import TermVoteFile
 
-TRANSFER_CHECK_MS = 50
-PREFERRED_CHECK_MS = 1000
-RECENT_ACK_MS = 2500  # an idle follower still answers a COMMIT push every second
-LEADER_GRACE_MS = 1500  # a new leader's dispatchers need a moment before a follower can look dead
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
+MAX_WAIT_MS = 1000  # the loop beats at least this often
 
 
-@dataclass(slots=True)
-class Transfer:
-    """A leadership transfer in progress (DLedger's handleLeadershipTransfer)."""
+def damaged_term_file(path: Path, e: Exception) -> str:
+    """One line saying what is wrong with the term/vote file (the node refuses to start)."""
+    if isinstance(e, UnicodeDecodeError):
+        bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
+        return f"{path}: damaged term/vote file: not UTF-8 text (byte 0x{bad} at offset {e.start})"
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+        return f"{path}: cannot read the term/vote file: {e.strerror or e}"
+    text = str(e)
+    if text.startswith(str(path)):
+        text = text[len(str(path)):].lstrip(": ")
+    return f"{path}: damaged term/vote file: {text}"
 
-    target: str
-    slot: int
-    term: int
-    deadline_ms: int
-    ident: bytes | None  # the handler's routing id, or None for a preferred-leader transfer
-    request_id: int
-    take_rid: int = 0  # request id of the TAKE_LEADERSHIP sent, 0 = not sent yet
+
+class ZmqElectorTransport:
+    """The elector's sockets: ROUTER on the elector port, one IMMEDIATE DEALER per peer, the
+    role PUB and the control ROUTER (node.channels)."""
+
+    def __init__(self, rc: RoleContext, peers: list[str]) -> None:
+        cfg = rc.cfg
+        host, port = cfg.address
+        self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
+        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
+        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
+        self.dealers: dict[str, zmq.Socket] = {}
+        for peer in peers:
+            h, p = cfg.peer_map[peer]
+            self.dealers[peer] = dealer(rc.zctx, elector_address(h, p))
+
+    def send(self, peer: str, frame: bytes) -> bool:
+        """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
+        if P.faults.blocked(peer):
+            return True  # test-only partition: the message is lost on the way
+        try:
+            self.dealers[peer].send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        send_routed(self.router, ident, frame)
+
+    def role_changed(self, frame: bytes) -> None:
+        try:
+            self.pub.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a hint only: subscribers also re-read the block on their own timeouts
+
+    def control_reply(self, ident: bytes, frame: bytes) -> None:
+        send_routed(self.ctl, ident, frame)
 
 
 class Elector:
+    """One node's elector: the cores plus the effects' execution (see module docstring)."""
+
     def __init__(self, rc: RoleContext) -> None:
         self.rc = rc
         self.cfg = rc.cfg
         self.log = rc.log
         self.state = rc.state
         self.peer_ids = self.cfg.peer_ids
+        self.others = [p for p in self.peer_ids if p != self.cfg.id]
         self.slot = {p: i for i, p in enumerate(self.peer_ids)}
-        self.termvote = TermVoteFile(self.cfg.store_dir)
+        self.termvote = self._open_termvote()
         self.lock = MemberLock(f"{self.cfg.store_dir}/{LOCK_FILE}")
-        tv = self.termvote.current
-        self.core = ElectorCore(self.cfg.id, self.peer_ids, self.cfg.group, self.cfg.election_config(),
-                                term=tv.term, voted_for=tv.voted_for, now_ms=monotonic_ms())
-        self.router: zmq.Socket | None = None
-        self.pub: zmq.Socket | None = None
-        self.dealers: dict[str, zmq.Socket] = {}
-        self.ctl: zmq.Socket | None = None
+        self.transport: ZmqElectorTransport | None = None  # set by run() or the simulator
+        self.core: ElectorCore | None = None  # built by start(), from `termvote` as it is then
+        preferred = tuple(p.strip() for p in self.cfg.preferred_leader_ids.split(",") if p.strip())
+        self.transfers = TransferCore(TransferConfig(
+            self.cfg.id, tuple(self.peer_ids), self.cfg.transfer_timeout_ms,
+            self.cfg.heartbeat_interval_ms, self.cfg.max_heartbeat_leak, preferred))
         self._published: tuple | None = None
-        self.transfer: Transfer | None = None
-        self.preferred = [p.strip() for p in self.cfg.preferred_leader_ids.split(",") if p.strip()]
-        self.next_preferred_check = 0
-        self._take_rid = 1 << 40  # our own request ids for TAKE_LEADERSHIP, apart from the core's
         self.hook = shlex.split(self.cfg.on_role_change) if self.cfg.on_role_change else []
         self.hook_procs: list[subprocess.Popen] = []
         self.leader_since_ms = 0
 
-    # ------------------------------------------------------------------ effects
+    def now(self) -> int:
+        return self.rc.clock()
+
+    def _open_termvote(self) -> TermVoteFile:
+        """Read term and vote; a file that cannot be trusted stops the node (naming it): a
+        wrong term or a forgotten vote could make this node vote twice in one term."""
+        path = Path(self.cfg.store_dir) / TERM_FILE
+        try:
+            return TermVoteFile(self.cfg.store_dir)
+        except (LayoutError, ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
+            self.rc.fatal(damaged_term_file(path, e))
+
+    # ------------------------------------------------------------------ reading the block
     def _ledger(self) -> LedgerEnd:
         led = self.state.read_ledger()
-        return LedgerEnd(led.ledger_end_index, led.ledger_end_term)
+        try:
+            writable = self.state.get("store_unwritable_ms") == 0
+        except KeyError:  # a block layout without the field: the handler cannot tell us
+            writable = True
+        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable)
 
-    def _decide(self, fn) -> Step:  # noqa: ANN001 - fn(ledger) -> Step, a core call
+    def _transfer_view(self) -> TransferView:
+        c = self.core
+        peers = {}
+        for p in self.others:
+            v = self.state.read_peer(self.slot[p])
+            peers[p] = PeerView(bool(v.alive), v.last_ack_ms, v.match_term, v.match_index)
+        return TransferView(c.role, c.term, c.leader_id, self.state.read_ledger().ledger_end_index,
+                            self.leader_since_ms, peers)
+
+    # ------------------------------------------------------------------ election effects
+    def _decide(self, fn: Callable[[LedgerEnd], Step]) -> Step:
         """Run one core call and its durable/shared effects atomically under the member lock."""
         with self.lock:
             step = fn(self._ledger())
             for e in step.effects:
                 if isinstance(e, Persist):
-                    self.termvote.save(e.term, e.voted_for)  # fsynced before anything else
+                    self._persist(e)  # fsynced before anything else
             self._publish(step)
         return step
+
+    def _persist(self, e: Persist) -> None:
+        try:
+            self.termvote.save(e.term, e.voted_for)
+        except OSError as err:
+            # The core already acts on the new term/vote; going on without it on disk could
+            # make a restarted node vote twice in one term. Stop, naming the file.
+            self.rc.fatal(f"{self.termvote.path}: cannot write the term/vote file: "
+                          f"{err.strerror or err}")
 
     def _publish(self, step: Step) -> None:
         c = self.core
@@ -111,17 +197,14 @@ class Elector:
                                     last_quorum_heartbeat_ms=c.last_succ_heartbeat_ms)
         if changed:
             if c.role == Role.LEADER:
-                self.leader_since_ms = monotonic_ms()
+                self.leader_since_ms = self.now()
             for e in step.effects:
                 if isinstance(e, RoleChanged):
                     lead = f" leader={e.leader_id}" if e.leader_id and e.role == Role.FOLLOWER else ""
                     self.log.info("%s became %s term=%d%s", self.cfg.id, e.role.name, e.term, lead)
             self.state.incr("role_changes")
             self._run_hook(c.role, c.term, c.leader_id)
-            try:
-                self.pub.send(channels.encode_role_msg(c.role, c.term, leader, m.role_epoch), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # a hint only: subscribers also re-read the block on their own timeouts
+            self.transport.role_changed(channels.encode_role_msg(c.role, c.term, leader, m.role_epoch))
 
     def _run_hook(self, role: Role, term: int, leader: str | None) -> None:
         """The role-change listener for embedding code (DLedger's RoleChangeHandler): run the
@@ -143,42 +226,77 @@ class Elector:
         unreachable: list[int] = []
         for e in step.effects:
             if isinstance(e, Send):
-                if P.faults.blocked(e.peer):
-                    continue  # test-only partition: the message is lost
-                try:
-                    self.dealers[e.peer].send(P.encode(e.message), zmq.NOBLOCK)
-                    if isinstance(e.message, P.VoteRequest):
-                        self.state.incr("votes_requested")
-                    else:
-                        self.state.incr("heartbeats_sent")
-                except zmq.Again:
+                if self.transport.send(e.peer, P.encode(e.message)):
+                    self.state.incr("votes_requested" if isinstance(e.message, P.VoteRequest)
+                                    else "heartbeats_sent")
+                else:
                     unreachable.append(e.message.request_id)
             elif isinstance(e, Reply):
                 if isinstance(e.message, P.VoteResponse) and e.message.vote_result == VoteResult.ACCEPT:
                     self.state.incr("votes_granted")
-                send_routed(self.router, e.token, P.encode(e.message))
+                self.transport.reply(e.token, P.encode(e.message))
         for rid in unreachable:
-            self._run(lambda _led, rid=rid: self.core.on_peer_unreachable(rid, monotonic_ms()))
+            self._run(lambda _led, rid=rid: self.core.on_peer_unreachable(rid, self.now()))
 
-    def _run(self, fn) -> None:  # noqa: ANN001
+    def _run(self, fn: Callable[[LedgerEnd], Step]) -> None:
         self._transmit(self._decide(fn))
 
+    # ------------------------------------------------------------------ transfer effects
+    def _apply_transfer(self, effects: list[TransferEffect]) -> None:
+        while effects:
+            e = effects.pop(0)
+            if isinstance(e, SetTransferee):
+                with self.lock:  # the handler stops appends while a transferee is set
+                    self.state.write_member(
+                        transferee_slot=NO_SLOT if e.target is None else self.slot[e.target])
+                if e.target is not None:
+                    self.log.info("%s transferring leadership to %s (term %d)", self.cfg.id,
+                                  e.target, self.core.term)
+            elif isinstance(e, SendTakeLeadership):
+                frame = P.encode(P.TakeLeadershipRequest(self.cfg.group, e.target, self.cfg.id,
+                                                         e.term, e.request_id))
+                if not self.transport.send(e.target, frame):
+                    effects += self.transfers.on_send_failed()
+            elif isinstance(e, Answer):
+                if e.ident is not None:
+                    self.transport.control_reply(e.ident, P.encode(P.TransferResponse(
+                        int(e.code), self.cfg.group, self.core.term, self.core.leader_id or "",
+                        e.request_id)))
+                if e.code == ResponseCode.SUCCESS:
+                    self.log.info("%s handed leadership to %s", self.cfg.id, e.target)
+                else:
+                    self.log.warning("transfer to %s failed: %s", e.target, e.code.name)
+
     # ------------------------------------------------------------------ inputs
-    def _on_request(self, ident: bytes, frame: bytes) -> None:
+    def start(self) -> None:
+        """Build the core from the term file and publish the initial role (call once the
+        handler published the ledger end: see the module docstring)."""
+        tv = self.termvote.current
+        self.core = ElectorCore(self.cfg.id, self.peer_ids, self.cfg.group,
+                                self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
+                                now_ms=self.now())
+        with self.lock:
+            self._publish(Step([RoleChanged(self.core.role, self.core.term, None)], 0))
+        self.log.info("%s elector ready term=%d voted_for=%s", self.cfg.id, self.core.term,
+                      self.core.voted_for)
+
+    def on_request(self, ident: bytes, frame: bytes) -> None:
+        """A frame on the elector port from a peer's elector (VOTE, HEARTBEAT, TAKE_LEADERSHIP)."""
         try:
             msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)
         except P.ProtocolError as e:
             self.state.incr("elector_bad_frames")
-            send_routed(self.router, ident, P.encode(P.error_reply(
+            self.transport.reply(ident, P.encode(P.error_reply(
                 frame, ResponseCode.UNEXPECTED_ARGUMENT,
                 group=self.cfg.group, term=self.core.term, reason=str(e)[:200])))
             return
         if P.is_response(msg):
             self.state.incr("elector_bad_frames")
             return
-        self._run(lambda led: self.core.handle(msg, monotonic_ms(), led, ident))
+        self._run(lambda led: self.core.handle(msg, self.now(), led, ident))
 
-    def _on_response(self, frame: bytes) -> None:
+    def on_response(self, frame: bytes) -> None:
+        """An answer to one of our requests, from a peer's elector."""
         try:
             msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)
         except P.ProtocolError:
@@ -188,117 +306,42 @@ class Elector:
             self.state.incr("elector_bad_frames")
             return
         if isinstance(msg, P.TakeLeadershipResponse):
-            t = self.transfer
-            if t is not None and msg.request_id == t.take_rid and msg.code != ResponseCode.SUCCESS:
-                self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
-            return  # on SUCCESS the target's higher term deposes us; _drive_transfer answers
-        self._run(lambda _led: self.core.on_response(msg, monotonic_ms()))
+            self._apply_transfer(self.transfers.on_take_response(msg.request_id, msg.code))
+            return
+        self._run(lambda _led: self.core.on_response(msg, self.now()))
 
-    # ------------------------------------------------------------------ leadership transfer
-    def _transfer_reply(self, t: Transfer, code: ResponseCode) -> None:
-        if t.ident is not None:
-            send_routed(self.ctl, t.ident, P.encode(P.TransferResponse(
-                int(code), self.cfg.group, self.core.term, self.core.leader_id or "", t.request_id)))
-        if code == ResponseCode.SUCCESS:
-            self.log.info("%s handed leadership to %s", self.cfg.id, t.target)
-        else:
-            self.log.warning("transfer to %s failed: %s", t.target, code.name)
-
-    def _end_transfer(self, code: ResponseCode) -> None:
-        t, self.transfer = self.transfer, None
-        if t is None:
+    def on_control(self, ident: bytes, frame: bytes) -> None:
+        """A frame from the handler on the control channel: CONFIRM_LEADERSHIP (C4) or a
+        LEADERSHIP_TRANSFER request."""
+        if frame == channels.CONFIRM_LEADERSHIP:
+            self._run(lambda _led: self.core.request_heartbeat(self.now()))
             return
-        with self.lock:
-            self.state.write_member(transferee_slot=NO_SLOT)
-        self._transfer_reply(t, code)
-
-    def _start_transfer(self, target: str, ident: bytes | None, request_id: int, term: int) -> None:
-        c, now = self.core, monotonic_ms()
-        code = None
-        if c.role != Role.LEADER:
-            code = ResponseCode.NOT_LEADER
-        elif term not in (-1, c.term):
-            code = ResponseCode.EXPIRED_TERM
-        elif target not in self.slot:
-            code = ResponseCode.UNKNOWN_MEMBER
-        elif target == self.cfg.id:
-            code = ResponseCode.SUCCESS  # already there
-        elif self.transfer is not None:
-            code = ResponseCode.LEADER_TRANSFERRING
-        elif not self._reachable(target, now):
-            code = ResponseCode.TAKE_LEADERSHIP_FAILED  # dead or stalled: fail fast (#39, #85, #247)
-        if code is not None:
-            self._transfer_reply(Transfer(target, -1, c.term, now, ident, request_id), code)
-            return
-        self.transfer = Transfer(target, self.slot[target], c.term, now + self.cfg.transfer_timeout_ms,
-                                 ident, request_id)
-        with self.lock:
-            self.state.write_member(transferee_slot=self.slot[target])  # the handler stops appends
-        self.log.info("%s transferring leadership to %s (term %d)", self.cfg.id, target, c.term)
-
-    def _reachable(self, target: str, now: int) -> bool:
-        """Not known dead: its dispatcher's socket is connected (`alive`) and its last answer,
-        if any, is recent. A target that has not answered yet in a fresh term gets the benefit
-        of the doubt, bounded by the transfer timeout."""
-        if now - self.leader_since_ms < LEADER_GRACE_MS:
-            return True  # too early to tell: our dispatchers may not have reached anyone yet
-        p = self.state.read_peer(self.slot[target])
-        window = max(RECENT_ACK_MS, 2 * self.cfg.heartbeat_interval_ms * self.cfg.max_heartbeat_leak)
-        return bool(p.alive) and not (p.last_ack_ms > 0 and now - p.last_ack_ms > window)
-
-    def _drive_transfer(self) -> None:
-        t, c, now = self.transfer, self.core, monotonic_ms()
-        if t is None:
-            return
-        if c.role != Role.LEADER or c.term != t.term:
-            if c.leader_id == t.target:
-                self._end_transfer(ResponseCode.SUCCESS)
-            elif t.take_rid and c.leader_id is None and now < t.deadline_ms:
-                return  # deposed by the target's election: wait for its outcome
-            else:
-                self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
-            return
-        if now >= t.deadline_ms:
-            self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
-            return
-        if t.take_rid:
-            return
-        if not self._reachable(t.target, now):
-            self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)  # died or stalled meanwhile
-            return
-        p = self.state.read_peer(t.slot)
-        end = self.state.read_ledger().ledger_end_index
-        if p.match_term == c.term and p.match_index >= end:
-            self._take_rid += 1
-            t.take_rid = self._take_rid
-            try:
-                self.dealers[t.target].send(P.encode(P.TakeLeadershipRequest(
-                    self.cfg.group, t.target, self.cfg.id, c.term, t.take_rid)), zmq.NOBLOCK)
-            except zmq.Again:
-                self._end_transfer(ResponseCode.TAKE_LEADERSHIP_FAILED)
-
-    def _check_preferred(self) -> None:
-        """A leader that is not a preferred leader hands over to a preferred peer that is
-        alive and caught up (DLedger's preferredLeaderIds)."""
-        now = monotonic_ms()
-        if (not self.preferred or self.cfg.id in self.preferred or self.transfer is not None
-                or self.core.role != Role.LEADER or now < self.next_preferred_check):
-            return
-        self.next_preferred_check = now + PREFERRED_CHECK_MS
-        end = self.state.read_ledger().ledger_end_index
-        for target in self.preferred:
-            p = self.state.read_peer(self.slot[target])
-            if self._reachable(target, now) and p.match_term == self.core.term and p.match_index >= end:
-                self._start_transfer(target, None, 0, self.core.term)
-                return
-
-    def _on_control(self, ident: bytes, frame: bytes) -> None:
         try:
             msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)
         except P.ProtocolError:
             return
         if isinstance(msg, P.LeadershipTransferRequest):
-            self._start_transfer(msg.transferee_id, ident, msg.request_id, msg.term)
+            self._apply_transfer(self.transfers.request(
+                msg.transferee_id, ident, msg.request_id, msg.term, self._transfer_view(),
+                self.now()))
+
+    def tick(self) -> None:
+        """Everything due by the clock: the core's timers, then the transfer / preferred check."""
+        now = self.now()
+        if now >= self.core.next_deadline(now):
+            self._run(lambda led: self.core.tick(self.now(), led))
+        due = self.transfers.next_check_ms(now)
+        if due is not None and now >= due:
+            self._apply_transfer(self.transfers.tick(self._transfer_view(), self.now()))
+
+    def next_wait_ms(self) -> int:
+        """How long the loop may wait for input before `tick` has something to do."""
+        now = self.now()
+        due = [self.core.next_deadline(now), now + MAX_WAIT_MS]
+        t = self.transfers.next_check_ms(now)
+        if t is not None:
+            due.append(t)
+        return max(0, min(due) - now)
 
     # ------------------------------------------------------------------ loop
     def _wait_for_handler(self) -> bool:
@@ -312,45 +355,32 @@ class Elector:
 
     def run(self) -> None:
         rc = self.rc
-        host, port = self.cfg.address
-        self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
-        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
-        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
-        for peer in self.core.others:
-            h, p = self.cfg.peer_map[peer]
-            self.dealers[peer] = dealer(rc.zctx, elector_address(h, p))
+        tr = self.transport = ZmqElectorTransport(rc, self.others)
         if not self._wait_for_handler():
             return
-        with self.lock:
-            self._publish(Step([RoleChanged(self.core.role, self.core.term, None)], 0))
-        self.log.info("%s elector ready term=%d voted_for=%s", self.cfg.id, self.core.term,
-                      self.core.voted_for)
+        self.start()
         poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.ctl, zmq.POLLIN)
+        poller.register(tr.router, zmq.POLLIN)
+        poller.register(tr.ctl, zmq.POLLIN)
         poller.register(rc.wake_fd, zmq.POLLIN)
-        by_sock = {s: p for p, s in self.dealers.items()}
-        for s in self.dealers.values():
+        by_sock = {s: p for p, s in tr.dealers.items()}
+        for s in tr.dealers.values():
             poller.register(s, zmq.POLLIN)
         while not rc.should_stop():
-            now = monotonic_ms()
-            wait = min(1000, max(0, self.core.next_deadline(now) - now))
-            if self.transfer is not None:
-                wait = min(wait, TRANSFER_CHECK_MS)
-            events = dict(poller.poll(wait))
+            events = dict(poller.poll(self.next_wait_ms()))
             if rc.wake_fd in events:
                 rc.drain_wake()
             # Read everything queued before ticking (the core wants inputs before the clock).
-            if self.router in events:
+            if tr.router in events:
                 while True:
                     try:
-                        got = recv_routed(self.router, zmq.NOBLOCK)
+                        got = recv_routed(tr.router, zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if got is None:
                         self.state.incr("elector_bad_frames")
                     else:
-                        self._on_request(*got)
+                        self.on_request(*got)
             for s in list(events):
                 if s in by_sock:
                     while True:
@@ -359,20 +389,16 @@ class Elector:
                         except zmq.Again:
                             break
                         if len(frames) == 1:
-                            self._on_response(frames[0])
-            if self.ctl in events:
+                            self.on_response(frames[0])
+            if tr.ctl in events:
                 while True:
                     try:
-                        got = recv_routed(self.ctl, zmq.NOBLOCK)
+                        got = recv_routed(tr.ctl, zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if got is not None:
-                        self._on_control(*got)
-            now = monotonic_ms()
-            if now >= self.core.next_deadline(now):
-                self._run(lambda led: self.core.tick(monotonic_ms(), led))
-            self._drive_transfer()
-            self._check_preferred()
+                        self.on_control(*got)
+            self.tick()
             rc.beat()
 
 

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import zmq
 
@@ -32,6 +33,13 @@ from node.shared_state import SharedState, monotonic_ms, segment_name
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3
 """A role's exit code for "cannot work, do not restart me": the supervisor stops the node."""
+FATAL_FILE_PREFIX = "fatal-"
+"""`RUN_DIR/fatal-<role>` holds the one-line reason of a role's fatal stop (RoleContext.fatal)."""
+
+
+def fatal_file(run_dir: str | os.PathLike[str], role: str) -> Path:
+    """Where role `role` ("elector", "dispatcher[2]"...) leaves the reason of its fatal stop."""
+    return Path(run_dir) / f"{FATAL_FILE_PREFIX}{role}"
 
 
 def die_with_parent() -> None:
@@ -85,7 +93,24 @@ class RoleContext:
             pass
 
     def beat(self) -> None:
-        self.state.beat(self.role, monotonic_ms())
+        self.state.beat(self.role, self.clock())
+
+    def fatal(self, message: str) -> NoReturn:
+        """Stop this role for good: the node cannot work (a damaged file, a store it cannot
+        write). Restarting would only crash again, and a node with one role missing answers
+        but does not elect or replicate, so the supervisor stops the whole node and prints
+        `message` as its one error line.
+
+        Logs `message` at ERROR as the role's last line, leaves it in `RUN_DIR/fatal-<role>`
+        for the supervisor, and exits with EXIT_FATAL (SystemExit: `finally` blocks still
+        close sockets and the shared block)."""
+        line = " ".join(message.splitlines()).strip()  # one line, whatever the cause's text
+        self.log.error("%s", line)
+        try:
+            fatal_file(self.run_dir, self.role).write_text(line + "\n", encoding="utf-8")
+        except OSError as e:  # the supervisor then reports the exit status instead
+            self.log.error("cannot write %s: %s", fatal_file(self.run_dir, self.role), e)
+        raise SystemExit(EXIT_FATAL)
 
     def close(self) -> None:
         self.zctx.destroy(linger=0)

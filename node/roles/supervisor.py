@@ -4,10 +4,13 @@ circus-style rules: the signal handlers only record what happened (the loop acts
 role is noticed through SIGCHLD (the loop wakes on a self-pipe, so "within a second" is really
 "at once") and restarted with a capped exponential backoff, its term/vote/store surviving on
 disk and in the block; a role that hangs (no beat for `HANG_MS`) is killed and restarted;
-stopping is SIGTERM → grace → SIGKILL, by PID; the block is unlinked and exit is 0. A role that
-exits with `EXIT_FATAL` (e.g. the handler refusing a corrupt store) stops the whole node with a
-clear message instead of a crash loop — never a half-alive node that answers but does not
-replicate.
+stopping is SIGTERM → grace → SIGKILL, by PID; the block is unlinked and exit is 0.
+
+Never a half-alive node that answers but cannot elect or replicate: a role that exits with
+`EXIT_FATAL` (RoleContext.fatal: a damaged term file, a corrupt store, a store it cannot write)
+or that crash-loops (`CRASH_LOOP_RESTARTS` restarts within `CRASH_LOOP_WINDOW_MS`) stops the
+whole node, which prints one line, `dledger server: error: <role>: <reason>` (the role's fatal
+reason, or its last exit status), and exits 1.
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.config import NodeConfig
-from node.roles.runtime import EXIT_FATAL, state_name
+from node.roles.runtime import EXIT_FATAL, fatal_file, state_name
 from node.shared_state import SharedState, monotonic_ms
 
 HANG_MS = 10_000
 MIN_BACKOFF_MS = 100
 STABLE_MS = 10_000  # a role up this long gets its backoff reset
+CRASH_LOOP_RESTARTS = 5  # restarts within CRASH_LOOP_WINDOW_MS that make a crash loop
+CRASH_LOOP_WINDOW_MS = 30_000
 
 log = logging.getLogger("dledger.supervisor")
 
@@ -54,6 +60,28 @@ class RoleProc:
     backoff_ms: int = MIN_BACKOFF_MS
     restart_at_ms: int | None = None
     restarts: int = 0
+    recent_restarts: deque[int] = field(default_factory=deque)  # when, within the window
+
+
+def crash_loop(recent_restarts: deque[int], now_ms: int) -> bool:
+    """Forget restarts older than the window; True when the window already holds
+    CRASH_LOOP_RESTARTS of them (so this death would be one restart too many)."""
+    while recent_restarts and now_ms - recent_restarts[0] > CRASH_LOOP_WINDOW_MS:
+        recent_restarts.popleft()
+    return len(recent_restarts) >= CRASH_LOOP_RESTARTS
+
+
+def fatal_reason(run_dir: Path | None, beat_role: str, how: str) -> str:
+    """What a role that exited EXIT_FATAL said (RoleContext.fatal), or its exit status."""
+    if run_dir is not None:
+        try:
+            text = fatal_file(run_dir, beat_role).read_text(encoding="utf-8", errors="replace")
+            line = " ".join(text.splitlines()).strip()
+            if line:
+                return line
+        except OSError:
+            pass
+    return f"stopped fatally ({how})"
 
 
 class Supervisor:
@@ -141,6 +169,7 @@ class Supervisor:
         cmd = [sys.executable, "-m", r.module, "--config", str(self.run_dir / "config.json"), *r.args]
         if self.debug:
             cmd.append("--debug")
+        fatal_file(self.run_dir, r.beat_role).unlink(missing_ok=True)  # a previous run's reason
         r.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         r.started_ms = monotonic_ms()
         r.restart_at_ms = None
@@ -156,9 +185,15 @@ class Supervisor:
             if self._stop_requested:
                 continue
             if rc == EXIT_FATAL:
-                self._fatal = f"{r.name} exited fatally ({how}); stopping the node"
-                log.error("%s %s", self.node, self._fatal)
+                self._fatal = f"{r.name}: {fatal_reason(self.run_dir, r.beat_role, how)}"
+                log.error("%s %s; stopping the node", self.node, self._fatal)
                 return
+            if crash_loop(r.recent_restarts, now):
+                self._fatal = (f"{r.name}: crash loop, {len(r.recent_restarts) + 1} exits within "
+                               f"{CRASH_LOOP_WINDOW_MS // 1000} s (last: {how})")
+                log.error("%s %s; stopping the node", self.node, self._fatal)
+                return
+            r.recent_restarts.append(now)
             if now - r.started_ms >= STABLE_MS:
                 r.backoff_ms = MIN_BACKOFF_MS
             log.warning("%s %s pid=%d died (%s); restarting in %d ms", self.node, r.name, r.proc.pid,

@@ -55,7 +55,9 @@ def test_refused_request_is_answered_at_once_and_sets_nothing():
 def test_caught_up_target_gets_take_leadership_then_success_when_it_leads():
     tc = TransferCore(CFG)
     assert tc.request("n1", b"id", 7, -1, view(n1=BEHIND), NOW) == [SetTransferee("n1")]
-    assert tc.tick(view(n1=BEHIND), NOW + 50) == []  # not caught up yet: wait
+    assert tc.next_check_ms(NOW) == NOW  # drive it at once
+    assert tc.tick(view(n1=BEHIND), NOW + 1) == []  # not caught up yet: wait
+    assert tc.next_check_ms(NOW + 2) == NOW + 51  # and look again soon
     (send,) = tc.tick(view(), NOW + 100)
     assert send == SendTakeLeadership("n1", 3, send.request_id) and send.request_id > 0
     assert tc.tick(view(), NOW + 150) == []  # sent once only
