@@ -82,10 +82,19 @@ class StoreReader:
     def follow_begin(self, ledger_begin_index: int) -> None:
         """Call with the published ledger begin: when retention has moved it, drop the mappings
         of the deleted files. Until a process unmaps a deleted file the kernel cannot give its
-        space back, so every long-lived reader calls this on its loop."""
-        if ledger_begin_index != self._seen_begin:
+        space back, so every long-lived reader calls this on its loop.
+
+        It also refreshes when the store generation moved (to an even value) since the last
+        refresh, so a mapping of a replaced file never outlives one loop. That alone does not
+        make a read safe (a truncation can start during it): `begin`/`validate` do."""
+        g = self._gen.read()
+        if ledger_begin_index != self._seen_begin or (g != self._seen_gen and g % 2 == 0):
             self._seen_begin = ledger_begin_index
-            self.refresh()
+            try:
+                self.refresh()
+            except StaleRead:
+                return  # files changing under the listing: the next loop looks again
+            self._seen_gen = g
 
     def refresh(self) -> None:
         """Map files created since the last look, unmap deleted ones, re-map replaced ones.

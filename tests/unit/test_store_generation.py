@@ -243,3 +243,25 @@ def test_decoder_marks_rows_stale_when_the_store_keeps_changing(tmp_path, monkey
     assert all(r[7] == STALE_ERROR for r in rows)
     d.close()
     c.close()
+
+
+def test_follow_begin_drops_a_replaced_mapping_even_without_begin(tmp_path):
+    """Every long-lived reader calls follow_begin on its loop: a mapping of a replaced file
+    must not survive it (t2c: the dispatcher's reader kept it for ever, COMPARE succeeded on a
+    stale term and a follower committed different entries)."""
+    s = SegmentStore(_cfg(tmp_path))
+    s.open()
+    try:
+        for i in range(12):
+            s.append_leader(_old(i), 1)
+        r = StoreReader(tmp_path)
+        r.follow_begin(s.ledger_begin_index)
+        assert r.term_at(10) == 1
+        _truncate_and_rewrite(s)
+        r.follow_begin(s.ledger_begin_index)  # begin unchanged; the generation moved
+        assert r.term_at(10) == 2
+        blob, n, _recs = r.get_run(8, s.ledger_end_index, 3, 1 << 20)
+        assert _bodies(blob) == [(i, 2, b"T2-new-%02d" % i) for i in range(8, 8 + n)]
+        r.close()
+    finally:
+        s.close()
