@@ -68,6 +68,8 @@ def damaged_term_file(path: Path, e: Exception) -> str:
     text = str(e)
     if text.startswith(str(path)):
         text = text[len(str(path)):].lstrip(": ")
+    if isinstance(e, LayoutError):  # the store's own words: they already say it is damaged
+        return f"{path}: {text}"
     return f"{path}: damaged term/vote file: {text}"
 
 
