@@ -1,88 +1,136 @@
 """The ack checker role (DLedger's QuorumAckChecker), active while this node leads.
 
 Woken by the dispatchers whenever a follower's watermark moves (and by role changes), it
-computes the quorum index from the *current term's* watermarks — the leader's own ledger end
-and each follower's match index whose match term is the current term (older terms' watermarks
-count as -1, which is how they are "cleaned") — and accepts it only if the entry there is of
-the current term (Raft §5.4.2). The result goes to the shared block (quorum_index, quorum_term)
-and a wake-up to the handler, which owns the pending client replies: it advances the committed
-index, answers SUCCESS, and times out or fails (TERM_CHANGED) what cannot complete.
+applies the pure rule `node.core.replication.quorum_advance`: the quorum index of the *current
+term's* watermarks — the leader's own ledger end and each follower's match index whose match
+term is the current term (older terms' watermarks count as -1, which is how they are "cleaned")
+— accepted only if the entry there is of the current term (Raft §5.4.2). The result goes to the
+shared block (quorum_index, quorum_term) and a wake-up to the handler, which owns the pending
+client replies: it advances the committed index, answers SUCCESS, and times out or fails
+(TERM_CHANGED) what cannot complete.
+
+It acts only while this node holds the leader lease (contract C3), reads the ledger group once
+per decision, and fences its store read (the term at the quorum index) with that snapshot's
+store generation (contract C1): a truncation that re-created a segment file must not make it
+read an old-term entry's term.
+
+I/O is injectable (contract C7): `run()` builds the sockets and sets a zmq `transport`
+(`commit_wakeup`); the simulator sets its own and calls `tick`.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import zmq
 
 from ipc.codes import Role
 from ipc.sockets import drain, pull, push, sub
 from node import channels
-from node.core.replication import commit_index, quorum_index
+from node.core.lease import holds_lease, lease_ms
+from node.core.replication import current_term_watermarks, quorum_advance
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
+
+IDLE_POLL_MS = 1000
+LEASE_POLL_MS = 5  # a LEADER without a lease looks again this often (renewals wake nobody)
+
+
+class AckTransport(Protocol):
+    def commit_wakeup(self) -> None: ...
+
+
+class ZmqAckTransport:
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+
+    def commit_wakeup(self) -> None:
+        try:
+            self.sock.send(channels.COMMIT_MSG, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the handler also re-reads the quorum on its own timer
 
 
 class AckChecker:
     def __init__(self, rc: RoleContext) -> None:
         self.rc = rc
         self.state = rc.state
+        self.log = rc.log
         self.self_slot = rc.cfg.self_slot
         self.n = len(rc.cfg.peer_ids)
         self.reader = StoreReader(rc.cfg.store_dir)
+        self.transport: AckTransport | None = None
+        self.lease = lease_ms(rc.cfg.election_config())
+        self._lease_wait = False  # the last check found LEADER without a lease
+
+    def now(self) -> int:
+        return self.rc.clock()
 
     def check(self) -> bool:
-        """One quorum computation; True if the quorum index moved."""
+        """One quorum computation on one member and one ledger snapshot; True if the quorum
+        index moved (and was published)."""
         m = self.state.read_member()
-        if m.role != Role.LEADER:
+        if not holds_lease(m.role, m.last_quorum_heartbeat_ms, self.now(), self.lease):
+            self._lease_wait = m.role == Role.LEADER
             return False
+        self._lease_wait = False
         term = m.current_term
         led = self.state.read_ledger()
-        marks = []
+        peers = []
         for slot in range(self.n):
             if slot == self.self_slot:
-                marks.append(led.ledger_end_index)
+                peers.append((led.ledger_end_index, term))
             else:
                 p = self.state.read_peer(slot)
-                marks.append(p.match_index if p.match_term == term else -1)
-        q = quorum_index(marks)
+                peers.append((p.match_index, p.match_term))
+        marks = current_term_watermarks(term, self.self_slot, led.ledger_end_index, peers)
         prev = self.state.read_quorum()
-        committed = prev.quorum_index if prev.quorum_term == term else -1
-        if q <= committed or q < 0:
-            return False
+        gen = led.store_generation
         try:
-            t = self.reader.term_at(q)
+            self.reader.begin(gen)
+            new = quorum_advance(term, marks, prev.quorum_index, prev.quorum_term, self.reader.term_at)
+            self.reader.validate(gen)  # the term we read is of the log the snapshot describes
         except StaleRead:
             return False
-        new = commit_index(q, t, term, committed)
-        if new == committed:
+        if new is None:
             return False
         self.state.write_quorum(quorum_index=new, quorum_term=term)
         self.state.incr("quorum_advances")
         return True
+
+    def tick(self) -> None:
+        """Input: one loop turn — unmap files retention deleted, check, wake the handler."""
+        self.reader.follow_begin(self.state.read_ledger().ledger_begin_index)
+        if self.check():
+            self.transport.commit_wakeup()
+
+    def next_wait_ms(self) -> int:
+        return LEASE_POLL_MS if self._lease_wait else IDLE_POLL_MS
+
+    def close(self) -> None:
+        self.reader.close()
 
     def run(self) -> None:
         rc = self.rc
         acks = pull(rc.zctx, rc.channel(channels.ACK))
         roles = sub(rc.zctx, rc.channel(channels.ROLE))
         appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)  # a 1-node group's own end
-        wake_handler = push(rc.zctx, rc.channel(channels.COMMIT))
+        self.transport = ZmqAckTransport(push(rc.zctx, rc.channel(channels.COMMIT)))
         poller = zmq.Poller()
         for s in (acks, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
-        while not rc.should_stop():
-            events = dict(poller.poll(1000))
-            if rc.wake_fd in events:
-                rc.drain_wake()
-                del events[rc.wake_fd]
-            for s in events:
-                drain(s)
-            self.reader.follow_begin(self.state.read_ledger().ledger_begin_index)  # unmap deleted files
-            if self.check():
-                try:
-                    wake_handler.send(channels.COMMIT_MSG, zmq.NOBLOCK)
-                except zmq.Again:
-                    pass  # the handler also re-reads the quorum on its own timer
-            rc.beat()
-        self.reader.close()
+        try:
+            while not rc.should_stop():
+                events = dict(poller.poll(self.next_wait_ms()))
+                if rc.wake_fd in events:
+                    rc.drain_wake()
+                    del events[rc.wake_fd]
+                for s in events:
+                    drain(s)
+                self.tick()
+                rc.beat()
+        finally:
+            self.close()
 
 
 def main() -> int:

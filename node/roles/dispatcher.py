@@ -9,6 +9,19 @@ and wakes the ack checker when it moves.
 Wake-ups are events: the handler's "appended" publication, the elector's role changes, the
 follower's responses, and the core's own deadline (push timeouts, idle COMMIT once a second).
 
+One ledger snapshot per decision, and the store generation fence (contract C1): the pump reads
+the ledger group once, calls `reader.begin(led.store_generation)` before reading the store and
+`reader.validate(led.store_generation)` after reading and encoding and BEFORE sending. A
+truncation on this node (while it followed) deletes segment files that later appends re-create
+under the same names; without the fence a long-lived dispatcher could push old-term entries
+it still maps (repro t2c: divergent committed entries).
+
+Leadership is a lease (contract C3): the dispatcher pushes only while `holds_lease(...)`.
+
+I/O is injectable (contract C7): no socket is built in `__init__`; `run()` sets a zmq
+`transport` (send / ack) and loops calling `tick`, `on_reply`, `flush_ack`; the simulator sets its
+own transport. Every time is `self.now()` (`rc.clock`).
+
 Flow control: while the follower is more than `max_pending_pushes` entries behind, bytes sent
 are limited to `peer_push_quota` per second over a sliding one-second window, so catching up one
 slow follower cannot starve the others or the leader's own work.
@@ -17,6 +30,7 @@ slow follower cannot starve the others or the leader's own work.
 from __future__ import annotations
 
 import collections
+from typing import Protocol
 
 import zmq
 
@@ -25,6 +39,7 @@ from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from ipc.sockets import data_address, dealer, drain, push, sub
 from node import channels
+from node.core.lease import holds_lease, lease_ms
 from node.core.replication import (
     Append,
     Commit,
@@ -36,11 +51,41 @@ from node.core.replication import (
     Truncate,
 )
 from node.roles.runtime import RoleContext, role_main
-from node.shared_state import monotonic_ms
+from node.shared_state import LedgerView, MemberView
 from node.store.reader import StaleRead, StoreReader
+
+LEASE_POLL_MS = 5  # a LEADER without a lease looks at the block this often (no wake-up for renewals)
+STALE_RETRY_MS = 5  # after a read the generation fence refused: try again with a new snapshot
 
 _KIND = {P.PushKind.APPEND: "APPEND", P.PushKind.COMMIT: "COMMIT", P.PushKind.COMPARE: "COMPARE",
          P.PushKind.TRUNCATE: "TRUNCATE"}
+
+
+class DispatcherTransport(Protocol):
+    def send(self, frame: bytes) -> bool: ...
+    def ack(self, slot: int, match_index: int) -> None: ...
+
+
+class ZmqDispatcherTransport:
+    """The real sockets: a DEALER to the follower's data port and the PUSH to the ack checker."""
+
+    def __init__(self, sock: zmq.Socket, ack: zmq.Socket, peer: str) -> None:
+        self.sock, self.ack_sock, self.peer = sock, ack, peer
+
+    def send(self, frame: bytes) -> bool:
+        if P.faults.drop_push() or P.faults.blocked(self.peer):
+            return True  # lost on the wire: the core's timeouts resend
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # follower unreachable (IMMEDIATE)
+            return False
+        return True
+
+    def ack(self, slot: int, match_index: int) -> None:
+        try:
+            self.ack_sock.send(channels.ACK_MSG.pack(slot, match_index), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
 
 class Dispatcher:
@@ -54,7 +99,8 @@ class Dispatcher:
         self.core = DispatcherCore(DispatcherConfig(
             max_pending=self.cfg.max_pending_pushes, max_push_timeout_ms=self.cfg.max_push_timeout_ms))
         self.reader = StoreReader(self.cfg.store_dir)
-        self.epoch = -1
+        self.transport: DispatcherTransport | None = None
+        self.lease = lease_ms(self.cfg.election_config())
         self.rid = 0
         self.inflight: dict[int, tuple[str, int]] = {}  # request id → (kind, first index)
         self.window: collections.deque[tuple[int, int]] = collections.deque()  # (ms, bytes) sent
@@ -62,13 +108,15 @@ class Dispatcher:
         self.max_batch = self.cfg.max_batch_push_size if self.cfg.enable_batch_push else 1
         self._alive = bool(self.state.read_peer(self.slot).alive)
         self._moved = False
+        self._leasing = False  # LEADER with a lease at the last tick
+
+    def now(self) -> int:
+        return self.rc.clock()
 
     # ------------------------------------------------------------------ helpers
-    def _sync_role(self) -> None:
-        m = self.state.read_member()
+    def _sync_role(self, m: MemberView, led: LedgerView) -> None:
         if m.role == Role.LEADER:
             if self.core.state == PushState.IDLE or m.current_term != self.core.term:
-                led = self.state.read_ledger()
                 self.core.become_leader(m.current_term, led.ledger_end_index)
                 self.inflight.clear()
                 self.state.write_peer(self.slot, match_index=-1, match_term=m.current_term)
@@ -89,20 +137,16 @@ class Dispatcher:
         far_behind = led_end - next_index > self.cfg.peer_push_throttle_point
         return not far_behind or self.window_bytes < self.cfg.peer_push_quota
 
-    def _send(self, msg: P.PushRequest, kind: str, first: int, nbytes: int, now: int) -> bool:
-        if P.faults.drop_push() or P.faults.blocked(self.peer):
-            return True  # lost on the wire: the core's timeouts resend
-        try:
-            self.sock.send(P.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:  # follower unreachable (IMMEDIATE): try again on the next deadline
+    def _send(self, frame: bytes, request_id: int, kind: str, first: int, nbytes: int, now: int) -> bool:
+        if not self.transport.send(frame):  # follower unreachable: try again on the next deadline
             if self._alive:
                 self._alive = False
                 self.state.write_peer(self.slot, alive=0)
             return False
-        if not self._alive:  # the IMMEDIATE socket took it: the follower is connected
+        if not self._alive:  # the transport took it: the follower is connected
             self._alive = True
             self.state.write_peer(self.slot, alive=1)
-        self.inflight[msg.request_id] = (kind, first)
+        self.inflight[request_id] = (kind, first)
         if len(self.inflight) > 4 * self.cfg.max_pending_pushes:
             self._forget_oldest_inflight()
         self.state.incr_peer(self.slot, "pushes_sent")
@@ -118,86 +162,108 @@ class Dispatcher:
         for rid in sorted(self.inflight)[: len(self.inflight) // 2]:
             del self.inflight[rid]
 
-    def _pump(self) -> None:
-        """Send whatever the core wants until it wants nothing (or the socket is full)."""
+    def tick(self) -> None:
+        """Input: one loop turn — sync the role from one member snapshot, then pump."""
+        now = self.now()
+        m = self.state.read_member()
+        led = self.state.read_ledger()
+        self._sync_role(m, led)
+        self._leasing = (self.core.state != PushState.IDLE
+                         and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
+        if self._leasing:
+            self._pump(m)
+
+    def _pump(self, m: MemberView) -> None:
+        """Send whatever the core wants until it wants nothing (or the transport is full). Each
+        decision reads one ledger snapshot and fences its store reads with its generation."""
         term = self.core.term
         for _ in range(64):
-            now = monotonic_ms()
+            now = self.now()
+            if not holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease):
+                return
             led = self.state.read_ledger()
+            gen = led.store_generation
             self.reader.follow_begin(led.ledger_begin_index)  # unmap what retention deleted
+            action = None
             try:
+                self.reader.begin(gen)
                 action = self.core.next_action(now, led.ledger_begin_index, led.ledger_end_index,
                                                led.committed_index, self.reader.term_at)
+                if action is None:
+                    return
+                out = self._build(action, led, term, now)
+                if out is None:
+                    return
+                frame, kind, first, nbytes, n = out
+                self.reader.validate(gen)  # after reading and encoding, before sending
             except StaleRead as e:
-                self.log.debug("store not readable yet: %s", e)
+                self.log.debug("store changed under the read (generation %d): %s", gen, e)
+                if isinstance(action, (Compare, Truncate)):
+                    self.core.inflight_request = None  # not sent: ask again with a new snapshot
+                self.core.not_before_ms = now + STALE_RETRY_MS
                 return
-            if action is None:
-                return
-            self.rid += 1
-            base = dict(group=self.cfg.group, remote_id=self.peer, leader_id=self.cfg.id, term=term,
-                        commit_index=led.committed_index, request_id=self.rid)
-            if isinstance(action, Compare):
-                msg = P.PushRequest(kind=P.PushKind.COMPARE, pre_log_index=action.pre_index,
-                                    pre_log_term=action.pre_term, **base)
-                ok = self._send(msg, "COMPARE", action.pre_index, 0, now)
-            elif isinstance(action, Truncate):
-                msg = P.PushRequest(kind=P.PushKind.TRUNCATE, first_index=action.index, **base)
-                ok = self._send(msg, "TRUNCATE", action.index, 0, now)
-            elif isinstance(action, Append):
-                if not self._quota_ok(now, led.ledger_end_index, action.first_index):
-                    self.core.not_before_ms = self.window[0][0] + 1000  # sleep until quota frees
-                    return
-                try:
-                    blob, n, recs = self.reader.get_run(action.first_index, led.ledger_end_index,
-                                                        action.max_count if self.max_batch > 1 else 1,
-                                                        self.max_batch)
-                except StaleRead as e:
-                    self.log.debug("read of %d failed: %s", action.first_index, e)
-                    self.reader.refresh()
-                    return
-                # Raft's AppendEntries check rides along: the entry before the batch and its
-                # term, so the follower only appends onto a log that matches ours.
-                pre = action.first_index - 1
-                pre_term = self.reader.term_at(pre) if pre >= max(led.ledger_begin_index, 0) else -1
-                msg = P.PushRequest(kind=P.PushKind.APPEND, first_index=action.first_index, count=n,
-                                    entries=blob, pre_log_index=pre, pre_log_term=pre_term,
-                                    index_records=recs, **base)
-                ok = self._send(msg, "APPEND", action.first_index, len(blob), now)
-                if ok:
-                    self.core.sent(action, now, action.first_index + n - 1)
-                    self.state.incr_peer(self.slot, "entries_pushed", n)
-                    continue
-            elif isinstance(action, Commit):
-                # The committed entry's term rides along, so a follower whose handler restarted
-                # (and forgot what it verified) can still check it holds that entry.
-                ci = action.commit_index
-                ci_term = self.reader.term_at(ci) if ci >= max(led.ledger_begin_index, 0) else -1
-                msg = P.PushRequest(kind=P.PushKind.COMMIT, pre_log_index=ci, pre_log_term=ci_term,
-                                    **{**base, "commit_index": ci})
-                ok = self._send(msg, "COMMIT", action.commit_index, 0, now)
-                if ok:
-                    self.core.sent(action, now)
-            elif isinstance(action, NeedSnapshot):
-                self.log.error("%s needs entry %d, which this leader no longer has (deleted by "
-                               "retention); snapshots are not supported: the follower must be "
-                               "re-seeded from a replica's store", self.peer, action.index)
-                self.core.not_before_ms = now + 5000
-                return
-            else:  # pragma: no cover
-                return
+            ok = self._send(frame, self.rid, kind, first, nbytes, now)
             if not ok:
                 self.core.inflight_request = None
                 self.core.not_before_ms = now + 50
                 return
+            if isinstance(action, Append):
+                self.core.sent(action, now, action.first_index + n - 1)
+                self.state.incr_peer(self.slot, "entries_pushed", n)
+            elif isinstance(action, Commit):
+                self.core.sent(action, now)
 
-    def _on_reply(self, frame: bytes) -> None:
+    def _build(self, action: object, led: LedgerView, term: int,
+               now: int) -> tuple[bytes, str, int, int, int] | None:
+        """Read what `action` needs and encode its request: (frame, kind, first, bytes, count),
+        or None when nothing is to be sent now."""
+        self.rid += 1
+        base = dict(group=self.cfg.group, remote_id=self.peer, leader_id=self.cfg.id, term=term,
+                    commit_index=led.committed_index, request_id=self.rid)
+        if isinstance(action, Compare):
+            msg = P.PushRequest(kind=P.PushKind.COMPARE, pre_log_index=action.pre_index,
+                                pre_log_term=action.pre_term, **base)
+            return P.encode(msg), "COMPARE", action.pre_index, 0, 0
+        if isinstance(action, Truncate):
+            msg = P.PushRequest(kind=P.PushKind.TRUNCATE, first_index=action.index, **base)
+            return P.encode(msg), "TRUNCATE", action.index, 0, 0
+        if isinstance(action, Append):
+            if not self._quota_ok(now, led.ledger_end_index, action.first_index):
+                self.core.not_before_ms = self.window[0][0] + 1000  # sleep until quota frees
+                return None
+            blob, n, recs = self.reader.get_run(action.first_index, led.ledger_end_index,
+                                                action.max_count if self.max_batch > 1 else 1,
+                                                self.max_batch)
+            # Raft's AppendEntries check rides along: the entry before the batch and its
+            # term, so the follower only appends onto a log that matches ours.
+            pre = action.first_index - 1
+            pre_term = self.reader.term_at(pre) if pre >= max(led.ledger_begin_index, 0) else -1
+            msg = P.PushRequest(kind=P.PushKind.APPEND, first_index=action.first_index, count=n,
+                                entries=blob, pre_log_index=pre, pre_log_term=pre_term,
+                                index_records=recs, **base)
+            return P.encode(msg), "APPEND", action.first_index, len(blob), n
+        if isinstance(action, Commit):
+            # The committed entry's term rides along, so a follower whose handler restarted
+            # (and forgot what it verified) can still check it holds that entry.
+            ci = action.commit_index
+            ci_term = self.reader.term_at(ci) if ci >= max(led.ledger_begin_index, 0) else -1
+            msg = P.PushRequest(kind=P.PushKind.COMMIT, pre_log_index=ci, pre_log_term=ci_term,
+                                **{**base, "commit_index": ci})
+            return P.encode(msg), "COMMIT", ci, 0, 0
+        if isinstance(action, NeedSnapshot):
+            self.log.error("%s needs entry %d, which this leader no longer has (deleted by "
+                           "retention); snapshots are not supported: the follower must be "
+                           "re-seeded from a replica's store", self.peer, action.index)
+            self.core.not_before_ms = now + 5000
+        return None
+
+    def on_reply(self, frame: bytes) -> None:
+        """Input: one frame from the follower."""
         try:
             msg = P.decode(frame, max_frame=self.cfg.max_frame_size)
         except P.ProtocolError:
             return
-        if isinstance(msg, P.ErrorResponse):
-            kind, first = self.inflight.pop(msg.request_id, ("", -1))
-        elif isinstance(msg, P.PushResponse):
+        if isinstance(msg, (P.ErrorResponse, P.PushResponse)):
             kind, first = self.inflight.pop(msg.request_id, ("", -1))
         else:
             return
@@ -205,7 +271,7 @@ class Dispatcher:
             return  # an answer to a request of an earlier incarnation/term
         if msg.term > self.core.term:
             return  # the follower has a newer term: the elector will find out via heartbeats
-        now = monotonic_ms()
+        now = self.now()
         if isinstance(msg, P.PushResponse):
             moved = self.core.on_response(kind, msg.code, now, index=msg.index, end_index=msg.end_index,
                                           x_term=msg.x_term, x_index=msg.x_index, first_index=first)
@@ -215,52 +281,61 @@ class Dispatcher:
             self.state.write_peer(self.slot, match_index=self.core.match_index, match_term=self.core.term,
                                   alive=1, last_ack_ms=now)
         if moved:
-            self._moved = True  # the ack checker is woken once per burst of replies (_flush_ack)
+            self._moved = True  # the ack checker is woken once per burst of replies (flush_ack)
 
-    def _flush_ack(self) -> None:
+    def flush_ack(self) -> None:
+        """Wake the ack checker once per burst of replies that moved the watermark."""
         if self._moved:
             self._moved = False
-            try:
-                self.ack.send(channels.ACK_MSG.pack(self.slot, self.core.match_index), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+            self.transport.ack(self.slot, self.core.match_index)
+
+    def next_wait_ms(self) -> int:
+        """How long the loop may sleep before `tick` has something to do without input."""
+        if self.core.state == PushState.IDLE:
+            return 1000
+        if not self._leasing:
+            return LEASE_POLL_MS
+        now = self.now()
+        committed = self.state.read_ledger().committed_index
+        return max(1, min(1000, self.core.next_deadline(now, committed) - now))
+
+    def close(self) -> None:
+        self.reader.close()
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         rc = self.rc
         host, port = self.cfg.peer_map[self.peer]
-        self.sock = dealer(rc.zctx, data_address(host, port))
-        self.sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
+        sock = dealer(rc.zctx, data_address(host, port))
+        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
         roles = sub(rc.zctx, rc.channel(channels.ROLE))
         appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)
-        self.ack = push(rc.zctx, rc.channel(channels.ACK))
+        ack = push(rc.zctx, rc.channel(channels.ACK))
+        self.transport = ZmqDispatcherTransport(sock, ack, self.peer)
         poller = zmq.Poller()
-        for s in (self.sock, roles, appended, rc.wake_fd):
+        for s in (sock, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
-        while not rc.should_stop():
-            self._sync_role()
-            self._pump()
-            now = monotonic_ms()
-            committed = self.state.read_ledger().committed_index
-            wait = (1000 if self.core.state == PushState.IDLE
-                    else self.core.next_deadline(now, committed) - now)
-            events = dict(poller.poll(max(1, min(1000, wait))))
-            if rc.wake_fd in events:
-                rc.drain_wake()
-            for s in (roles, appended):
-                if s in events:
-                    drain(s)
-            if self.sock in events:
-                for _ in range(1024):
-                    try:
-                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    if len(frames) == 1:
-                        self._on_reply(frames[0])
-                self._flush_ack()
-            rc.beat()
-        self.reader.close()
+        try:
+            while not rc.should_stop():
+                self.tick()
+                events = dict(poller.poll(self.next_wait_ms()))
+                if rc.wake_fd in events:
+                    rc.drain_wake()
+                for s in (roles, appended):
+                    if s in events:
+                        drain(s)
+                if sock in events:
+                    for _ in range(1024):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if len(frames) == 1:
+                            self.on_reply(frames[0])
+                    self.flush_ack()
+                rc.beat()
+        finally:
+            self.close()
 
 
 def main() -> int:

@@ -1,41 +1,39 @@
 """The handler role: the store's single writer and the node's data port.
 
-It opens (and so recovers) the store, publishes ledger begin/end/term and the committed index
-to the shared block, and serves the data port: client requests and the leader's pushes. Every
-frame is untrusted: anything that does not decode, or names another group or member, gets an
-error reply with a code and is counted — the loop never dies of input (SPEC §7).
+It opens (and so recovers) the store, publishes ledger begin/end/term, the committed index and
+the store generation to the shared block, and serves the data port: client requests and the
+leader's pushes. Every frame is untrusted: anything that does not decode, or names another group
+or member, gets an error reply with a code and is counted — the loop never dies of input (SPEC §7).
+
+The Raft rules live in node/core (docs/replication.md); this class does the I/O around them:
+* follower side: `node.core.follower.FollowerCore` decides every push on ONE member snapshot
+  taken here per request; the handler executes its effects (store writes under the member lock
+  after re-checking a fresh snapshot still shows the same leadership, replies, publishing);
+* leader side: appends, the term's NOOP and GET act as leader only while the block says LEADER
+  *and* the lease holds (`node.core.lease`); pending replies are a `node.core.pending.PendingTable`;
+  a linearizable GET waits for a heartbeat round that started after it arrived (contract C4);
+* a leader-side store write that fails with DISK_FULL / DISK_ERROR sets `store_unwritable_ms`
+  in the block (the elector steps down), and the NOOP is retried with a backoff — never a hot loop.
 
 A MULTI frame (several requests in one, from a pipelining client) is served request by request;
 consecutive single APPENDs in it share one store write, and replies to a peer that speaks MULTI
 are coalesced into one MULTI_RESPONSE per loop turn (`_flush_replies`).
 
-As leader (DLedgerServer.handleAppend): validate in DLedger's order (member, group, leader, not
-transferring), refuse with LEADER_PENDING_FULL / DISK_FULL / REQUEST_WITH_EMPTY_BODYS, append
-under the member lock (so "I lead term T → append with T → publish the ledger end" cannot
-interleave with the elector raising the term or granting a vote), register the reply as
-pending under (term, last index), and wake the dispatchers. The ack checker's "quorum moved"
-wake-up advances the committed index and completes pending replies; pending replies time out
-with WAIT_QUORUM_ACK_TIMEOUT and fail with TERM_CHANGED when leadership is lost (both
-indeterminate: the entry may still commit). On becoming leader it appends a NOOP entry, so
-entries of earlier terms commit without waiting for a client write (DLedger #305).
+I/O is injectable (contract C7): the class builds no socket; `run()` sets a zmq `transport` and
+loops calling the input methods (`handle_frame`, `on_commit_wakeup`, `on_control_reply`, `tick`);
+the simulator sets its own transport and calls the same methods. Every time is `self.now()`
+(`rc.clock`).
 
-As follower (EntryHandler): pushes are answered in order of index. An APPEND whose first index
-is ledgerEnd + 1 is stored at once (after Raft's check that the entry before it matches the
-leader's); one further ahead waits in a bounded queue keyed by first index (a duplicate key →
-REPEATED_PUSH); one already stored is acknowledged if it matches (never stuck on it: DLedger
-#331). COMPARE/TRUNCATE/COMMIT are handled immediately — the process never blocks on the queue
-(DLedger #282). Once a second queued pushes are checked: a gap that never fills is answered
-INCONSISTENT_STATE so the leader compares again. committed = min(leader's commit, the end this
-follower has verified against the current leader).
-
-A store that refuses to open (a damaged committed entry) is fatal: exit EXIT_FATAL, and the
+A store that refuses to open (a damaged committed entry) is fatal: `rc.fatal(message)`, and the
 supervisor stops the node with that message instead of restarting it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import errno
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import zmq
 
@@ -54,38 +52,82 @@ from ipc.sockets import (
     sub,
 )
 from node import channels
-from node.core.replication import decide_compare, follower_commit
+from node.core.follower import (
+    FollowerCore,
+    Reply,
+    SetCommitted,
+    StoreAppend,
+    StoreTruncate,
+    same_leadership,
+)
+from node.core.lease import holds_lease, lease_ms
+from node.core.pending import Pending, PendingTable
 from node.member_lock import MemberLock
 from node.roles.retention import RetentionService
 from node.roles.runtime import EXIT_FATAL, RoleContext, role_main
-from node.shared_state import NO_SLOT, monotonic_ms
+from node.shared_state import NO_SLOT, MemberView
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import LOCK_FILE
 from node.store.segment_store import SegmentStore, disk_usage_ratio
 
 MAX_GET_BYTES = 4 << 20
-ABNORMAL_CHECK_MS = 1000
 DISK_CHECK_MS = 1000
 MAX_MULTI_PEERS = 4096
+NOOP_RETRY_MIN_MS = 50
+NOOP_RETRY_MAX_MS = 1000
+READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
+DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
+
+
+class HandlerTransport(Protocol):
+    def reply(self, ident: bytes, frame: bytes) -> None: ...
+    def appended(self, end: int) -> None: ...
+    def control(self, frame: bytes) -> bool: ...
+
+
+class ZmqHandlerTransport:
+    """The real sockets: the data port ROUTER, the "appended" PUB and the control DEALER."""
+
+    def __init__(self, sock: zmq.Socket, appended_pub: zmq.Socket, ctl: zmq.Socket) -> None:
+        self.sock, self.appended_pub, self.ctl = sock, appended_pub, ctl
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        send_routed(self.sock, ident, frame)
+
+    def appended(self, end: int) -> None:
+        try:
+            self.appended_pub.send(channels.encode_appended(end), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def control(self, frame: bytes) -> bool:
+        try:
+            self.ctl.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # the elector is restarting
+            return False
+        return True
 
 
 @dataclass(slots=True)
-class Pending:
+class ParkedRead:
+    """A linearizable GET waiting for a quorum heartbeat round that started after it arrived."""
+
     ident: bytes
-    request_id: int
-    first_index: int
-    positions: list[int] | None  # None for a single APPEND
-    pos: int
+    req: P.GetRequest
+    arrived_ms: int
+    term: int
     deadline_ms: int
 
 
-@dataclass(slots=True)
-class QueuedPush:
-    ident: bytes
-    req: P.PushRequest
-    frame: bytes  # keeps the zero-copy blob alive
-    arrived_ms: int
+def store_error_code(e: BaseException) -> str:
+    """The response-code name for a failed store operation: a StoreError names its own; a bare
+    OSError that escaped the store is DISK_FULL for ENOSPC/EDQUOT, DISK_ERROR otherwise."""
+    if isinstance(e, StoreError):
+        return e.code_name
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "DISK_FULL"
+    return "DISK_ERROR"
 
 
 class Handler:
@@ -99,33 +141,69 @@ class Handler:
         self.single = len(self.peer_ids) == 1
         self.store = SegmentStore(self.cfg.store_config())
         self.lock = MemberLock(f"{self.cfg.store_dir}/{LOCK_FILE}")
-        self.sock: zmq.Socket | None = None
-        self.appended_pub: zmq.Socket | None = None
+        self.transport: HandlerTransport | None = None
+        ecfg = self.cfg.election_config()
+        self.lease = lease_ms(ecfg)
+        self.read_timeout_ms = 2 * ecfg.max_heartbeat_leak * ecfg.heartbeat_interval_ms
         # leader side
-        self.leader_term = -1
-        self.pending: OrderedDict[tuple[int, int], Pending] = OrderedDict()
-        self.pending_entries = 0
+        self.leader_term = -1  # the term whose NOOP this handler wrote (it leads that term)
+        self.noop_index = -1
+        self.noop_retry_ms = 0
+        self.noop_backoff_ms = 0
+        self.unwritable = False  # mirrors store_unwritable_ms != 0 (we are its only writer)
+        self.pending = PendingTable(self.cfg.max_pending_requests)
+        self.reads: list[ParkedRead] = []
         # follower side
-        self.follow_key: tuple[int, int] | None = None  # (term, leader slot) being followed
-        self.verified_end = -1  # my log matches the current leader's up to here
-        self.queue: dict[int, QueuedPush] = {}
-        self.next_abnormal_check = 0
+        self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
         self.disk_ratio = 0.0  # disk_usage_ratio(store dir), measured at most once a second
         self.disk_full = False
         self.next_disk_check = 0
-        self.ctl: zmq.Socket | None = None  # DEALER to the elector's control socket
         self.transfers: dict[int, tuple[bytes, int]] = {}  # forwarded id → (client ident, its id)
         self.next_transfer_id = 1
         self._appended = False
         self.multi_idents: set[bytes] = set()  # peers that speak MULTI: their replies coalesce
         self.outbox: dict[bytes, list[bytes]] = {}  # held replies, sent by _flush_replies
+        self.retention: RetentionService | None = None
+
+    def now(self) -> int:
+        return self.rc.clock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> None:
+        """Open (recover) the store and publish the ledger. A damaged store is fatal."""
+        try:
+            self.store.open()
+        except StoreCorruptError as e:
+            fatal = getattr(self.rc, "fatal", None)
+            if fatal is not None:
+                fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
+            self.log.error("%s", e)
+            raise SystemExit(EXIT_FATAL) from None
         self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
+        self.publish_ledger()
+
+    def close(self) -> None:
+        self._fail_all_pending()
+        self._fail_reads(RC.NOT_LEADER)
+        if self.transport is not None:
+            self._flush_replies()
+        self.store.close()
 
     # ------------------------------------------------------------------ shared state
     def publish_ledger(self) -> None:
         s = self.store
         self.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
-                                ledger_end_term=s.ledger_end_term, committed_index=s.committed_index)
+                                ledger_end_term=s.ledger_end_term, committed_index=s.committed_index,
+                                store_generation=s.generation)
+
+    def _mark_unwritable(self, failed: bool) -> None:
+        """Contract C2/C5: tell the elector whether this leader can write (it steps down if not)."""
+        if failed:
+            self.unwritable = True
+            self.state.set("store_unwritable_ms", max(1, self.now()))
+        elif self.unwritable:
+            self.unwritable = False
+            self.state.set("store_unwritable_ms", 0)
 
     def _wake_dispatchers(self) -> None:
         """Mark new entries; the loop publishes once per burst of requests (`_flush_wake`).
@@ -136,20 +214,23 @@ class Handler:
     def _flush_wake(self) -> None:
         if self._appended:
             self._appended = False
-            try:
-                self.appended_pub.send(channels.encode_appended(self.store.ledger_end_index), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+            self.transport.appended(self.store.ledger_end_index)
 
     def _slot_id(self, slot: int) -> str:
         return self.peer_ids[slot] if 0 <= slot < len(self.peer_ids) else ""
+
+    def _leading(self, m: MemberView, now: int) -> bool:
+        """Act as leader only while the block says LEADER of the term whose NOOP we wrote and the
+        lease holds (a paused or partitioned elector must not leave us serving: repro t5)."""
+        return (m.current_term == self.leader_term
+                and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
 
     # ------------------------------------------------------------------ replies
     def _reply(self, ident: bytes, msg: P.Message) -> None:
         if ident in self.multi_idents:
             self.outbox.setdefault(ident, []).append(P.encode(msg))
         else:
-            send_routed(self.sock, ident, P.encode(msg))
+            self.transport.reply(ident, P.encode(msg))
 
     def _flush_replies(self) -> None:
         """Send what `_reply` held back for MULTI-speaking peers: one frame per peer (per
@@ -158,26 +239,27 @@ class Handler:
             return
         for ident, frames in self.outbox.items():
             for i in range(0, len(frames), P.MAX_MULTI_COUNT):
-                send_routed(self.sock, ident, P.encode_multi(frames[i:i + P.MAX_MULTI_COUNT], response=True))
+                self.transport.reply(ident, P.encode_multi(frames[i:i + P.MAX_MULTI_COUNT], response=True))
         self.outbox.clear()
 
-    def _error(self, ident: bytes, req: P.Message | bytes, code: RC, reason: str = "") -> None:
-        m = self.state.read_member()
+    def _error(self, ident: bytes, req: P.Message | bytes, code: RC, reason: str = "",
+               m: MemberView | None = None) -> None:
+        m = m if m is not None else self.state.read_member()
         self._reply(ident, P.error_reply(req, code, group=self.cfg.group, term=m.current_term,
                                          leader_id=self._slot_id(m.leader_slot), reason=reason))
 
     def _push_reply(self, ident: bytes, req: P.PushRequest, code: RC, term: int, *, x_term: int = -1,
                     x_index: int = -1) -> None:
         s = self.store
-        self._reply(ident, P.PushResponse(code, self.cfg.group, term, self._slot_id(self._leader_slot()),
-                                          s.ledger_end_index, s.ledger_begin_index, s.ledger_end_index,
-                                          x_term, x_index, req.request_id))
-
-    def _leader_slot(self) -> int:
-        return self.follow_key[1] if self.follow_key else NO_SLOT
+        key = self.follower.key
+        leader = self._slot_id(key[1]) if key else ""
+        self._reply(ident, P.PushResponse(code, self.cfg.group, term, leader, s.ledger_end_index,
+                                          s.ledger_begin_index, s.ledger_end_index, x_term, x_index,
+                                          req.request_id))
 
     # ------------------------------------------------------------------ dispatch
     def handle_frame(self, ident: bytes, frame: bytes) -> None:
+        """Input: one frame from the data port."""
         msg = self._decode_checked(ident, frame)
         if msg is None:
             return
@@ -193,8 +275,7 @@ class Handler:
             msg = P.decode(frame, max_frame=self.cfg.max_frame_size, max_body=self.cfg.max_body_size)
         except P.ProtocolError as e:
             self.state.incr("bad_frames")
-            code = RC.UNEXPECTED_ARGUMENT
-            self._error(ident, frame, code, str(e)[:200])
+            self._error(ident, frame, RC.UNEXPECTED_ARGUMENT, str(e)[:200])
             return None
         if isinstance(msg, P.Multi) and not msg.response:
             return msg  # an envelope: its inner frames are checked one by one (on_multi)
@@ -247,32 +328,47 @@ class Handler:
 
     # ------------------------------------------------------------------ client requests
     def on_metadata(self, ident: bytes, req: P.MetadataRequest) -> None:
+        """A LEADER whose lease lapsed reports itself as CANDIDATE without a leader: it is not
+        sure it leads any more, and clients must not be sent to it (repro t5)."""
         m = self.state.read_member()
         led = self.state.read_ledger()
+        role, leader = Role(m.role), self._slot_id(m.leader_slot)
+        if role == Role.LEADER and not holds_lease(m.role, m.last_quorum_heartbeat_ms, self.now(), self.lease):
+            role, leader = Role.CANDIDATE, ""
         peers = []
         for slot, pid in enumerate(self.peer_ids):
             host, port = self.peer_map[pid]
             match = led.ledger_end_index if pid == self.cfg.id else self.state.read_peer(slot).match_index
             peers.append(P.PeerInfo(pid, f"{host}:{port}", match))
         self._reply(ident, P.MetadataResponse(
-            RC.SUCCESS, self.cfg.group, m.current_term, self._slot_id(m.leader_slot), self.cfg.id,
-            Role(m.role), led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
+            RC.SUCCESS, self.cfg.group, m.current_term, leader, self.cfg.id,
+            role, led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
             req.request_id))
 
     def on_get(self, ident: bytes, req: P.GetRequest) -> None:
-        """Committed entries only, a range per request (DLedger returns one, unchecked)."""
+        """Committed entries only, a range per request (DLedger returns one, unchecked). A
+        linearizable GET is parked until a quorum heartbeat round that started after it arrived
+        confirms this leader (`_serve_reads`)."""
+        now = self.now()
         m = self.state.read_member()
-        if m.role != Role.LEADER or m.current_term != self.leader_term:
-            self._error(ident, req, RC.NOT_LEADER)
+        if not self._leading(m, now):
+            self._error(ident, req, RC.NOT_LEADER, m=m)
             return
+        if req.count <= 0 or req.index < 0:
+            self._error(ident, req, RC.UNEXPECTED_ARGUMENT, "index must be >= 0 and count > 0", m=m)
+            return
+        if req.linearizable:
+            self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
+            self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
+            return
+        self._serve_get(ident, req, m)
+
+    def _serve_get(self, ident: bytes, req: P.GetRequest, m: MemberView) -> None:
         self.state.incr("gets")
         s = self.store
-        if req.count <= 0 or req.index < 0:
-            self._error(ident, req, RC.UNEXPECTED_ARGUMENT, "index must be >= 0 and count > 0")
-            return
         if s.ledger_begin_index < 0 or req.index < s.ledger_begin_index or req.index > s.committed_index:
             self._error(ident, req, RC.INDEX_OUT_OF_RANGE,
-                        f"committed range is [{s.ledger_begin_index}, {s.committed_index}]")
+                        f"committed range is [{s.ledger_begin_index}, {s.committed_index}]", m=m)
             return
         parts, i, left, size = [], req.index, min(req.count, s.committed_index - req.index + 1), 0
         try:
@@ -284,55 +380,85 @@ class Handler:
                 size += len(blob)
                 i += n
                 left -= n
-        except (StoreError, codec.CodecError) as e:
-            self._error(ident, req, RC[getattr(e, "code_name", "DISK_ERROR")], str(e)[:200])
+        except (StoreError, codec.CodecError, OSError) as e:
+            self._error(ident, req, RC[getattr(e, "code_name", store_error_code(e))], str(e)[:200], m=m)
             return
         self._reply(ident, P.GetResponse(RC.SUCCESS, self.cfg.group, m.current_term,
                                          self._slot_id(m.leader_slot), b"".join(parts), req.request_id))
 
+    def _serve_reads(self, m: MemberView, now: int) -> None:
+        """Contract C4: serve parked linearizable reads once the block shows LEADER of their term
+        with a quorum heartbeat round that *started* after they arrived, and this term's NOOP is
+        committed (read-index rule: the committed index is then at least the one at arrival);
+        NOT_LEADER when the role or term changed; TIMEOUT after ~2 election timeouts."""
+        if not self.reads:
+            return
+        keep = []
+        for r in self.reads:
+            if m.role != Role.LEADER or m.current_term != r.term or self.leader_term != r.term:
+                self._error(r.ident, r.req, RC.NOT_LEADER, m=m)
+            elif m.last_quorum_heartbeat_ms >= r.arrived_ms and self.store.committed_index >= self.noop_index:
+                self._serve_get(r.ident, r.req, m)
+            elif now >= r.deadline_ms:
+                self._error(r.ident, r.req, RC.TIMEOUT, "leadership not confirmed in time", m=m)
+            else:
+                keep.append(r)
+        self.reads = keep
+
+    def _fail_reads(self, code: RC) -> None:
+        reads, self.reads = self.reads, []
+        for r in reads:
+            self._error(r.ident, r.req, code)
+
     def _check_disk(self, now: int) -> None:
         if now >= self.next_disk_check:
             self.next_disk_check = now + DISK_CHECK_MS
-            self.disk_ratio = disk_usage_ratio(self.cfg.store_dir)
+            try:
+                self.disk_ratio = disk_usage_ratio(self.cfg.store_dir)
+            except OSError:
+                self.disk_ratio = 0.0
             self.disk_full = self.disk_ratio > self.cfg.disk_full_ratio
 
-    def _refuse_append(self, n: int) -> tuple[RC, str] | None:
+    def _refuse_append(self, n: int, m: MemberView, now: int) -> tuple[RC, str] | None:
         """DLedger's order of checks for an append of `n` entries; None = admit."""
-        m = self.state.read_member()
-        if m.role != Role.LEADER or m.current_term != self.leader_term:
+        if not self._leading(m, now):
             return RC.NOT_LEADER, ""
         if m.transferee_slot != NO_SLOT:
             return RC.LEADER_TRANSFERRING, ""
-        if self.pending_entries + n > self.cfg.max_pending_requests:
+        if self.pending.full(n):
             return RC.LEADER_PENDING_FULL, ""
-        self._check_disk(monotonic_ms())
+        self._check_disk(now)
         if self.disk_full:
             return RC.DISK_FULL, ""
         return None
 
-    def _write_as_leader(self, write):  # noqa: ANN001, ANN202 - write(term) -> store result
-        """Run the store write under the member lock, after re-checking this node still leads
-        its term, so "I lead term T → append with T → publish the ledger end" cannot interleave
-        with the elector raising the term or granting a vote. Returns ((term, result), None)
-        or (None, (code, reason))."""
+    def _write_as_leader(self, write: Callable[[int], Any]) -> tuple[tuple[int, Any] | None, tuple[RC, str] | None]:
+        """Run the store write under the member lock, after re-checking (fresh snapshot) that this
+        node still leads its term with a lease, so "I lead term T → append with T → publish the
+        ledger end" cannot interleave with the elector raising the term or granting a vote.
+        Returns ((term, result), None) or (None, (code, reason))."""
         term = self.leader_term
         try:
             with self.lock:
                 m = self.state.read_member()
-                if m.role != Role.LEADER or m.current_term != term:
+                if not self._leading(m, self.now()):
                     return None, (RC.NOT_LEADER, "")
                 result = write(term)
                 self.publish_ledger()
-        except StoreError as e:
+        except (StoreError, OSError) as e:
+            code = store_error_code(e)
             self.state.incr("append_errors")
-            return None, (RC[e.code_name], str(e)[:200])
+            self.log.error("append in term %d failed: %s", term, e)
+            if code in DISK_CODES:
+                self._mark_unwritable(True)
+            return None, (RC[code], str(e)[:200])
+        self._mark_unwritable(False)
         return (term, result), None
 
     def _register_appended(self, requests: int, entries: int) -> None:
         """Book-keeping once an append's pending replies are registered."""
         self.state.incr("appends", requests)
         self.state.incr("entries_appended", entries)
-        self.pending_entries += entries
         self._wake_dispatchers()
         if self.single:
             self._commit_to(self.store.ledger_end_index)
@@ -340,7 +466,9 @@ class Handler:
     def on_append(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest) -> None:
         batch = isinstance(req, P.BatchAppendRequest)
         n = len(req.bodies) if batch else 1
-        refused = self._refuse_append(n)
+        now = self.now()
+        m = self.state.read_member()
+        refused = self._refuse_append(n, m, now)
         if refused is None and batch and n == 0:
             refused = RC.REQUEST_WITH_EMPTY_BODYS, ""
         if refused is None:
@@ -349,7 +477,7 @@ class Handler:
                 (lambda t: store.append_batch_raw(req.bodies, t)) if batch else
                 (lambda t: store.append_leader(req.body, t)))
         if refused is not None:
-            self._error(ident, req, *refused)
+            self._error(ident, req, *refused, m=m)
             return
         term, r = done
         if batch:
@@ -358,26 +486,28 @@ class Handler:
         else:
             first = last = r.index
             positions, pos = None, r.pos
-        self.pending[(term, last)] = Pending(ident, req.request_id, first, positions, pos,
-                                             monotonic_ms() + self.cfg.max_wait_ack_ms)
+        self.pending.register(term, last, Pending(ident, req.request_id, first, positions, pos,
+                                                  now + self.cfg.max_wait_ack_ms))
         self._register_appended(1, n)
 
     def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
         """Several single APPENDs from one MULTI: one store write, one reply each."""
         n = len(reqs)
-        refused = self._refuse_append(n)
+        now = self.now()
+        m = self.state.read_member()
+        refused = self._refuse_append(n, m, now)
         if refused is None:
             done, refused = self._write_as_leader(
                 lambda t: self.store.append_batch_raw([r.body for r in reqs], t))
         if refused is not None:
             for r in reqs:
-                self._error(ident, r, *refused)
+                self._error(ident, r, *refused, m=m)
             return
         term, (first, positions) = done
-        deadline = monotonic_ms() + self.cfg.max_wait_ack_ms
-        pending = self.pending
+        deadline = now + self.cfg.max_wait_ack_ms
         for i, r in enumerate(reqs):
-            pending[(term, first + i)] = Pending(ident, r.request_id, first + i, None, positions[i], deadline)
+            self.pending.register(term, first + i, Pending(ident, r.request_id, first + i, None, positions[i],
+                                                           deadline))
         self._register_appended(n, n)
 
     # ------------------------------------------------------------------ commit / pending
@@ -387,17 +517,10 @@ class Handler:
         self.store.set_committed_index(index)
         self.publish_ledger()
         self.state.incr("commits_published")
-        committed = self.store.committed_index
-        while self.pending:
-            (term, last), p = next(iter(self.pending.items()))
-            if last > committed:
-                break
-            self.pending.popitem(last=False)
+        for term, last, p in self.pending.complete(self.store.committed_index):
             self._complete(term, last, p, RC.SUCCESS)
 
     def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
-        n = len(p.positions) if p.positions is not None else 1
-        self.pending_entries -= n
         leader = self.cfg.id if code == RC.SUCCESS else ""
         if code != RC.SUCCESS:
             msg = P.ErrorResponse(code, self.cfg.group, term, leader, "", int(
@@ -416,49 +539,63 @@ class Handler:
         if q.quorum_term == self.leader_term:
             self._commit_to(min(q.quorum_index, self.store.ledger_end_index))
 
+    def on_commit_wakeup(self) -> None:
+        """Input: the ack checker says the quorum index moved."""
+        self._apply_quorum()
+
     def _expire_pending(self, now: int) -> None:
-        while self.pending:
-            key, p = next(iter(self.pending.items()))
-            if p.deadline_ms > now:
-                break
-            self.pending.popitem(last=False)
+        for term, last, p in self.pending.expire(now):
             self.state.incr("append_errors")
-            self._complete(key[0], key[1], p, RC.WAIT_QUORUM_ACK_TIMEOUT)
+            self._complete(term, last, p, RC.WAIT_QUORUM_ACK_TIMEOUT)
 
     def _fail_all_pending(self) -> None:
-        while self.pending:
-            (term, last), p = self.pending.popitem(last=False)
+        for term, last, p in self.pending.fail_all():
             self._complete(term, last, p, RC.TERM_CHANGED)
 
     # ------------------------------------------------------------------ role changes
-    def _sync_role(self) -> None:
-        m = self.state.read_member()
-        if m.role == Role.LEADER and m.current_term != self.leader_term:
-            self._fail_all_pending()
-            self._become_leader(m.current_term)
-        elif m.role != Role.LEADER and self.leader_term != -1:
+    def _sync_role(self, m: MemberView, now: int) -> None:
+        """Leader side of one member snapshot: lose leadership (fail pending replies and parked
+        reads), or take it by writing the term's NOOP (only while the lease holds, and not
+        before the retry time after a failed NOOP)."""
+        if m.role == Role.LEADER and m.current_term == self.leader_term:
+            return
+        if self.leader_term != -1:
             self.log.debug("no longer leader of term %d", self.leader_term)
             self._fail_all_pending()
+            self._fail_reads(RC.NOT_LEADER)
             self.leader_term = -1
-        key = (m.current_term, m.leader_slot) if m.role == Role.FOLLOWER else None
-        if key != self.follow_key:
-            self.follow_key = key
-            self.verified_end = -1
-            self._drop_queue(RC.INCONSISTENT_STATE)
+            self.noop_index = -1
+        if m.role == Role.LEADER and now >= self.noop_retry_ms and holds_lease(
+                m.role, m.last_quorum_heartbeat_ms, now, self.lease):
+            self._become_leader(m.current_term, now)
 
-    def _become_leader(self, term: int) -> None:
+    def sync_role(self) -> None:
+        """Input: the elector published a role change (a hint; `tick` also syncs every turn)."""
+        self._sync_role(self.state.read_member(), self.now())
+
+    def _become_leader(self, term: int, now: int) -> None:
         """Append the new term's NOOP before serving: it commits every earlier entry with it."""
         try:
             with self.lock:
                 m = self.state.read_member()
-                if m.role != Role.LEADER or m.current_term != term:
+                if m.current_term != term or not holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease):
                     return
                 r = self.store.append_leader(b"", term, codec.MAGIC_NOOP)
                 self.publish_ledger()
-        except StoreError as e:
-            self.log.error("cannot append the NOOP of term %d: %s", term, e)
+        except (StoreError, OSError) as e:
+            code = store_error_code(e)
+            self.noop_backoff_ms = min(max(2 * self.noop_backoff_ms, NOOP_RETRY_MIN_MS), NOOP_RETRY_MAX_MS)
+            self.noop_retry_ms = now + self.noop_backoff_ms
+            self.log.error("cannot append the NOOP of term %d (%s), retrying in %d ms: %s", term, code,
+                           self.noop_backoff_ms, e)
+            if code in DISK_CODES:
+                self._mark_unwritable(True)
             return
+        self._mark_unwritable(False)
+        self.noop_backoff_ms = 0
+        self.noop_retry_ms = 0
         self.leader_term = term
+        self.noop_index = r.index
         self.log.info("leading term %d from index %d (NOOP)", term, r.index)
         self._wake_dispatchers()
         if self.single:
@@ -466,182 +603,107 @@ class Handler:
 
     # ------------------------------------------------------------------ follower: pushes
     def on_push(self, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
+        """One member snapshot for the whole request (repro t3): the core validates and decides
+        on it; writes re-check it under the member lock."""
         self.state.incr("push_requests")
-        self._sync_role()
         m = self.state.read_member()
-        if req.term != m.current_term:
-            self._push_reply(ident, req, RC.INCONSISTENT_TERM, m.current_term)
-            return
-        if m.role != Role.FOLLOWER:
-            self._push_reply(ident, req, RC.NOT_FOLLOWER, m.current_term)
-            return
-        if self._slot_id(m.leader_slot) != req.leader_id:
-            self._push_reply(ident, req, RC.INCONSISTENT_LEADER, m.current_term)
-            return
-        kind = req.kind
-        if kind == P.PushKind.APPEND:
-            self._on_push_append(ident, req, frame, m.current_term)
-        elif kind == P.PushKind.COMMIT:
-            s, pre = self.store, req.pre_log_index
-            try:
-                if 0 <= s.ledger_begin_index <= pre <= s.ledger_end_index and s.term_at(pre) == req.pre_log_term:
-                    self.verified_end = max(self.verified_end, pre)  # we hold the leader's entry
-            except StoreError:
-                pass
-            self._follower_commit(req.commit_index)
-            self._push_reply(ident, req, RC.SUCCESS, m.current_term)
-        elif kind == P.PushKind.COMPARE:
-            self._drop_queue(RC.INCONSISTENT_STATE)
-            try:
-                a = decide_compare(self.store, req.pre_log_index, req.pre_log_term)
-            except StoreError as e:
-                self.log.warning("compare at %d failed: %s", req.pre_log_index, e)
-                self._push_reply(ident, req, RC.INCONSISTENT_STATE, m.current_term)
+        self._execute(self.follower.on_push(ident, req, frame, m, self.now(), self.store), m)
+        if req.kind == P.PushKind.APPEND:
+            self._drain(m)
+
+    def _drain(self, m: MemberView) -> None:
+        """Apply queued pushes the log has reached, one at a time (each depends on the last)."""
+        for _ in range(self.cfg.max_pending_pushes + 1):
+            effects = self.follower.drain(m, self.store)
+            if not effects:
                 return
-            if a.code == RC.SUCCESS:
-                self.verified_end = max(self.verified_end, req.pre_log_index)
-            self._push_reply(ident, req, a.code, m.current_term, x_term=a.x_term, x_index=a.x_index)
-        elif kind == P.PushKind.TRUNCATE:
-            self._drop_queue(RC.INCONSISTENT_STATE)
-            self._on_truncate(ident, req, m.current_term)
-        else:
-            self._push_reply(ident, req, RC.UNEXPECTED_ARGUMENT, m.current_term)
+            self._execute(effects, m)
 
-    def _on_truncate(self, ident: bytes, req: P.PushRequest, term: int) -> None:
-        try:
-            with self.lock:
-                if not self._still_following(req):
-                    self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.state.read_member().current_term)
-                    return
-                # Idempotent: never cut what this leader's entries already verified (a repeated
-                # or late TRUNCATE must not drop entries we acknowledged since).
-                cut = max(req.first_index, self.verified_end + 1)
-                if cut <= self.store.ledger_end_index:
-                    self.log.info("truncating from index %d (leader %s, term %d)", cut,
-                                  req.leader_id, req.term)
-                    self.store.truncate(cut)
-                    self.publish_ledger()
-        except StoreError as e:
-            self.log.error("truncate(%d) refused: %s", req.first_index, e)
-            self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-            return
-        self.verified_end = max(self.verified_end, req.first_index - 1)
-        self._push_reply(ident, req, RC.SUCCESS, term)
+    def _execute(self, effects: list, view: MemberView) -> None:
+        """Carry out the follower core's effects in order."""
+        for e in effects:
+            if isinstance(e, Reply):
+                self._push_reply(e.ident, e.req, e.code, e.term, x_term=e.x_term, x_index=e.x_index)
+            elif isinstance(e, SetCommitted):
+                self._follower_set_committed(e.index)
+            elif isinstance(e, StoreAppend):
+                self._store_append(e, view)
+            elif isinstance(e, StoreTruncate):
+                self._store_truncate(e, view)
 
-    def _still_following(self, req: P.PushRequest) -> bool:
-        m = self.state.read_member()
-        return (m.role == Role.FOLLOWER and m.current_term == req.term
-                and self._slot_id(m.leader_slot) == req.leader_id)
-
-    def _on_push_append(self, ident: bytes, req: P.PushRequest, frame: bytes, term: int) -> None:
-        end = self.store.ledger_end_index
-        first = req.first_index
-        if first > end + 1:
-            if first in self.queue:
-                self._push_reply(ident, req, RC.REPEATED_PUSH, term)
-            elif len(self.queue) >= self.cfg.max_pending_pushes:
-                self._push_reply(ident, req, RC.PUSH_REQUEST_IS_FULL, term)
-            else:
-                self.queue[first] = QueuedPush(ident, req, frame, monotonic_ms())
-            return
-        self._append_now(ident, req, term)
-        self._drain_queue(term)
-
-    def _append_now(self, ident: bytes, req: P.PushRequest, term: int) -> None:
-        """Store a push that starts at or before ledgerEnd + 1 (skipping what is already here,
-        if it matches), then advance the committed index."""
-        s = self.store
-        blob = memoryview(req.entries)
-        recs = req.index_records  # the leader's records: lets the store copy the run verbatim
-        first, end = req.first_index, s.ledger_end_index
-        try:
-            if first <= end:  # a resend overlapping what we have: skip the matching prefix
-                off, idx = 0, first
-                while idx <= end and off < len(blob):
-                    h = codec.decode_header(blob, off)
-                    if s.term_at(idx) != h.term:
-                        self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-                        return
-                    off += h.size
-                    idx += 1
-                blob, first, recs = blob[off:], idx, b""
-            pre = first - 1
-            if pre >= 0 and first == req.first_index and req.pre_log_index == pre:
-                if pre < s.ledger_begin_index or s.term_at(pre) != req.pre_log_term:
-                    self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-                    return
-            if len(blob):
-                with self.lock:
-                    if not self._still_following(req):
-                        self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.state.read_member().current_term)
-                        return
-                    s.append_follower(blob, recs)
-                    self.verified_end = s.ledger_end_index
-                    s.set_committed_index(follower_commit(req.commit_index, self.verified_end, s.committed_index))
-                    self.publish_ledger()
-            else:
-                self.verified_end = max(self.verified_end, min(end, req.first_index + req.count - 1))
-                self._follower_commit(req.commit_index)
-        except (StoreError, codec.CodecError) as e:
-            self.log.warning("push at %d refused: %s", req.first_index, e)
-            self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-            return
-        self._push_reply(ident, req, RC.SUCCESS, term)
-
-    def _follower_commit(self, leader_commit: int) -> None:
-        s = self.store
-        new = follower_commit(leader_commit, self.verified_end, s.committed_index)
-        if new > s.committed_index:
-            s.set_committed_index(new)
+    def _follower_set_committed(self, index: int) -> None:
+        if index > self.store.committed_index:
+            try:
+                self.store.set_committed_index(index)
+            except (StoreError, OSError) as e:
+                self.log.error("cannot record committed index %d: %s", index, e)
+                return
             self.publish_ledger()
 
-    def _drain_queue(self, term: int) -> None:
-        while self.queue:
-            nxt = self.queue.pop(self.store.ledger_end_index + 1, None)
-            if nxt is None:
-                return
-            self._append_now(nxt.ident, nxt.req, term)
+    def _write_refused(self, e: BaseException, what: str, ident: bytes, req: P.PushRequest,
+                       view: MemberView) -> None:
+        """A follower-side store write failed: answer with the store's code if it is a disk
+        problem (DISK_FULL / DISK_ERROR), else INCONSISTENT_STATE (the leader compares again),
+        and forget what was verified."""
+        code = store_error_code(e)
+        self.log.error("%s refused: %s", what, e)
+        self._push_reply(ident, req, RC[code] if code in DISK_CODES else RC.INCONSISTENT_STATE,
+                         view.current_term)
+        self._execute(self.follower.write_failed(view), view)
 
-    def _drop_queue(self, code: RC) -> None:
-        for q in self.queue.values():
-            self._push_reply(q.ident, q.req, code, self.state.read_member().current_term)
-        self.queue.clear()
-
-    def _check_abnormal_pushes(self, now: int) -> None:
-        """Once a second: pushes waiting for a gap that is not filling get INCONSISTENT_STATE
-        (the leader compares again); ones the log has caught up with are answered now."""
-        if now < self.next_abnormal_check or not self.queue:
+    def _store_append(self, e: StoreAppend, view: MemberView) -> None:
+        s = self.store
+        try:
+            with self.lock:
+                fresh = self.state.read_member()
+                if not same_leadership(view, fresh):
+                    self._push_reply(e.ident, e.req, RC.INCONSISTENT_TERM, fresh.current_term)
+                    return
+                new_end = s.append_follower(e.blob, e.recs)
+                committed = self.follower.appended(new_end, e.req.commit_index, s.committed_index)
+                if committed > s.committed_index:
+                    s.set_committed_index(committed)
+                self.publish_ledger()
+        except (StoreError, codec.CodecError, OSError) as err:
+            self._write_refused(err, f"push at {e.req.first_index}", e.ident, e.req, view)
             return
-        self.next_abnormal_check = now + ABNORMAL_CHECK_MS
-        term = self.state.read_member().current_term
-        end = self.store.ledger_end_index
-        for first in sorted(self.queue):
-            q = self.queue[first]
-            if first <= end + 1:
-                del self.queue[first]
-                self._append_now(q.ident, q.req, term)
-                end = self.store.ledger_end_index
-            elif now - q.arrived_ms >= self.cfg.max_push_timeout_ms:
-                del self.queue[first]
-                self._push_reply(q.ident, q.req, RC.INCONSISTENT_STATE, term)
+        self._push_reply(e.ident, e.req, RC.SUCCESS, view.current_term)
 
+    def _store_truncate(self, e: StoreTruncate, view: MemberView) -> None:
+        try:
+            with self.lock:
+                fresh = self.state.read_member()
+                if not same_leadership(view, fresh):
+                    self._push_reply(e.ident, e.req, RC.INCONSISTENT_TERM, fresh.current_term)
+                    return
+                if e.cut <= self.store.ledger_end_index:
+                    self.log.info("truncating from index %d (leader %s, term %d)", e.cut,
+                                  e.req.leader_id, e.req.term)
+                    self.store.truncate(e.cut)
+                    self.publish_ledger()
+        except (StoreError, OSError) as err:
+            self._write_refused(err, f"truncate({e.cut})", e.ident, e.req, view)
+            return
+        self.follower.truncated(e.req)
+        self._push_reply(e.ident, e.req, RC.SUCCESS, view.current_term)
+
+    # ------------------------------------------------------------------ transfer (relay)
     def on_transfer(self, ident: bytes, req: P.LeadershipTransferRequest) -> None:
         """The elector runs transfers (it owns the member state); we only relay."""
         m = self.state.read_member()
         if m.role != Role.LEADER:
-            self._error(ident, req, RC.NOT_LEADER)
+            self._error(ident, req, RC.NOT_LEADER, m=m)
             return
         fid = self.next_transfer_id
         self.next_transfer_id += 1
-        try:
-            self.ctl.send(P.encode(P.LeadershipTransferRequest(req.group, req.remote_id, req.transferee_id,
-                                                                req.term, fid)), zmq.NOBLOCK)
-        except zmq.Again:  # the elector is restarting: a definite, retryable refusal
-            self._error(ident, req, RC.LEADER_TRANSFERRING, "elector unavailable, retry")
+        frame = P.encode(P.LeadershipTransferRequest(req.group, req.remote_id, req.transferee_id, req.term, fid))
+        if not self.transport.control(frame):  # the elector is restarting: a definite, retryable refusal
+            self._error(ident, req, RC.LEADER_TRANSFERRING, "elector unavailable, retry", m=m)
             return
         self.transfers[fid] = (ident, req.request_id)
 
-    def _on_transfer_reply(self, frame: bytes) -> None:
+    def on_control_reply(self, frame: bytes) -> None:
+        """Input: a frame from the elector's control socket (a transfer's answer)."""
         try:
             msg = P.decode(frame)
         except P.ProtocolError:
@@ -673,84 +735,97 @@ class Handler:
         if done.files:
             self.publish_ledger()
 
-    def _next_wait(self, now: int) -> int:
+    def tick(self) -> None:
+        """Everything one loop turn does besides sockets, on one member snapshot: sync the role,
+        apply the quorum, expire pending replies, the abnormal-push check, parked reads,
+        retention, then flush the wake-up and held replies."""
+        now = self.now()
+        m = self.state.read_member()
+        self._sync_role(m, now)
+        self._apply_quorum()
+        self._expire_pending(now)
+        self._execute(self.follower.check_abnormal(m, now, self.store), m)
+        self._drain(m)
+        self._serve_reads(m, now)
+        if self.retention is not None and self.retention.due(now):
+            self._run_retention(now)
+        self._flush_wake()
+        self._flush_replies()
+
+    def next_wait_ms(self) -> int:
+        """How long the loop may sleep before `tick` has something to do without input."""
+        now = self.now()
         due = [now + 500]
-        if self.pending:
-            due.append(next(iter(self.pending.values())).deadline_ms)
-        if self.queue:
-            due.append(self.next_abnormal_check)
+        d = self.pending.next_deadline()
+        if d is not None:
+            due.append(d)
+        d = self.follower.next_deadline()
+        if d is not None:
+            due.append(d)
+        if self.reads:
+            due.append(now + READ_POLL_MS)
+        if self.noop_retry_ms > now:
+            due.append(self.noop_retry_ms)
+        elif self.leader_term == -1:
+            # A LEADER without a lease (or before its NOOP) learns the lease's renewal from the
+            # block only: look again soon.
+            m = self.state.read_member()
+            if m.role == Role.LEADER:
+                due.append(now + READ_POLL_MS)
         return max(1, min(due) - now)
 
     def run(self) -> None:
         rc = self.rc
+        self.open()
         try:
-            self.store.open()
-        except StoreCorruptError as e:
-            self.log.error("%s", e)
-            raise SystemExit(EXIT_FATAL) from None
-        try:
-            self.publish_ledger()
             host, port = self.cfg.address
-            self.sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
-            self.appended_pub = pub(rc.zctx, rc.channel(channels.APPENDED))
+            sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
+            appended_pub = pub(rc.zctx, rc.channel(channels.APPENDED))
             roles = sub(rc.zctx, rc.channel(channels.ROLE))
             commits = pull(rc.zctx, rc.channel(channels.COMMIT))
-            self.ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
+            ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
+            self.transport = ZmqHandlerTransport(sock, appended_pub, ctl)
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (self.sock, roles, commits, self.ctl, rc.wake_fd):
+            for s in (sock, roles, commits, ctl, rc.wake_fd):
                 poller.register(s, zmq.POLLIN)
-            self._sync_role()
-            self._flush_wake()
-            self._flush_replies()
+            self.tick()
             while not rc.should_stop():
-                now = monotonic_ms()
-                events = dict(poller.poll(self._next_wait(now)))
+                events = dict(poller.poll(self.next_wait_ms()))
                 if rc.wake_fd in events:
                     rc.drain_wake()
                 if roles in events:
                     drain(roles)
-                # The block is the truth and the wake-up only a hint: re-check every iteration
-                # (one seqlock read per burst), or a lost wake-up under steady traffic would
-                # leave a leader answering NOT_LEADER about itself.
-                self._sync_role()
+                    self.sync_role()  # before this burst's requests: a new leader's NOOP first
+                # The block is the truth and the wake-up only a hint: `tick` re-reads it every
+                # iteration (one seqlock read per burst), or a lost wake-up under steady traffic
+                # would leave a leader answering NOT_LEADER about itself.
                 if commits in events:
                     drain(commits)
-                    self._apply_quorum()
-                if self.ctl in events:
+                    self.on_commit_wakeup()
+                if ctl in events:
                     while True:
                         try:
-                            self._on_transfer_reply(self.ctl.recv(zmq.NOBLOCK))
+                            self.on_control_reply(ctl.recv(zmq.NOBLOCK))
                         except zmq.Again:
                             break
-                if self.sock in events:
+                if sock in events:
                     for _ in range(512):  # a burst, then timers and the stop flag
                         try:
-                            got = recv_routed(self.sock, zmq.NOBLOCK)
+                            got = recv_routed(sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         if got is None:
                             self.state.incr("bad_frames")
                         else:
                             self.handle_frame(*got)
-                now = monotonic_ms()
-                self._apply_quorum()
-                self._expire_pending(now)
-                self._check_abnormal_pushes(now)
-                if self.retention.due(now):
-                    self._run_retention(now)
-                self._flush_wake()
-                self._flush_replies()
+                self.tick()
                 rc.beat()
         finally:
-            self._fail_all_pending()
-            if self.sock is not None:
-                self._flush_replies()
-            self.store.close()
-
+            self.close()
 
 
 def main() -> int:

@@ -1,17 +1,17 @@
 """Simulated replication: leaders, followers and a faulty network, all in one process
 (SPEC §5, §7; seed 000 §6; seed 002; Raft paper §5.3-§5.4).
 
-* Each node has a MemoryStore (kept across crashes: it is the disk), a `PushHandler` — the
-  follower half of node/roles/handler.py restated over plain data, same names and the same
-  order of checks — and, while it leads, one `DispatcherCore` per peer driven exactly as
-  node/roles/dispatcher.py drives it (`_pump`, `_on_reply`), plus the ack checker's rule
-  (node/roles/ack_checker.py) and the handler's leader side (NOOP on election, client writes,
-  commit → acknowledgements).
+* Each node has a MemoryStore (kept across crashes: it is the disk), the REAL follower core
+  (`node.core.follower.FollowerCore`, its effects executed on the store the way the handler
+  executes them) and, while it leads, one `DispatcherCore` per peer driven the way
+  node/roles/dispatcher.py drives it, plus the ack checker's pure rule
+  (`node.core.replication.quorum_advance`) and the handler's leader side (NOOP on election,
+  client writes, commit → acknowledgements). The role processes themselves (sockets, shared
+  block, files, interleavings) are exercised by tools/simulate.py, which runs the real role
+  classes (docs/testing.md).
   Left out of the dispatcher: the byte quota (`_quota_ok`, timing only), the `zmq.Again` path
   of `_send` and StaleRead retries (no other process writes the store here); no retention, so
-  NeedSnapshot never happens. `test_push_handler_matches_the_real_handler` feeds random push
-  sequences to both PushHandler and the real `handler.Handler` and requires identical answers
-  and stores, so the restatement cannot drift silently.
+  NeedSnapshot never happens.
 * Elections are abstract (the election has its own simulator): a candidate needs the votes of
   a majority of reachable nodes whose logs are not more up to date than its own (Raft §5.4.1;
   DLedger compares ledgerEndTerm, then ledgerEndIndex); a leader's "heartbeat" makes reachable
@@ -40,17 +40,16 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import logging
 import random
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.core.follower import FollowerCore, SetCommitted, StoreAppend, StoreTruncate
+from node.core.follower import Reply as FReply
 from node.core.replication import (
     Append,
     Commit,
@@ -60,11 +59,10 @@ from node.core.replication import (
     NeedSnapshot,
     PushState,
     Truncate,
-    commit_index,
-    decide_compare,
-    follower_commit,
-    quorum_index,
+    current_term_watermarks,
+    quorum_advance,
 )
+from node.shared_state import MemberView
 from node.store import codec
 from node.store.base import StoreError
 from node.store.memory_store import MemoryStore
@@ -116,200 +114,90 @@ class TrackedStore(MemoryStore):
 
 
 # ============================================================================================
-# The follower: node/roles/handler.py's push handling, restated
+# The follower: the REAL FollowerCore (node/core/follower.py), its effects executed on the store
 # ============================================================================================
-@dataclass
-class QueuedPush:
-    ident: tuple
-    req: P.PushRequest
-    arrived_ms: int
-
-
 class PushHandler:
-    """Handler.on_push and what it calls (follower side), over plain data. `node` supplies the
-    member view (role, term, leader_slot), the store, the peer ids and the clock."""
+    """Runs node.core.follower.FollowerCore for one node and executes its effects the way
+    Handler._execute does (no lock: nothing else runs between a decision and its write here).
+    `node` supplies the member view (role, term, leader_slot), the store and the peer ids."""
 
     def __init__(self, node: SimNode, max_pending_pushes: int, max_push_timeout_ms: int,
                  abnormal_check_ms: int) -> None:
         self.node = node
-        self.max_pending_pushes = max_pending_pushes
-        self.max_push_timeout_ms = max_push_timeout_ms
-        self.abnormal_check_ms = abnormal_check_ms
-        self.follow_key: tuple[int, int] | None = None
-        self.verified_end = -1
-        self.queue: dict[int, QueuedPush] = {}
-        self.next_abnormal_check = 0
+        self.core = FollowerCore(node.c.ids, max_pending_pushes, max_push_timeout_ms, abnormal_check_ms)
         self.out: list[tuple[tuple, P.PushResponse]] = []
 
     @property
     def store(self) -> TrackedStore:
         return self.node.store
 
-    def _slot_id(self, slot: int) -> str:
-        return self.node.c.ids[slot] if 0 <= slot < len(self.node.c.ids) else ""
+    @property
+    def verified_end(self) -> int:
+        return self.core.verified_end
 
-    def _leader_slot(self) -> int:
-        return self.follow_key[1] if self.follow_key else NO_SLOT
+    @property
+    def follow_key(self) -> tuple[int, int] | None:
+        return self.core.key
 
-    def _push_reply(self, ident: tuple, req: P.PushRequest, code: RC, term: int, *, x_term: int = -1,
-                    x_index: int = -1) -> None:
+    def view(self) -> MemberView:
+        n = self.node
+        return MemberView(n.role, n.term, n.leader_slot, NO_SLOT, NO_SLOT, 0, 0, 0)
+
+    def _reply(self, ident: tuple, req: P.PushRequest, code: RC, term: int, x_term: int = -1,
+               x_index: int = -1) -> None:
+        s, key = self.store, self.core.key
+        leader = self.node.c.ids[key[1]] if key and 0 <= key[1] < len(self.node.c.ids) else ""
+        self.out.append((ident, P.PushResponse(code, GROUP, term, leader, s.ledger_end_index,
+                                               s.ledger_begin_index, s.ledger_end_index, x_term, x_index,
+                                               req.request_id)))
+
+    def _run(self, effects: list, v: MemberView) -> None:
         s = self.store
-        self.out.append((ident, P.PushResponse(code, GROUP, term, self._slot_id(self._leader_slot()),
-                                               s.ledger_end_index, s.ledger_begin_index, s.ledger_end_index,
-                                               x_term, x_index, req.request_id)))
+        for e in effects:
+            if isinstance(e, FReply):
+                self._reply(e.ident, e.req, e.code, e.term, e.x_term, e.x_index)
+            elif isinstance(e, SetCommitted):
+                s.set_committed_index(e.index)
+            elif isinstance(e, StoreAppend):
+                try:
+                    end = s.append_follower(e.blob, e.recs)
+                except (StoreError, codec.CodecError):
+                    self._reply(e.ident, e.req, RC.INCONSISTENT_STATE, v.current_term)
+                    self._run(self.core.write_failed(v), v)
+                    continue
+                s.set_committed_index(self.core.appended(end, e.req.commit_index, s.committed_index))
+                self._reply(e.ident, e.req, RC.SUCCESS, v.current_term)
+            elif isinstance(e, StoreTruncate):
+                try:
+                    if e.cut <= s.ledger_end_index:
+                        self.node.c.log_event(f"{self.node.id} truncate from {e.cut} (end {s.ledger_end_index})")
+                        self.node.c.stats["entries truncated"] += s.ledger_end_index - e.cut + 1
+                        s.truncate(e.cut)
+                except StoreError:
+                    self._reply(e.ident, e.req, RC.INCONSISTENT_STATE, v.current_term)
+                    self._run(self.core.write_failed(v), v)
+                    continue
+                self.core.truncated(e.req)
+                self._reply(e.ident, e.req, RC.SUCCESS, v.current_term)
+
+    def _drain(self, v: MemberView) -> None:
+        while effects := self.core.drain(v, self.store):
+            self._run(effects, v)
 
     def sync_role(self) -> None:
-        """The follower half of Handler._sync_role."""
-        n = self.node
-        key = (n.term, n.leader_slot) if n.role == Role.FOLLOWER else None
-        if key != self.follow_key:
-            self.follow_key = key
-            self.verified_end = -1
-            self._drop_queue(RC.INCONSISTENT_STATE)
-
-    def _still_following(self, req: P.PushRequest) -> bool:
-        n = self.node
-        return n.role == Role.FOLLOWER and n.term == req.term and self._slot_id(n.leader_slot) == req.leader_id
+        v = self.view()
+        self._run(self.core.sync(v), v)
 
     def on_push(self, ident: tuple, req: P.PushRequest, now: int) -> None:
-        self.sync_role()
-        n = self.node
-        if req.term != n.term:
-            self._push_reply(ident, req, RC.INCONSISTENT_TERM, n.term)
-            return
-        if n.role != Role.FOLLOWER:
-            self._push_reply(ident, req, RC.NOT_FOLLOWER, n.term)
-            return
-        if self._slot_id(n.leader_slot) != req.leader_id:
-            self._push_reply(ident, req, RC.INCONSISTENT_LEADER, n.term)
-            return
-        kind = req.kind
-        if kind == P.PushKind.APPEND:
-            self._on_push_append(ident, req, now, n.term)
-        elif kind == P.PushKind.COMMIT:
-            s, pre = self.store, req.pre_log_index
-            try:
-                if 0 <= s.ledger_begin_index <= pre <= s.ledger_end_index and s.term_at(pre) == req.pre_log_term:
-                    self.verified_end = max(self.verified_end, pre)
-            except StoreError:
-                pass
-            self._follower_commit(req.commit_index)
-            self._push_reply(ident, req, RC.SUCCESS, n.term)
-        elif kind == P.PushKind.COMPARE:
-            self._drop_queue(RC.INCONSISTENT_STATE)
-            try:
-                a = decide_compare(self.store, req.pre_log_index, req.pre_log_term)
-            except StoreError:
-                self._push_reply(ident, req, RC.INCONSISTENT_STATE, n.term)
-                return
-            if a.code == RC.SUCCESS:
-                self.verified_end = max(self.verified_end, req.pre_log_index)
-            self._push_reply(ident, req, a.code, n.term, x_term=a.x_term, x_index=a.x_index)
-        elif kind == P.PushKind.TRUNCATE:
-            self._drop_queue(RC.INCONSISTENT_STATE)
-            self._on_truncate(ident, req, n.term)
-        else:
-            self._push_reply(ident, req, RC.UNEXPECTED_ARGUMENT, n.term)
-
-    def _on_truncate(self, ident: tuple, req: P.PushRequest, term: int) -> None:
-        try:
-            if not self._still_following(req):
-                self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.node.term)
-                return
-            cut = max(req.first_index, self.verified_end + 1)
-            if cut <= self.store.ledger_end_index:
-                self.node.c.log_event(f"{self.node.id} truncate from {cut} "
-                                      f"(end {self.store.ledger_end_index})")
-                self.node.c.stats["entries truncated"] += self.store.ledger_end_index - cut + 1
-                self.store.truncate(cut)
-        except StoreError:
-            self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-            return
-        self.verified_end = max(self.verified_end, req.first_index - 1)
-        self._push_reply(ident, req, RC.SUCCESS, term)
-
-    def _on_push_append(self, ident: tuple, req: P.PushRequest, now: int, term: int) -> None:
-        end = self.store.ledger_end_index
-        first = req.first_index
-        if first > end + 1:
-            if first in self.queue:
-                self._push_reply(ident, req, RC.REPEATED_PUSH, term)
-            elif len(self.queue) >= self.max_pending_pushes:
-                self._push_reply(ident, req, RC.PUSH_REQUEST_IS_FULL, term)
-            else:
-                self.queue[first] = QueuedPush(ident, req, now)
-            return
-        self._append_now(ident, req, term)
-        self._drain_queue(term)
-
-    def _append_now(self, ident: tuple, req: P.PushRequest, term: int) -> None:
-        s = self.store
-        blob = memoryview(req.entries)
-        first, end = req.first_index, s.ledger_end_index
-        try:
-            if first <= end:  # a resend overlapping what we have: skip the matching prefix
-                off, idx = 0, first
-                while idx <= end and off < len(blob):
-                    h = codec.decode_header(blob, off)
-                    if s.term_at(idx) != h.term:
-                        self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-                        return
-                    off += h.size
-                    idx += 1
-                blob, first = blob[off:], idx
-            pre = first - 1
-            if pre >= 0 and first == req.first_index and req.pre_log_index == pre:
-                if pre < s.ledger_begin_index or s.term_at(pre) != req.pre_log_term:
-                    self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-                    return
-            if len(blob):
-                if not self._still_following(req):
-                    self._push_reply(ident, req, RC.INCONSISTENT_TERM, self.node.term)
-                    return
-                s.append_follower(blob)
-                self.verified_end = s.ledger_end_index
-                s.set_committed_index(follower_commit(req.commit_index, self.verified_end, s.committed_index))
-            else:
-                self.verified_end = max(self.verified_end, min(end, req.first_index + req.count - 1))
-                self._follower_commit(req.commit_index)
-        except (StoreError, codec.CodecError):
-            self._push_reply(ident, req, RC.INCONSISTENT_STATE, term)
-            return
-        self._push_reply(ident, req, RC.SUCCESS, term)
-
-    def _follower_commit(self, leader_commit: int) -> None:
-        s = self.store
-        new = follower_commit(leader_commit, self.verified_end, s.committed_index)
-        if new > s.committed_index:
-            s.set_committed_index(new)
-
-    def _drain_queue(self, term: int) -> None:
-        while self.queue:
-            nxt = self.queue.pop(self.store.ledger_end_index + 1, None)
-            if nxt is None:
-                return
-            self._append_now(nxt.ident, nxt.req, term)
-
-    def _drop_queue(self, code: RC) -> None:
-        for q in self.queue.values():
-            self._push_reply(q.ident, q.req, code, self.node.term)
-        self.queue.clear()
+        v = self.view()
+        self._run(self.core.on_push(ident, req, b"", v, now, self.store), v)
+        if req.kind == P.PushKind.APPEND:
+            self._drain(v)
 
     def check_abnormal_pushes(self, now: int) -> None:
-        if now < self.next_abnormal_check or not self.queue:
-            return
-        self.next_abnormal_check = now + self.abnormal_check_ms
-        term = self.node.term
-        end = self.store.ledger_end_index
-        for first in sorted(self.queue):
-            q = self.queue[first]
-            if first <= end + 1:
-                del self.queue[first]
-                self._append_now(q.ident, q.req, term)
-                end = self.store.ledger_end_index
-            elif now - q.arrived_ms >= self.max_push_timeout_ms:
-                del self.queue[first]
-                self._push_reply(q.ident, q.req, RC.INCONSISTENT_STATE, term)
+        v = self.view()
+        self._run(self.core.check_abnormal(v, now, self.store), v)
+        self._drain(v)
 
 
 # ============================================================================================
@@ -399,17 +287,15 @@ class SimNode:
 
     # ---- the ack checker ------------------------------------------------------------------
     def ack_check(self) -> None:
+        """AckChecker.check: the pure rule node.core.replication.quorum_advance."""
         if self.role != Role.LEADER:
             return
         term = self.term
-        marks = [self.store.ledger_end_index if p == self.slot else
-                 (self.marks[p][0] if self.marks[p][1] == term else -1) for p in range(self.c.n)]
-        q = quorum_index(marks)
-        committed = self.quorum[0] if self.quorum[1] == term else -1
-        if q > committed and q >= 0:
-            new = commit_index(q, self.store.term_at(q), term, committed)
-            if new != committed:
-                self.quorum = (new, term)
+        marks = current_term_watermarks(term, self.slot, self.store.ledger_end_index,
+                                        [self.marks.get(p, (-1, -1)) for p in range(self.c.n)])
+        new = quorum_advance(term, marks, self.quorum[0], self.quorum[1], self.store.term_at)
+        if new is not None:
+            self.quorum = (new, term)
         self.apply_quorum()
 
     # ---- the dispatchers ------------------------------------------------------------------
@@ -1072,8 +958,9 @@ def test_bug_duplicated_truncate_drops_acknowledged_entries() -> None:
     tail arrives again after n0 acknowledged the new leader's entries (and before n0 learned
     that they are committed); n0 truncates them although the leader counted them, so the
     committed index is no longer backed by a quorum (invariant 3 / the watermark check of
-    invariant 4 fire). The fix is in handler._on_truncate: see
-    tests/unit/test_replication_follower.py::test_bug_duplicate_truncate_must_not_drop_entries_already_acknowledged."""
+    invariant 4 fire). The fix is in FollowerCore's TRUNCATE rule (never cut at or below the
+    verified end): see
+    tests/unit/test_replication_follower.py::test_duplicate_truncate_must_not_drop_entries_already_acknowledged."""
     c = _cluster()
     n0, n1, _n2 = c.nodes
     _lead(c, 0)
@@ -1105,119 +992,3 @@ def test_bug_duplicated_truncate_drops_acknowledged_entries() -> None:
     c.net.tap = None
     c.restart(2)
     assert c.stabilize(2_000) is not None, c.explain()
-
-
-# ============================================================================================
-# The restatement is faithful: PushHandler vs the real handler.Handler, push for push
-# ============================================================================================
-class _RealState:
-    def __init__(self, node: SimpleNamespace) -> None:
-        self.node = node
-
-    def read_member(self):  # noqa: ANN201
-        from node.shared_state import MemberView
-        n = self.node
-        return MemberView(n.role, n.term, n.leader_slot, NO_SLOT, NO_SLOT, 0, 0, 0)
-
-    def write_ledger(self, **_kw) -> None:  # noqa: ANN003
-        pass
-
-    def incr(self, _name: str, _delta: int = 1) -> None:
-        pass
-
-
-def _real_handler(node: SimpleNamespace, store: MemoryStore, max_pending: int):  # noqa: ANN202
-    from node.roles import handler as H
-    h = H.Handler.__new__(H.Handler)
-    h.cfg = SimpleNamespace(id=node.id, group=GROUP, peer_ids=node.c.ids, max_pending_pushes=max_pending,
-                            max_push_timeout_ms=H.ABNORMAL_CHECK_MS)
-    h.log = logging.getLogger("test.replication.real_handler")
-    h.state = _RealState(node)
-    h.peer_ids = node.c.ids
-    h.lock = contextlib.nullcontext()
-    h.store = store
-    h.leader_term, h.pending, h.pending_entries = -1, OrderedDict(), 0
-    h.follow_key, h.verified_end, h.queue, h.next_abnormal_check = None, -1, {}, 0
-    h.out = []
-    h._reply = lambda ident, msg: h.out.append((ident, msg))
-    return h
-
-
-def _random_log(rnd: random.Random, n: int, t0: int, t1: int, tag: bytes) -> list[tuple[int, bytes]]:
-    terms = sorted(rnd.randint(t0, t1) for _ in range(n))
-    return [(t, b"%s%d" % (tag, i)) for i, t in enumerate(terms)]
-
-
-@pytest.mark.parametrize("seed", range(40), ids=lambda s: f"seed={s}")
-def test_push_handler_matches_the_real_handler(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from node.roles import handler as H
-    rnd = random.Random(seed)
-    clock = [10_000]
-    monkeypatch.setattr(H, "monotonic_ms", lambda: clock[0])
-    ids = ["n0", "n1", "n2"]
-    leader_log = MemoryStore()
-    for t, b in _random_log(rnd, rnd.randint(3, 25), 1, 4, b"L"):
-        leader_log.append_leader(b, t)
-    common = rnd.randint(0, leader_log.ledger_end_index + 1)
-    tail = _random_log(rnd, rnd.randint(0, 8), leader_log.term_at(common - 1) if common else 1, 4, b"F")
-    node = SimpleNamespace(id="n1", role=Role.FOLLOWER, term=5, leader_slot=0,
-                           c=SimpleNamespace(ids=ids, log_event=lambda _t: None, stats=Counter()))
-    stores = []
-    committed = rnd.randint(-1, common - 1)
-    for _ in range(2):
-        s = TrackedStore()
-        for i in range(common):
-            e = leader_log.get(i)
-            s.append_leader(bytes(e.body), e.term)
-        for t, b in tail:
-            s.append_leader(b, t)
-        s.set_committed_index(committed)
-        stores.append(s)
-    max_pending = rnd.choice([1, 3, 8])
-    mine = PushHandler(SimpleNamespace(**vars(node), store=stores[0]), max_pending, H.ABNORMAL_CHECK_MS,
-                       H.ABNORMAL_CHECK_MS)
-    real = _real_handler(node, stores[1], max_pending)
-    end = leader_log.ledger_end_index
-    for step in range(60):
-        kind = rnd.choice(["append"] * 4 + ["compare", "truncate", "commit", "check", "new-leader"])
-        rid = step + 1
-        base = dict(group=GROUP, remote_id="n1", leader_id=ids[node.leader_slot], term=node.term,
-                    commit_index=rnd.randint(-1, end), request_id=rid)
-        req = None
-        if kind == "append":
-            first = rnd.randint(0, end)
-            blob, n = leader_log.get_raw(first, rnd.randint(1, 4), 1 << 20)
-            pre = first - 1
-            req = P.PushRequest(kind=P.PushKind.APPEND, first_index=first, count=n, entries=blob,
-                                pre_log_index=pre, pre_log_term=leader_log.term_at(pre) if pre >= 0 else -1,
-                                **base)
-        elif kind == "compare":
-            pre = rnd.randint(-1, end)
-            term = leader_log.term_at(pre) if pre >= 0 and rnd.random() < 0.8 else rnd.choice([-1, 2, 3])
-            req = P.PushRequest(kind=P.PushKind.COMPARE, pre_log_index=pre, pre_log_term=term, **base)
-        elif kind == "truncate":
-            req = P.PushRequest(kind=P.PushKind.TRUNCATE, first_index=rnd.randint(0, end + 2), **base)
-        elif kind == "commit":
-            req = P.PushRequest(kind=P.PushKind.COMMIT, **base)
-        elif kind == "check":
-            clock[0] += rnd.choice([200, 600, 1_000, 1_500])
-            mine.check_abnormal_pushes(clock[0])
-            real._check_abnormal_pushes(clock[0])
-        else:
-            node.term += rnd.choice([0, 1])
-            node.leader_slot = rnd.choice([0, 2])
-            mine.node.term, mine.node.leader_slot = node.term, node.leader_slot
-        if req is not None:
-            if rnd.random() < 0.1:  # a push from somebody else / another term
-                req.term = node.term - 1
-            mine.on_push(("L",), req, clock[0])
-            real.on_push(("L",), req, b"")
-        got_mine = [(r.code, r.term, r.index, r.end_index, r.x_term, r.x_index, r.request_id) for _i, r in mine.out]
-        got_real = [(r.code, r.term, r.index, r.end_index, r.x_term, r.x_index, r.request_id) for _i, r in real.out]
-        assert got_mine == got_real, f"step {step} ({kind})"
-        mine.out.clear()
-        real.out.clear()
-        assert stores[0].mirror == stores[1].mirror, f"step {step} ({kind})"
-        assert stores[0].committed_index == stores[1].committed_index, f"step {step} ({kind})"
-        assert (mine.verified_end, sorted(mine.queue), mine.follow_key) == \
-            (real.verified_end, sorted(real.queue), real.follow_key), f"step {step} ({kind})"
