@@ -1,0 +1,110 @@
+"""The supervisor never leaves a half-alive node: a role that stops fatally (RoleContext.fatal)
+or crash-loops stops the whole node with one line, `dledger server: error: <role>: <reason>`,
+and exit status 1 (contract C6)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections import deque
+from pathlib import Path
+
+from node.ports import free_port_pairs
+from node.roles.runtime import fatal_file
+from node.roles.supervisor import (
+    CRASH_LOOP_RESTARTS,
+    CRASH_LOOP_WINDOW_MS,
+    crash_loop,
+    fatal_reason,
+)
+from node.shared_state import segment_name
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_crash_loop_counts_restarts_within_the_window_only():
+    recent: deque[int] = deque()
+    t = 1_000_000
+    for i in range(CRASH_LOOP_RESTARTS):
+        assert not crash_loop(recent, t + i * 100)
+        recent.append(t + i * 100)
+    assert crash_loop(recent, t + CRASH_LOOP_RESTARTS * 100)
+    # the same restarts spread over more than the window are no loop
+    later = t + CRASH_LOOP_WINDOW_MS + 150
+    assert not crash_loop(recent, later) and len(recent) == CRASH_LOOP_RESTARTS - 2
+
+
+def test_fatal_reason_is_the_roles_own_line_or_the_exit_status(tmp_path):
+    assert fatal_reason(tmp_path, "elector", "exit 3") == "stopped fatally (exit 3)"
+    fatal_file(tmp_path, "dispatcher[2]").write_text("/x/currterm: bad\nsecond\n")
+    assert fatal_reason(tmp_path, "dispatcher[2]", "exit 3") == "/x/currterm: bad second"
+    assert fatal_reason(None, "elector", "signal 9") == "stopped fatally (signal 9)"
+
+
+# ---- real processes: a supervisor whose only role is a fake module --------------------------
+
+ROLES = {
+    # exits 1 at once, every time: a crash loop
+    "crasher_role": "import sys\nsys.exit(1)\n",
+    # the real role start-up, then a fatal stop through the RoleContext
+    "fatal_role": textwrap.dedent("""
+        from node.roles.runtime import role_main
+        raise SystemExit(role_main("handler", lambda rc: rc.fatal("/data/n0/some-file: broken\\nbadly")))
+    """),
+}
+
+SUPERVISOR = """
+import logging
+import sys
+from node.config import NodeConfig
+from node.roles import supervisor as S
+
+module, store, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+cfg = NodeConfig(id="n0", peers=f"n0-127.0.0.1:{port}", store_dir=store)
+S.Supervisor._plan_roles = lambda self: self.roles.append(S.RoleProc("fake", module, "handler"))
+sys.exit(S.Supervisor(cfg).run())
+"""
+
+
+def _run_supervisor(tmp_path: Path, module: str) -> tuple[subprocess.CompletedProcess, float]:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    for name, code in ROLES.items():
+        (mods / f"{name}.py").write_text(code)
+    store = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(mods)])}
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", SUPERVISOR, module, str(store),
+                           str(free_port_pairs(1)[0])], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert not Path("/dev/shm", segment_name("default", "n0", str(store))).exists()
+    return done, time.monotonic() - t0
+
+
+def _error_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("dledger server: error:")]
+
+
+def test_a_crash_looping_role_stops_the_node_with_one_line(tmp_path):
+    done, took = _run_supervisor(tmp_path, "crasher_role")
+    assert done.returncode == 1, done.stderr
+    (line,) = _error_lines(done.stderr)
+    assert line == (f"dledger server: error: fake: crash loop, {CRASH_LOOP_RESTARTS + 1} exits "
+                    f"within {CRASH_LOOP_WINDOW_MS // 1000} s (last: exit 1)")
+    assert took < CRASH_LOOP_WINDOW_MS / 1000  # backoff 0.1+0.2+0.4+0.8+1.6 s, not for ever
+
+
+def test_a_fatal_role_stops_the_node_with_its_reason(tmp_path):
+    done, took = _run_supervisor(tmp_path, "fatal_role")
+    assert done.returncode == 1, done.stderr
+    (line,) = _error_lines(done.stderr)
+    assert line == "dledger server: error: fake: /data/n0/some-file: broken badly"
+    assert "Traceback" not in done.stderr
+    # the role's own last log line says it too, at ERROR
+    assert "ERROR n0 handler" in done.stderr and "some-file: broken badly" in done.stderr
+    assert took < 15
+    assert done.stderr.count("started fake") == 1, done.stderr  # never restarted
