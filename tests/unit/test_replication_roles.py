@@ -587,6 +587,61 @@ def test_dispatcher_never_pushes_entries_of_a_file_a_truncation_replaced(tmp_pat
         z.close()
 
 
+def test_dispatcher_never_sends_what_it_read_while_a_truncation_changed_the_files(tmp_path: Path) -> None:
+    """The generation fence's second half: the writer starts a truncation (and re-creates the
+    files) after the dispatcher began its read and before it sends. The bytes it holds may be
+    a replaced file's or zeroed; `validate` after reading and before sending must stop them."""
+    clock = Clock()
+    state = FakeState()
+    rc = make_rc(tmp_path, "n0", state, clock, peer="n2", data_file_size=4096, index_file_size=8 * 32)
+    x = SegmentStore(StoreConfig(rc.cfg.store_dir, data_file_size=4096, index_file_size=8 * 32))
+    z = SegmentStore(StoreConfig(str(tmp_path / "z"), data_file_size=4096, index_file_size=8 * 32))
+    x.open()
+    z.open()
+    try:
+        for i in range(12):
+            x.append_leader(b"T1-%02d" % i + b"x" * 443, 1)
+            if i < 6:
+                z.append_leader(b"T1-%02d" % i + b"x" * 443, 1)
+        x.set_committed_index(5)
+        publish(state, x)
+        d = Dispatcher(rc)
+        d.transport = wire = DispatcherWire()
+        real_get_run = d.reader.get_run
+        raced = []
+
+        def get_run_racing_the_writer(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            out = real_get_run(*a, **kw)
+            if not raced:  # the writer (another process) changes the files right now
+                raced.append(1)
+                x.truncate(6)
+                for i in range(6, 10):
+                    x.append_leader(b"T2-%02d" % i + b"y" * 150, 2)
+                publish(state, x)
+            return out
+
+        d.reader.get_run = get_run_racing_the_writer
+        zv = [-1]
+        for _ in range(20):
+            state.member = member(Role.LEADER, 1, 0, quorum_ms=clock.now)
+            d.tick()
+            while wire.sent:
+                msg = wire.sent.pop(0)
+                if msg.kind == P.PushKind.APPEND:
+                    for k, (_off, e) in enumerate(codec.iter_entries(bytes(msg.entries))):
+                        assert (e.index, e.term) == (msg.first_index + k, x.term_at(msg.first_index + k)), \
+                            "sent bytes of a file the truncation changed"
+                d.on_reply(answer(msg, z, zv))
+            clock.now += 10
+        assert raced
+        assert [z.term_at(i) for i in range(z.ledger_end_index + 1)] == \
+            [x.term_at(i) for i in range(x.ledger_end_index + 1)]
+        d.close()
+    finally:
+        x.close()
+        z.close()
+
+
 def test_dispatcher_pushes_nothing_without_the_lease(tmp_path: Path) -> None:
     clock = Clock()
     state = FakeState()
