@@ -101,6 +101,8 @@ class SegmentStore:
         # Set when the files may no longer match what we believe (failed fdatasync or failed
         # rollback): every later write raises it until the store is reopened (recovery).
         self._broken: StoreError | None = None
+        self._io_logged_at = -1.0  # rate limit of I/O error logs (a full disk fails every append)
+        self._io_suppressed = 0
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
         self.ledger_end_term = -1
@@ -186,8 +188,16 @@ class SegmentStore:
             raise type(self._broken)(f"store refuses writes until it is reopened: {self._broken}")
 
     def _io_failed(self, e: OSError, action: str) -> StoreError:
+        """The store error for `e`, logged at most once a second (with a count of the ones
+        not logged): on a full disk every client append fails the same way."""
         err = store_error_from_os(e, action)
-        log.error("%s: %s", self.dir, err)
+        now = time.monotonic()
+        if now - self._io_logged_at >= 1.0:
+            more = f" ({self._io_suppressed} similar errors not logged)" if self._io_suppressed else ""
+            log.error("%s: %s%s", self.dir, err, more)
+            self._io_logged_at, self._io_suppressed = now, 0
+        else:
+            self._io_suppressed += 1
         return err
 
     def __enter__(self) -> SegmentStore:
