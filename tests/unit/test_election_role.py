@@ -1,0 +1,196 @@
+"""The elector role class (node/roles/elector.py) driven in-process through its injectable I/O
+(contract C7): a fake transport, a virtual clock, a real shared block. What the role adds to the
+core: the block's ledger end and writability, CONFIRM_LEADERSHIP and transfers on the control
+channel, and a fatal stop on a damaged term/vote file."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode, Role, VoteResult
+from node import channels
+from node.config import NodeConfig
+from node.roles.elector import Elector
+from node.shared_state import SharedState, segment_name
+
+PEERS = "n0-127.0.0.1:20001;n1-127.0.0.1:20003;n2-127.0.0.1:20005"
+
+
+class Fatal(Exception):
+    pass
+
+
+@dataclass
+class FakeRC:
+    cfg: NodeConfig
+    state: SharedState
+    run_dir: Path
+    now: int = 1_000
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("test.elector"))
+
+    def clock(self) -> int:
+        return self.now
+
+    def fatal(self, message: str):
+        raise Fatal(message)
+
+
+@dataclass
+class FakeTransport:
+    sent: list[tuple[str, object]] = field(default_factory=list)
+    replies: list[tuple[bytes, object]] = field(default_factory=list)
+    roles: list[bytes] = field(default_factory=list)
+    control: list[tuple[bytes, object]] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)
+
+    def send(self, peer: str, frame: bytes) -> bool:
+        if peer in self.down:
+            return False
+        self.sent.append((peer, P.decode(frame)))
+        return True
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        self.replies.append((ident, P.decode(frame)))
+
+    def role_changed(self, frame: bytes) -> None:
+        self.roles.append(frame)
+
+    def control_reply(self, ident: bytes, frame: bytes) -> None:
+        self.control.append((ident, P.decode(frame)))
+
+    def take(self, kind: type) -> list[tuple[str, object]]:
+        out = [(p, m) for p, m in self.sent if isinstance(m, kind)]
+        self.sent = [(p, m) for p, m in self.sent if not isinstance(m, kind)]
+        return out
+
+
+@pytest.fixture
+def rc(tmp_path):
+    store = tmp_path / "n0"
+    store.mkdir()
+    cfg = NodeConfig(id="n0", peers=PEERS, group="g", store_dir=str(store))
+    st = SharedState.create(segment_name("g", "n0", str(store)), 3, 0)  # no writer checks
+    st.write_ledger(ledger_end_index=-1, ledger_end_term=-1)
+    try:
+        yield FakeRC(cfg, st, tmp_path)
+    finally:
+        st.unlink()
+        st.close()
+
+
+def started(rc: FakeRC) -> tuple[Elector, FakeTransport]:
+    el = Elector(rc)
+    el.transport = tr = FakeTransport()
+    el.start()
+    return el, tr
+
+
+def lead(rc: FakeRC) -> tuple[Elector, FakeTransport]:
+    """n0 wins its first vote round with n1's vote."""
+    el, tr = started(rc)
+    rc.now = el.core.next_deadline(rc.now)
+    el.tick()
+    for peer, req in tr.take(P.VoteRequest):
+        if peer == "n1":
+            el.on_response(P.encode(P.VoteResponse(200, "g", req.term, "", VoteResult.ACCEPT, -1, -1,
+                                                   req.request_id)))
+    assert rc.state.read_member().role == Role.LEADER
+    answer_heartbeats(el, tr, "n1")
+    return el, tr
+
+
+def answer_heartbeats(el: Elector, tr: FakeTransport, *peers: str) -> None:
+    el.tick()
+    for peer, req in tr.take(P.HeartbeatRequest):
+        if peer in peers:
+            el.on_response(P.encode(P.HeartbeatResponse(200, "g", req.term, "n0", req.request_id)))
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"currTerm=x\nvoteLeader=\n"])
+def test_damaged_term_file_is_a_fatal_stop_naming_the_file(rc, content):
+    path = Path(rc.cfg.store_dir) / "currterm"
+    path.write_bytes(content)
+    with pytest.raises(Fatal) as ei:
+        Elector(rc)
+    assert str(ei.value).startswith(f"{path}: ")
+    assert "\n" not in str(ei.value)
+
+
+def test_start_publishes_candidate_and_first_vote_is_in_a_new_term(rc):
+    (Path(rc.cfg.store_dir) / "currterm").write_text("currTerm=4\nvoteLeader=n0\n")
+    el, tr = started(rc)
+    m = rc.state.read_member()
+    assert (m.role, m.current_term) == (Role.CANDIDATE, 4) and len(tr.roles) == 1
+    el.tick()
+    assert tr.sent == []  # not at once
+    rc.now += el.next_wait_ms()
+    el.tick()
+    assert {req.term for _, req in tr.take(P.VoteRequest)} == {5}
+    assert el.termvote.current.term == 5  # persisted before the requests left
+
+
+def test_confirm_leadership_starts_a_heartbeat_round_whose_start_is_published(rc):
+    el, tr = lead(rc)
+    rc.now += 50  # mid-interval: nothing due by the clock
+    el.tick()
+    assert tr.take(P.HeartbeatRequest) == []
+    asked = rc.now
+    el.on_control(b"handler", channels.CONFIRM_LEADERSHIP)
+    beats = tr.take(P.HeartbeatRequest)
+    assert sorted(p for p, _ in beats) == ["n1", "n2"]
+    assert rc.state.read_member().last_quorum_heartbeat_ms < asked
+    rc.now += 7
+    for peer, req in beats:
+        if peer == "n1":
+            el.on_response(P.encode(P.HeartbeatResponse(200, "g", req.term, "n0", req.request_id)))
+    assert rc.state.read_member().last_quorum_heartbeat_ms == asked
+    assert tr.control == []  # no answer on the control channel: the block is the answer
+
+
+def test_leader_steps_down_when_the_handler_cannot_write(rc):
+    el, tr = lead(rc)
+    rc.state.set("store_unwritable_ms", rc.now)
+    rc.now += rc.cfg.heartbeat_interval_ms
+    el.tick()
+    m = rc.state.read_member()
+    assert m.role == Role.CANDIDATE and tr.take(P.HeartbeatRequest) == []
+    for _ in range(5):  # and it does not stand while it cannot write
+        rc.now += el.next_wait_ms()
+        el.tick()
+        assert tr.take(P.VoteRequest) == []
+
+
+def test_transfer_requests_are_answered_on_the_control_channel(rc):
+    el, tr = lead(rc)
+    el.on_control(b"h1", P.encode(P.LeadershipTransferRequest("g", "n0", "n9", -1, 77)))
+    ((ident, resp),) = tr.control
+    assert ident == b"h1" and resp.code == ResponseCode.UNKNOWN_MEMBER and resp.request_id == 77
+
+
+def test_transfer_sends_take_leadership_to_a_caught_up_target(rc):
+    el, tr = lead(rc)
+    term = el.core.term
+    rc.state.write_peer(1, match_index=-1, match_term=term)
+    el.on_control(b"h1", P.encode(P.LeadershipTransferRequest("g", "n0", "n1", -1, 78)))
+    assert rc.state.read_member().transferee_slot == 1
+    el.tick()
+    ((peer, take),) = tr.take(P.TakeLeadershipRequest)
+    assert peer == "n1" and take.term == term
+    el.on_response(P.encode(P.TakeLeadershipResponse(int(ResponseCode.TAKE_LEADERSHIP_FAILED), "g",
+                                                     term, "", take.request_id)))
+    ((_, resp),) = tr.control
+    assert resp.code == ResponseCode.TAKE_LEADERSHIP_FAILED
+    assert rc.state.read_member().transferee_slot != 1
+
+
+def test_unreachable_peer_counts_as_no_answer(rc):
+    el, tr = started(rc)
+    tr.down = {"n1", "n2"}
+    rc.now = el.core.next_deadline(rc.now)
+    el.tick()  # both sends fail at once: the round ends without waiting for its deadline
+    assert el.core._vote_round is None and el.core.role == Role.CANDIDATE
