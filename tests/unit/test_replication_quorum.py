@@ -14,7 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.core.replication import commit_index, quorum_index
+from node.core.replication import (
+    commit_index,
+    current_term_watermarks,
+    quorum_advance,
+    quorum_index,
+)
 from node.store.codec import MAGIC_NOOP
 from node.store.memory_store import MemoryStore
 
@@ -155,3 +160,24 @@ def test_older_term_watermarks_count_as_minus_one() -> None:
     peers = [(9, 4), (9, 4)]  # (match index, match term) of the two followers
     marks = [9] + [m if t == term else -1 for m, t in peers]
     assert quorum_index(marks) == -1
+
+
+# ------------------------------------------------------------------------------------------
+# quorum_advance: the whole ack checker decision (what AckChecker.check publishes)
+# ------------------------------------------------------------------------------------------
+def test_current_term_watermarks_use_the_own_end_and_clean_older_terms() -> None:
+    assert current_term_watermarks(5, 1, 9, [(8, 5), (0, 0), (7, 4)]) == [8, 9, -1]
+
+
+@pytest.mark.parametrize(("terms", "marks", "published", "expected"), [
+    pytest.param([1, 2, 2], [2, 2, -1], (-1, -1), 2, id="first-advance"),
+    pytest.param([1, 2, 2], [2, 2, -1], (2, 2), None, id="already-published"),
+    pytest.param([1, 2, 2], [2, 1, -1], (-1, -1), 1, id="advance-to-a-current-term-entry"),
+    pytest.param([1, 1, 2], [2, 1, -1], (-1, -1), None, id="figure-8-older-term-entry-never-by-counting"),
+    pytest.param([1, 2, 2], [2, 2, 2], (2, 1), 2, id="an-index-of-another-term-counts-as-nothing"),
+    pytest.param([1, 2, 2], [2, -1, -1], (-1, -1), None, id="no-quorum"),
+])
+def test_quorum_advance_table(terms: list[int], marks: list[int], published: tuple[int, int],
+                              expected: int | None) -> None:
+    s = _log(terms)
+    assert quorum_advance(2, marks, *published, s.term_at) == expected
