@@ -47,17 +47,34 @@ def _check(store, model, committed):
         assert (e.index, e.term, bytes(e.body)) == (i, term, body)
 
 
+def _check_reader(r, store, model):
+    """A long-lived reader (another process's, created once) that starts each read at the
+    store's published generation sees exactly the model: never a replaced file's bytes."""
+    g = store.generation
+    r.begin(g)
+    for i, (term, body) in enumerate(model):
+        e = r.get(i, len(model) - 1)
+        assert (e.index, e.term, bytes(e.body)) == (i, term, body)
+    r.validate(g)
+
+
 @given(seq=ops)
 @settings(max_examples=150, deadline=None)
 def test_segment_and_memory_store_match_model(tmp_path_factory, seq):
     path = tmp_path_factory.mktemp("store")
     seg = SegmentStore(_cfg(path))
     seg.open()
+    reader = StoreReader(path)
     mem = MemoryStore()
     model: list[tuple[int, bytes]] = []
     committed, term = -1, 1
     try:
-        for op, arg in seq:
+        for k, (op, arg) in enumerate(seq):
+            # Unique bodies: a stale read of a replaced file must show as different bytes.
+            if op == "append":
+                arg = b"@%d:" % k + arg
+            elif op in ("batch", "follower"):
+                arg = [b"@%d.%d:" % (k, j) + b for j, b in enumerate(arg)]
             if op == "term":
                 term = max(term, term + arg - 1)
             elif op == "append":
@@ -106,6 +123,7 @@ def test_segment_and_memory_store_match_model(tmp_path_factory, seq):
                 seg.open()
             _check(seg, model, committed)
             _check(mem, model, committed)
+            _check_reader(reader, seg, model)
         seg.close()
         seg = SegmentStore(_cfg(path))
         seg.open()
@@ -129,6 +147,7 @@ def test_segment_and_memory_store_match_model(tmp_path_factory, seq):
             assert b"".join(recs) == b"".join(bytes(seg.index.read(k * 32, 32)) for k in range(len(model)))
             r.close()
     finally:
+        reader.close()
         seg.close()
 
 
