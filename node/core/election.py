@@ -235,10 +235,11 @@ class ElectorCore:
         self.last_succ_heartbeat_ms = now_ms
         self.last_vote_cost_ms = 0
         # Restart rule (class docstring): first campaign in term + 1, after the leader had a
-        # chance to be heard.
+        # chance to be heard. The timer is drawn on first use (next_vote_ms), so an `rng`
+        # replaced right after construction (the simulator's seeded one) decides it too.
         self.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
-        self.next_vote_ms = self.cfg.heartbeat_interval_ms + next_time_to_request_vote(
-            now_ms, 0, self.cfg, self.rng)
+        self._started_ms = now_ms
+        self._next_vote_ms: int | None = None
         self._beat_requested = False  # request_heartbeat while a round was in flight
 
         self._vote_round: _VoteRound | None = None
@@ -249,6 +250,18 @@ class ElectorCore:
         self._persisted = (term, voted_for)
         self._published = (self.role, self.term, self.leader_id)
         self._out = _Outbox()
+
+    @property
+    def next_vote_ms(self) -> int:
+        """nextTimeToRequestVote: when a candidate's next vote round may start."""
+        if self._next_vote_ms is None:
+            self._next_vote_ms = self.cfg.heartbeat_interval_ms + next_time_to_request_vote(
+                self._started_ms, 0, self.cfg, self.rng)
+        return self._next_vote_ms
+
+    @next_vote_ms.setter
+    def next_vote_ms(self, value: int) -> None:
+        self._next_vote_ms = value
 
     # ------------------------------------------------------------------ read-only views
 

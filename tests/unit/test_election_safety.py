@@ -23,7 +23,8 @@ LED = LedgerEnd(10, 1)
 
 
 def core(nid, term=0, voted=None, now=0, ids=IDS, seed=1):
-    return ElectorCore(nid, ids, "g", CFG, random.Random(seed), term=term, voted_for=voted,
+    rng = random.Random(seed) if seed is not None else None
+    return ElectorCore(nid, ids, "g", CFG, rng, term=term, voted_for=voted,
                        now_ms=now)
 
 
@@ -264,3 +265,14 @@ def test_unwritable_node_does_not_campaign_but_still_votes():
     c2.tick(t, bad)
     step = c2.tick(c2.next_deadline(t), LED)
     assert {s.message.term for s in sends(step, VoteRequest)} == {4}
+
+
+def test_first_vote_timer_comes_from_an_rng_injected_after_construction():
+    """The simulator replaces `core.rng` right after `Elector.start()`; its seed alone must
+    decide every timer, the first one included, or a seed would not replay."""
+    firsts = set()
+    for _ in range(3):
+        c = core("F", seed=None)
+        c.rng = random.Random(42)
+        firsts.add(c.next_vote_ms)
+    assert len(firsts) == 1
