@@ -64,7 +64,7 @@ from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
 from node.member_lock import MemberLock
 from node.roles.retention import RetentionService
-from node.roles.runtime import EXIT_FATAL, RoleContext, role_main
+from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT, MemberView
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
@@ -174,11 +174,7 @@ class Handler:
         try:
             self.store.open()
         except StoreCorruptError as e:
-            fatal = getattr(self.rc, "fatal", None)
-            if fatal is not None:
-                fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
-            self.log.error("%s", e)
-            raise SystemExit(EXIT_FATAL) from None
+            self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
         self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
         self.publish_ledger()
 
