@@ -163,7 +163,8 @@ class Handler:
         self._appended = False
         self.multi_idents: set[bytes] = set()  # peers that speak MULTI: their replies coalesce
         self.outbox: dict[bytes, list[bytes]] = {}  # held replies, sent by _flush_replies
-        self.retention: RetentionService | None = None
+        self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
+        self._view: MemberView | None = None  # the member snapshot of the last tick
 
     def now(self) -> int:
         return self.rc.clock()
@@ -175,7 +176,7 @@ class Handler:
             self.store.open()
         except StoreCorruptError as e:
             self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
-        self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
+        self.retention.store = self.store  # `store` may have been replaced after construction
         self.publish_ledger()
 
     def close(self) -> None:
@@ -736,14 +737,14 @@ class Handler:
         apply the quorum, expire pending replies, the abnormal-push check, parked reads,
         retention, then flush the wake-up and held replies."""
         now = self.now()
-        m = self.state.read_member()
+        m = self._view = self.state.read_member()
         self._sync_role(m, now)
         self._apply_quorum()
         self._expire_pending(now)
         self._execute(self.follower.check_abnormal(m, now, self.store), m)
         self._drain(m)
         self._serve_reads(m, now)
-        if self.retention is not None and self.retention.due(now):
+        if self.retention.due(now):
             self._run_retention(now)
         self._flush_wake()
         self._flush_replies()
@@ -762,12 +763,10 @@ class Handler:
             due.append(now + READ_POLL_MS)
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)
-        elif self.leader_term == -1:
+        elif self.leader_term == -1 and self._view is not None and self._view.role == Role.LEADER:
             # A LEADER without a lease (or before its NOOP) learns the lease's renewal from the
             # block only: look again soon.
-            m = self.state.read_member()
-            if m.role == Role.LEADER:
-                due.append(now + READ_POLL_MS)
+            due.append(now + READ_POLL_MS)
         return max(1, min(due) - now)
 
     def run(self) -> None:
