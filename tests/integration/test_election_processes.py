@@ -86,6 +86,24 @@ def test_restarted_follower_keeps_term_and_vote(make_cluster):
              "restarted follower back in (at least) its persisted term")
 
 
+def test_group_restarted_as_a_whole_elects_in_a_new_term(make_cluster):
+    """Seen before: a 3-node group stopped and restarted came back with the same leader in the
+    same term (its vote for itself was on disk, its voters accepted it again). A node must never
+    lead twice in one term: its log may have lost a tail it had already sent."""
+    c = make_cluster(3)
+    lead = c.wait_leader(timeout=15)
+    term = c.term_of(lead)
+    for node in c.nodes.values():
+        assert node.stop() == 0
+    mon = c.start_monitor()
+    for node in c.nodes.values():
+        node.start()
+    new = c.wait_leader(timeout=15)
+    assert c.term_of(new) > term, (lead, term, new, c.term_of(new))
+    mon.stop()
+    assert not mon.violations()
+
+
 def test_node_never_votes_twice_in_a_term_across_a_crash(make_cluster, tmp_path):
     """Crash right after voting, then a second candidate asks in the same term: rejected."""
     c = make_cluster(3)
