@@ -360,12 +360,14 @@ class ElectorCore:
         return self._finish(now_ms)
 
     def on_take_leadership(self, req: TakeLeadershipRequest, now_ms: int,
-                           token: object = None) -> Step:
+                           token: object = None, ledger: LedgerEnd = EMPTY_LEDGER) -> Step:
         """handleTakeLeadership: start an election in term+1 at once (leadership transfer).
 
         The reply is deferred until the outcome is known (TakeLeadershipTask.check): SUCCESS
         when this node becomes leader in that term, TAKE_LEADERSHIP_FAILED if it ends up a
-        follower, EXPIRED_TERM if the group moved past that term.
+        follower, EXPIRED_TERM if the group moved past that term. A node whose store is not
+        writable refuses at once (TAKE_LEADERSHIP_FAILED): it could not lead, and entering
+        term + 1 without standing would only depose the current leader.
         """
         code = None
         if req.group != self.group:
@@ -376,6 +378,8 @@ class ElectorCore:
             code = ResponseCode.UNEXPECTED_MEMBER
         elif req.term != self.term:
             code = ResponseCode.INCONSISTENT_TERM  # "[BUG] currTerm != request.term"
+        elif not ledger.writable:
+            code = ResponseCode.TAKE_LEADERSHIP_FAILED
         if code is not None:
             self._out.replies.append(Reply(TakeLeadershipResponse(
                 int(code), self.group, self.term, self.leader_id or "", req.request_id), token))
@@ -440,7 +444,7 @@ class ElectorCore:
         if isinstance(msg, HeartbeatRequest):
             return self.on_heartbeat_request(msg, now_ms, token)
         if isinstance(msg, TakeLeadershipRequest):
-            return self.on_take_leadership(msg, now_ms, token)
+            return self.on_take_leadership(msg, now_ms, token, ledger)
         if isinstance(msg, (VoteResponse, HeartbeatResponse, ErrorResponse)):
             return self.on_response(msg, now_ms)
         self._out.replies.append(Reply(ErrorResponse(

@@ -276,3 +276,14 @@ def test_first_vote_timer_comes_from_an_rng_injected_after_construction():
         c.rng = random.Random(42)
         firsts.add(c.next_vote_ms)
     assert len(firsts) == 1
+
+
+def test_unwritable_transferee_refuses_take_leadership_at_once():
+    from ipc.protocol import TakeLeadershipRequest
+
+    c = core("F", term=3)
+    step = c.handle(TakeLeadershipRequest("g", "F", "L", 3, 9), 0,
+                    LedgerEnd(10, 1, writable=False), token="t")
+    (r,) = replies(step)
+    assert r.code == ResponseCode.TAKE_LEADERSHIP_FAILED and c.term == 3
+    assert step.of(Persist) == []
