@@ -106,7 +106,7 @@ class Dispatcher:
         self.window: collections.deque[tuple[int, int]] = collections.deque()  # (ms, bytes) sent
         self.window_bytes = 0
         self.max_batch = self.cfg.max_batch_push_size if self.cfg.enable_batch_push else 1
-        self._alive = bool(self.state.read_peer(self.slot).alive)
+        self._alive: bool | None = None  # read from the block at the first send (construction reads nothing)
         self._moved = False
         self._leasing = False  # LEADER with a lease at the last tick
 
@@ -138,6 +138,8 @@ class Dispatcher:
         return not far_behind or self.window_bytes < self.cfg.peer_push_quota
 
     def _send(self, frame: bytes, request_id: int, kind: str, first: int, nbytes: int, now: int) -> bool:
+        if self._alive is None:
+            self._alive = bool(self.state.read_peer(self.slot).alive)
         if not self.transport.send(frame):  # follower unreachable: try again on the next deadline
             if self._alive:
                 self._alive = False
