@@ -555,11 +555,11 @@ class SegmentStore:
         n = len(recs) // INDEX_SIZE
         if n == 0 or len(recs) != n * INDEX_SIZE:
             return False
+        self._check_run(mv, recs, n)  # first: damaged records are refused, never bypassed
         _m, pos0, size0, idx0, term0 = INDEX.unpack_from(recs, 0)
         if (idx0 != self.ledger_end_index + 1 or term0 < self.ledger_end_term
                 or size0 + BLANK_SIZE > self.config.data_file_size):
             return False  # the per-entry path says precisely what is wrong
-        self._check_run(mv, recs, n)
         _m, _p, _s, idxn, termn = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
         run = len(mv)
         start_data = self.data.wrote_position

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node.store import codec
 from node.store.base import IndexOutOfRange, StoreError
 from node.store.memory_store import MemoryStore
 from node.store.reader import StoreReader
@@ -52,10 +53,12 @@ def _check_reader(r, store, model):
     store's published generation sees exactly the model: never a replaced file's bytes."""
     g = store.generation
     r.begin(g)
-    for i, (term, body) in enumerate(model):
-        e = r.get(i, len(model) - 1)
-        assert (e.index, e.term, bytes(e.body)) == (i, term, body)
+    seen = []
+    while len(seen) < len(model):
+        blob, _n, _recs = r.get_run(len(seen), len(model) - 1, 64, 1 << 20)
+        seen.extend((e.index, e.term, bytes(e.body)) for _o, e in codec.iter_entries(blob))
     r.validate(g)
+    assert seen == [(i, term, body) for i, (term, body) in enumerate(model)]
 
 
 @given(seq=ops)

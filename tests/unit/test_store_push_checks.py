@@ -106,3 +106,27 @@ def test_fast_path_stores_a_good_run_and_skips_crc_only_when_configured(tmp_path
         assert g.append_follower(bytes(blob), recs) == 4  # the operator turned the check off
     finally:
         g.close()
+
+
+def test_any_flipped_byte_of_a_pushed_run_is_refused_before_anything_is_stored(tmp_path):
+    """Exhaustive over one run: whatever byte of the entries or of their index records is
+    damaged (except the two reserved header fields, channel and chainCrc, which carry nothing),
+    the fast path refuses the push and the follower's log does not change."""
+    blob, recs, pos = _run(tmp_path, n=4)
+    reserved = {p - pos[0] + k for p in pos for k in range(32, 40)}
+    f = _follower(tmp_path)
+    try:
+        for where, buf in (("entries", blob), ("records", bytearray(recs))):
+            for i in range(len(buf)):
+                if where == "entries" and i in reserved:
+                    continue
+                buf[i] ^= 0x40
+                try:
+                    with pytest.raises(StoreError):
+                        f.append_follower(bytes(blob), recs if where == "entries" else bytes(buf))
+                finally:
+                    buf[i] ^= 0x40
+                assert f.ledger_end_index == -1, (where, i)
+        assert f.append_follower(bytes(blob), recs) == 3  # the undamaged run is stored
+    finally:
+        f.close()
