@@ -847,5 +847,8 @@ class SegmentStore:
             "data_files": len(self.data.files),
             "index_files": len(self.index.files),
             "data_wrote_position": self.data.wrote_position,
+            "generation": self.generation,
+            "flush_failing": int(self.last_flush_error is not None),
+            "refusing_writes": int(self._broken is not None),
         }
 
