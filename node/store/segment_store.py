@@ -183,6 +183,13 @@ class SegmentStore:
         if self._gen is not None:
             self._gen.end_change()
 
+    @property
+    def write_error(self) -> StoreError | None:
+        """Why the store refuses writes until it is reopened (a failed fdatasync, rollback or
+        truncate), or None. Lets the handler report an unwritable store without waiting for
+        the next append to fail."""
+        return self._broken
+
     def _check_writable(self) -> None:
         if self._broken is not None:
             raise type(self._broken)(f"store refuses writes until it is reopened: {self._broken}")
