@@ -173,8 +173,10 @@ def test_a_failed_fdatasync_stops_writes_until_the_store_is_reopened(tmp_path, m
     try:
         s.append_leader(b"ok", 1)
         monkeypatch.setattr(os, "fdatasync", _fail(errno.EIO))
+        assert s.write_error is None
         with pytest.raises(DiskError, match="flush"):
             s.append_leader(b"not durable", 1)
+        assert isinstance(s.write_error, DiskError) and s.stats()["refusing_writes"] == 1
         monkeypatch.undo()
         with pytest.raises(DiskError, match="refuses writes until it is reopened"):
             s.append_leader(b"later", 1)
@@ -183,6 +185,7 @@ def test_a_failed_fdatasync_stops_writes_until_the_store_is_reopened(tmp_path, m
         assert bytes(s.get(0).body) == b"ok"  # reads still work
         s.close()
         s.open()
+        assert s.write_error is None
         assert s.append_leader(b"after restart", 1).index >= 1
     finally:
         s.close()
