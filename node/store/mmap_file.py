@@ -276,12 +276,16 @@ class MappedFileList:
         return last.start + last.wrote
 
     def find(self, offset: int) -> MappedFile | None:
-        """The file holding global `offset` (O(1): files are contiguous and equal-size)."""
+        """The file holding global `offset` (O(1): files are contiguous and equal-size). A
+        reader's list can have a hole for a moment (a file deleted between listing and
+        mapping): the file found is checked to really hold `offset`."""
         if not self.files:
             return None
         i = (offset - self.files[0].start) // self.file_size
         if 0 <= i < len(self.files):
-            return self.files[i]
+            f = self.files[i]
+            if f.start <= offset < f.start + f.size:
+                return f
         return None
 
     def read(self, offset: int, size: int) -> memoryview:

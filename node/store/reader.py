@@ -150,6 +150,8 @@ class StoreReader:
         if f is None:
             raise StaleRead(f"data for entry {index} (pos {pos}) not mapped")
         rel = pos - f.start
+        if size < codec.HEADER_SIZE or rel + size > f.size:
+            raise StaleRead(f"entry {index} (pos {pos}, size {size}) does not fit its data file")
         h = codec.HEADER.unpack_from(f.mm, rel)
         if h[2] != index or h[3] != term or h[1] != size:
             raise StaleRead(f"entry at pos {pos} is index {h[2]}/term {h[3]}, expected {index}/{term}")
