@@ -51,6 +51,7 @@ from node.core.transfer import (
 from node.member_lock import MemberLock
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT
+from node.store.base import StoreError
 from node.store.layout import LOCK_FILE, TERM_FILE, LayoutError
 from node.store.term_vote import TermVoteFile
 
@@ -179,9 +180,11 @@ class Elector:
     def _persist(self, e: Persist) -> None:
         try:
             self.termvote.save(e.term, e.voted_for)
-        except OSError as err:
+        except StoreError as err:  # DiskFull / DiskError: the message names the file
             # The core already acts on the new term/vote; going on without it on disk could
             # make a restarted node vote twice in one term. Stop, naming the file.
+            self.rc.fatal(f"cannot write the term/vote file: {err}")
+        except OSError as err:
             self.rc.fatal(f"{self.termvote.path}: cannot write the term/vote file: "
                           f"{err.strerror or err}")
 

@@ -194,3 +194,23 @@ def test_unreachable_peer_counts_as_no_answer(rc):
     rc.now = el.core.next_deadline(rc.now)
     el.tick()  # both sends fail at once: the round ends without waiting for its deadline
     assert el.core._vote_round is None and el.core.role == Role.CANDIDATE
+
+
+def test_a_term_file_that_cannot_be_written_is_a_fatal_stop_not_a_crash_loop(rc, monkeypatch):
+    """ENOSPC while saving currterm reaches the elector as the store's DiskFull (not OSError):
+    it must still be a one-line fatal stop naming the file, not a traceback and a restart."""
+    import errno
+    import os
+
+    el, tr = started(rc)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    monkeypatch.setattr(os, "write", full)
+    rc.now += el.next_wait_ms()
+    with pytest.raises(Fatal) as ei:
+        el.tick()  # the first campaign persists term + 1
+    msg = str(ei.value)
+    assert "currterm" in msg and "\n" not in msg
