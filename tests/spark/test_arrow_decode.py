@@ -50,3 +50,32 @@ def test_batches_are_bounded_by_bytes(tmp_path: Path) -> None:
         batches = list(decode_batches(r, "n0", chunk_bytes=2000))
     assert sum(b.num_rows for b in batches) == 200
     assert all(sum(b.column("size").to_pylist()[:-1]) < 2000 for b in batches)
+
+
+def test_a_truncation_during_a_pass_never_yields_a_replaced_files_bytes(tmp_path: Path) -> None:
+    """The generation fence on the Arrow path: a follower truncates and re-appends (deleting and
+    re-creating segment files under the same names) while Spark decodes its store. Every batch
+    handed out after that must come from the new files, never from the old mappings."""
+    from node.store.base import StoreConfig
+    from node.store.segment_store import SegmentStore
+
+    s = SegmentStore(StoreConfig(str(tmp_path / "n0"), data_file_size=4096, index_file_size=8 * 32))
+    s.open()
+    try:
+        for i in range(40):
+            s.append_leader(b"old-%02d" % i + b"x" * 300, 1)
+        with StoreDecoder(tmp_path / "n0") as r:
+            it = decode_batches(r, "n0", chunk_entries=4)
+            first = next(it)
+            assert first.column("term").to_pylist() == [1] * 4
+            s.truncate(6)
+            for i in range(6, 40):
+                s.append_leader(b"new-%02d" % i + b"y" * 300, 2)
+            rest = pa.Table.from_batches(list(it))
+        rows = dict(zip(rest.column("index").to_pylist(), rest.column("body").to_pylist(), strict=True))
+        assert sorted(rows) == list(range(4, 40))
+        for i, body in rows.items():
+            want = (b"old-%02d" % i) if i < 6 else (b"new-%02d" % i)
+            assert body.startswith(want), (i, body[:6])
+    finally:
+        s.close()

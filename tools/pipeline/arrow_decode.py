@@ -21,7 +21,13 @@ import pyarrow as pa
 
 from node.store import codec
 from node.store.codec import HEADER_SIZE, INDEX_SIZE, MAGIC_NOOP, MAGIC_NORMAL, TYPE_NAMES
-from node.store.decoder import COLUMNS, DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ENTRIES, StoreDecoder
+from node.store.decoder import (
+    COLUMNS,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_CHUNK_ENTRIES,
+    MAX_RELOADS,
+    StoreDecoder,
+)
 
 ARROW_SCHEMA = pa.schema([
     ("node", pa.string()),
@@ -145,8 +151,34 @@ def decode_batches(reader: StoreDecoder, node: str, from_index: int | None = Non
 
     Each batch holds at most `chunk_entries` rows and, with bodies, about `chunk_bytes` of
     entry bytes (at least one row), so memory stays bounded whatever the entry size.
+
+    The store generation fence (docs/store.md): every batch is checked against the generation
+    the decoder mapped at before it is handed out. If the writer truncated or recovered
+    meanwhile, the batch may hold a replaced file's bytes: the decoder re-maps and the pass
+    continues from that batch (at most `MAX_RELOADS` times); after that the batch's rows come
+    from `iter_rows`, which marks what it cannot read consistently ``stale:``.
     """
     lo, hi = reader.clamp(from_index, to_index)
+    reloads = 0
+    i = lo
+    while i <= hi:
+        for batch in _batches(reader, node, i, hi, body, chunk_entries, chunk_bytes, crc):
+            n = batch.num_rows
+            if reader.generation_moved():
+                if reloads < MAX_RELOADS:
+                    reloads += 1
+                    reader.reload()
+                    i, hi = reader.clamp(i, to_index)
+                    break  # index records mapped before the move are stale too: start over at i
+                batch = rows_to_batch(node, list(reader.iter_rows(i, i + n - 1, body=body)))
+            yield batch
+            i += n
+        else:
+            return
+
+
+def _batches(reader: StoreDecoder, node: str, lo: int, hi: int, body: bool, chunk_entries: int,
+             chunk_bytes: int, crc: Callable[[Any], int]) -> Iterator[pa.RecordBatch]:
     for first, raw in reader.index_slices(lo, hi):
         rec_all = np.frombuffer(raw, _INDEX_DT)
         start = 0
