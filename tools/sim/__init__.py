@@ -1,0 +1,1 @@
+"""The deterministic simulator of a DLedger group running the real role code (docs/testing.md)."""

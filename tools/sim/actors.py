@@ -1,0 +1,429 @@
+"""Actors: the real role classes of one node, driven one loop iteration per step.
+
+Each actor wraps one role object (node.roles.*) built from a fake RoleContext (`SimRC`): the
+real class, with the simulator's SharedState (`SimState`), member lock (`SimLock`), store or
+store reader, clock and transport injected. A *step* is one iteration of the role's loop: the
+inputs the scheduler delivered (a random-sized burst of the actor's inbox), then its timers.
+
+The roles are driven through their contract-C7 interface: input methods (`handle_frame`,
+`on_reply`, `on_request`, ..., `tick`, `next_wait_ms`) and a `transport` attribute, exactly
+what each role's `run()` calls from its ZeroMQ poll loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+from typing import TYPE_CHECKING, Any
+
+from node.store.base import StoreConfig
+from node.store.memory_store import MemoryStore
+from node.store.segment_store import SegmentStore
+from tools.sim.state import MemReader, SimState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tools.sim.world import Node, Sim
+
+
+class SimCrash(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Unwinds an actor's step: the process died at this point."""
+
+
+class SimFatal(BaseException):  # noqa: N818
+    """A role called rc.fatal(): the supervisor would stop the node."""
+
+
+class SimLog:
+    """A logger that records into the simulator's trace instead of formatting lines."""
+
+    def __init__(self, sim: Sim, key: str) -> None:
+        self.sim, self.key = sim, key
+
+    def _rec(self, level: str, msg: str, args: tuple) -> None:
+        self.sim.trace_event(self.key, "log", (level, msg, args))
+
+    def debug(self, msg: str, *args: Any, **kw: Any) -> None:
+        pass
+
+    def info(self, msg: str, *args: Any, **kw: Any) -> None:
+        self._rec("I", msg, args)
+
+    def warning(self, msg: str, *args: Any, **kw: Any) -> None:
+        self._rec("W", msg, args)
+
+    def error(self, msg: str, *args: Any, **kw: Any) -> None:
+        self._rec("E", msg, args)
+
+    def exception(self, msg: str, *args: Any, **kw: Any) -> None:
+        self._rec("E", msg, args)
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802
+        return False
+
+
+class SimRC:
+    """A RoleContext-like object (contract C7)."""
+
+    def __init__(self, sim: Sim, node: Node, actor: Actor, role: str, peer_id: str | None = None) -> None:
+        self.sim = sim
+        self.cfg = node.cfg
+        self.role = role
+        self.log = SimLog(sim, actor.key)
+        self.state = SimState(sim, node, actor)
+        self.peer_id = peer_id
+        self.run_dir = node.dir
+        self.clock = node.clock
+        self.stopping = False
+        self.wake_fd = -1
+        self.zctx = None
+
+    def should_stop(self) -> bool:
+        return False
+
+    def beat(self) -> None:
+        self.state.beat(self.role, self.clock())
+
+    def drain_wake(self) -> None:
+        pass
+
+    def channel(self, ch: Any) -> str:
+        return f"sim://{ch.name}"
+
+    def ipc(self, name: str) -> str:
+        return f"sim://{name}"
+
+    def fatal(self, message: str) -> None:
+        self.sim.trace_event(self.role, "fatal", message)
+        raise SimFatal(message)
+
+    def close(self) -> None:
+        pass
+
+
+class SimMemoryStore(MemoryStore):
+    """The MemoryStore, plus `append_batch_raw` where it lacks it (the handler's BATCH_APPEND
+    path calls it; the memory store only had `append_leader_batch`): same results, derived."""
+
+    if not hasattr(MemoryStore, "append_batch_raw"):
+        def append_batch_raw(self, bodies: list[bytes], term: int) -> tuple[int, list[int]]:
+            rs = self.append_leader_batch(bodies, term)
+            return rs[0].index, [r.pos for r in rs]
+
+
+class SimSegmentStore(SegmentStore):
+    """The real SegmentStore without its flush thread: the simulator flushes and checkpoints at
+    virtual times (a thread would run on wall-clock time and break determinism)."""
+
+    def _flush_service(self) -> None:
+        return
+
+
+class Actor:
+    """One simulated process."""
+
+    takes_lock = False
+    role = ""
+
+    def __init__(self, sim: Sim, node: Node | None, key: str) -> None:
+        self.sim = sim
+        self.node = node
+        self.key = key
+        self.inbox: collections.deque = collections.deque()
+        self.wake_at = sim.now
+        self.alive = True
+        self.busy = False
+        self.inc = sim.next_inc()
+
+    def ready(self, now: int) -> bool:
+        return self.alive and not self.busy and (bool(self.inbox) or self.wake_at <= now)
+
+    def take_burst(self) -> list:
+        n = len(self.inbox)
+        if n == 0:
+            return []
+        k = 1 if n == 1 else self.sim.rng.randint(1, min(n, 8))
+        return [self.inbox.popleft() for _ in range(k)]
+
+    def step(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        self.alive = False
+        self.inbox.clear()
+        if self.node is not None:
+            self.node.lock.drop(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# handler
+# ---------------------------------------------------------------------------------------------
+class HandlerActor(Actor):
+    takes_lock = True
+    role = "handler"
+
+    def __init__(self, sim: Sim, node: Node) -> None:
+        super().__init__(sim, node, f"{node.id}.handler")
+        from node.roles import handler as hmod
+
+        self.rc = SimRC(sim, node, self, "handler")
+        with sim.acting(self):
+            h = hmod.Handler(self.rc)
+        self.h = h
+        if sim.store_kind == "memory":
+            if node.memstore is None:
+                node.memstore = SimMemoryStore()
+            h.store = node.memstore
+        else:
+            h.store = SimSegmentStore(StoreConfig(
+                node.cfg.store_dir, data_file_size=node.cfg.data_file_size,
+                index_file_size=node.cfg.index_file_size, flush_mode="async"))
+        h.lock = node.lock
+        h.transport = HandlerTransport(sim, node, self)
+        self.opened = False
+        self.next_cp = 0
+
+    def _open(self) -> None:
+        h = self.h
+        h.open()
+        self.node.store = h.store
+        self.node.checked = -1
+        self.rc.beat()  # first beat = "ledger published": the elector waits for it
+        self.opened = True
+        s = h.store
+        self.sim.trace_event(self.key, "open", f"begin={s.ledger_begin_index} end={s.ledger_end_index} "
+                             f"committed={s.committed_index}")
+        h.tick()
+
+    def step(self) -> None:
+        h = self.h
+        if not self.opened:
+            self._open()
+        else:
+            for kind, payload in self.take_burst():
+                self.sim.trace_in(self.key, kind, payload)
+                if kind == "frame":
+                    h.handle_frame(*payload)
+                elif kind == "commit":
+                    h.on_commit_wakeup()
+                elif kind == "ctlreply":
+                    h.on_control_reply(payload)
+                elif kind == "role":
+                    h.sync_role()
+            h.tick()
+        self.rc.beat()
+        now = self.node.clock()
+        if self.sim.store_kind == "segment" and now >= self.next_cp:
+            self.next_cp = now + 250
+            h.store.checkpoint()  # what the flush service does every checkpoint interval
+        self.wake_at = self.sim.now + max(1, min(h.next_wait_ms(), 1000))
+
+    def kill(self) -> None:
+        super().kill()
+        if not self.opened:
+            return
+        st = self.h.store
+        if isinstance(st, SegmentStore):
+            self.node.last_wrote = (st.data.wrote_position, st.index.wrote_position)
+            st.data.close()  # no flush, no checkpoint: a killed process writes nothing more
+            st.index.close()
+            st._opened = False
+        self.node.store = None
+
+
+class HandlerTransport:
+    def __init__(self, sim: Sim, node: Node, actor: HandlerActor) -> None:
+        self.sim, self.node, self.actor = sim, node, actor
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        self.sim.route_reply(self.node, self.actor, (bytes(ident), bytes(frame)))
+
+    def appended(self, end: int) -> None:
+        self.sim.intra(self.node, ("dispatchers", "ack"), "appended", end)
+
+    def control(self, frame: bytes) -> bool:
+        return self.sim.intra(self.node, ("elector",), "ctl", (b"h", bytes(frame)))
+
+
+# ---------------------------------------------------------------------------------------------
+# elector
+# ---------------------------------------------------------------------------------------------
+class ElectorActor(Actor):
+    takes_lock = True
+    role = "elector"
+
+    def __init__(self, sim: Sim, node: Node) -> None:
+        super().__init__(sim, node, f"{node.id}.elector")
+        from node.roles import elector as emod
+
+        self.rc = SimRC(sim, node, self, "elector")
+        with sim.acting(self):
+            e = emod.Elector(self.rc)
+        self.e = e
+        e.lock = node.lock
+        e.transport = ElectorTransport(sim, node, self)
+        self.started = False
+
+    def ready(self, now: int) -> bool:
+        if not self.started:  # it reads no socket before the handler's first beat
+            return self.alive and not self.busy and self.wake_at <= now
+        return super().ready(now)
+
+    def step(self) -> None:
+        e = self.e
+        if not self.started:
+            if self.rc.state.last_beat("handler") <= 0:
+                self.wake_at = self.sim.now + 50
+                return
+            self.started = True
+            e.start()
+            e.core.rng = random.Random(self.sim.rng.getrandbits(64))  # the core's vote timers
+        for kind, payload in self.take_burst():
+            self.sim.trace_in(self.key, kind, payload)
+            if kind == "req":
+                e.on_request(*payload)
+            elif kind == "resp":
+                e.on_response(payload)
+            elif kind == "ctl":
+                e.on_control(*payload)
+        e.tick()
+        self.rc.beat()
+        self.wake_at = self.sim.now + max(1, e.next_wait_ms())
+
+
+class ElectorTransport:
+    def __init__(self, sim: Sim, node: Node, actor: ElectorActor) -> None:
+        self.sim, self.node, self.actor = sim, node, actor
+
+    def send(self, peer_id: str, frame: bytes) -> bool:
+        return self.sim.elector_send(self.node, self.actor, peer_id, bytes(frame))
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        self.sim.route_reply(self.node, self.actor, (bytes(ident), bytes(frame)))
+
+    def role_changed(self, frame: bytes) -> None:
+        self.sim.intra(self.node, ("handler", "dispatchers", "ack"), "role", frame)
+
+    def control_reply(self, ident: bytes, frame: bytes) -> None:
+        self.sim.intra(self.node, ("handler",), "ctlreply", bytes(frame))
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatcher
+# ---------------------------------------------------------------------------------------------
+class DispatcherActor(Actor):
+    role = "dispatcher"
+
+    def __init__(self, sim: Sim, node: Node, peer: str) -> None:
+        self.slot = node.cfg.peer_ids.index(peer)
+        super().__init__(sim, node, f"{node.id}.d{self.slot}")
+        from node.roles import dispatcher as dmod
+
+        self.peer = peer
+        self.rc = SimRC(sim, node, self, f"dispatcher[{self.slot}]", peer)
+        with sim.acting(self):
+            d = dmod.Dispatcher(self.rc)
+        self.d = d
+        if sim.store_kind == "memory":
+            d.reader.close()
+            d.reader = MemReader(node)
+        self.ident = b"d:%d:%d:%d" % (node.idx, self.slot, self.inc)
+        d.transport = DispatcherTransport(sim, node, self)
+
+    def step(self) -> None:
+        d = self.d
+        for kind, payload in self.take_burst():
+            self.sim.trace_in(self.key, kind, payload)
+            if kind == "reply":
+                d.on_reply(payload)
+        d.flush_ack()
+        d.tick()
+        self.rc.beat()
+        self.wake_at = self.sim.now + max(1, min(1000, d.next_wait_ms()))
+
+    def kill(self) -> None:
+        super().kill()
+        self.d.reader.close()
+
+
+class DispatcherTransport:
+    def __init__(self, sim: Sim, node: Node, actor: DispatcherActor) -> None:
+        self.sim, self.node, self.actor = sim, node, actor
+
+    def send(self, frame: bytes) -> bool:
+        return self.sim.data_send(self.node, self.actor, self.actor.peer, (self.actor.ident, bytes(frame)))
+
+    def ack(self, slot: int, match_index: int) -> None:
+        self.sim.intra(self.node, ("ack",), "ack", (slot, match_index))
+
+
+# ---------------------------------------------------------------------------------------------
+# ack checker
+# ---------------------------------------------------------------------------------------------
+class AckActor(Actor):
+    role = "ack_checker"
+
+    def __init__(self, sim: Sim, node: Node) -> None:
+        super().__init__(sim, node, f"{node.id}.ack")
+        from node.roles import ack_checker as amod
+
+        self.rc = SimRC(sim, node, self, "ack_checker")
+        with sim.acting(self):
+            a = amod.AckChecker(self.rc)
+        self.a = a
+        if sim.store_kind == "memory":
+            a.reader.close()
+            a.reader = MemReader(node)
+        a.transport = AckTransport(sim, node)
+
+    def step(self) -> None:
+        a = self.a
+        for kind, payload in self.take_burst():
+            self.sim.trace_in(self.key, kind, payload)
+        a.tick()
+        self.rc.beat()
+        self.wake_at = self.sim.now + max(1, min(1000, a.next_wait_ms()))
+
+    def kill(self) -> None:
+        super().kill()
+        self.a.reader.close()
+
+
+class AckTransport:
+    def __init__(self, sim: Sim, node: Node) -> None:
+        self.sim, self.node = sim, node
+
+    def commit_wakeup(self) -> None:
+        self.sim.intra(self.node, ("handler",), "commit", b"c")
+
+
+def write_torn_tail(node: Node, rng: random.Random) -> str:
+    """A write in progress when the power went: junk after the last complete entry of the
+    data file (and sometimes of the index file). Recovery must cut it."""
+    data_pos, index_pos = node.last_wrote
+    out = []
+    for sub, pos, size in (("data", data_pos, node.cfg.data_file_size),
+                           ("index", index_pos, node.cfg.index_file_size)):
+        if sub == "index" and rng.random() < 0.5:
+            continue
+        d = os.path.join(node.cfg.store_dir, sub)
+        try:
+            names = sorted(os.listdir(d))
+        except FileNotFoundError:
+            continue
+        fname = f"{(pos // size) * size:020d}"
+        if fname not in names:
+            continue
+        rel = pos % size
+        room = size - rel
+        if room <= 8:
+            continue
+        n = rng.randint(1, min(room, 96))
+        junk = bytes(rng.getrandbits(8) for _ in range(n))
+        if junk[:4] == b"\0\0\0\0":
+            junk = b"\x01" + junk[1:]
+        with open(os.path.join(d, fname), "r+b") as f:
+            f.seek(rel)
+            f.write(junk)
+        out.append(f"{sub}/{fname}@{rel}+{n}")
+    return ", ".join(out) or "nothing"

@@ -1,0 +1,856 @@
+"""The deterministic cluster simulator: scheduler, network, faults, clients and invariants.
+
+One `Sim` is one seed: a whole cluster of nodes, each node a set of actors (elector, handler,
+one dispatcher per peer, ack checker) running the real role classes (tools/sim/actors.py),
+plus client writers, all in one process on virtual time. Every random choice comes from one
+`random.Random(seed)`; nothing reads the wall clock, iterates a set, or depends on `id()`, so
+a seed replays exactly (`python -m tools.simulate --seed S`).
+
+Scheduling. Virtual time only moves when no actor can run. At each instant the scheduler
+picks a random ready actor (one with inbox items or a due timer) and runs one step of it. Any
+read of the shared block is a preemption point (tools/sim/state.py): the scheduler may run
+other ready actors' steps nested there, respecting the member lock.
+
+See docs/testing.md for the fault model, the invariants and how to read a trace.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import heapq
+import random
+import shutil
+import tempfile
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
+from ipc.codes import Role
+from node import channels
+from node.config import NodeConfig
+from node.store import codec
+from tools.sim import actors as A
+from tools.sim.state import NodeBlock, SimLock
+
+ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "truncate", "clock")
+TRACE_LEN = 60
+CLIENT = -1  # node index of the clients' side of a link
+
+
+class Violation(BaseException):  # noqa: N818 - BaseException: role code must never swallow it
+    """An invariant does not hold."""
+
+
+@dataclass
+class SimConfig:
+    seed: int = 0
+    nodes: int = 3
+    faults: tuple[str, ...] = ALL_FAULTS
+    steps: int = 2500
+    store: str = "memory"
+    writers: int = 2
+    trace_len: int = TRACE_LEN
+    hash_trace: bool = False
+    heal_ms: int = 20_000  # after the fault phase: time allowed to converge
+    preempt: float = 0.25  # probability that a block read is a preemption point that runs others
+    max_depth: int = 3
+    tmp_root: str | None = None
+
+
+@dataclass
+class Node:
+    sim: Sim
+    idx: int
+    id: str
+    cfg: NodeConfig
+    dir: str
+    block: NodeBlock = None  # type: ignore[assignment]
+    lock: SimLock = None  # type: ignore[assignment]
+    clock_offset: int = 0
+    up: bool = True
+    memstore: Any = None  # the memory store outlives handler crashes (it stands for the disk)
+    store: Any = None  # the handler's open store, for the invariant checks
+    checked: int = -1  # committed entries of this node compared with the history so far
+    max_term: int = -1  # highest term its elector ever published (across restarts)
+    last_wrote: tuple[int, int] = (0, 0)
+    roles: dict[str, A.Actor] = field(default_factory=dict)
+
+    def clock(self) -> int:
+        return self.sim.now + self.clock_offset
+
+
+@dataclass
+class Writer:
+    wid: int
+    seq: int = 0
+    att: int = 0
+    target: int = 0
+    out: tuple[int, list[bytes], int] | None = None  # (request id, bodies, deadline)
+    next_send: int = 0
+    rid: int = 0
+    bodies: dict[int, list[bytes]] = field(default_factory=dict)  # request id -> bodies
+    seq_idx: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (min, max) acked index
+
+
+class ClientActor(A.Actor):
+    """A writer: one outstanding APPEND (or BATCH_APPEND) at a time; unique bodies per attempt."""
+
+    def __init__(self, sim: Sim, wid: int) -> None:
+        super().__init__(sim, None, f"client{wid}")
+        self.w = Writer(wid, target=sim.rng.randrange(sim.cfg.nodes))
+        self.ident = b"c:%d" % wid
+
+    def step(self) -> None:
+        sim, w = self.sim, self.w
+        for kind, payload in self.take_burst():
+            if kind == "reply":
+                self._on_reply(payload)
+        now = sim.now
+        if w.out is not None and now >= w.out[2]:
+            sim.trace_event(self.key, "timeout", w.out[0])
+            w.out = None
+            w.target = sim.rng.randrange(sim.cfg.nodes)
+            w.next_send = now + sim.rng.randint(1, 30)
+        if w.out is None and sim.writing and now >= w.next_send:
+            self._send()
+        due = [now + 1000]
+        if w.out is not None:
+            due.append(w.out[2])
+        elif sim.writing:
+            due.append(w.next_send)
+        self.wake_at = max(now + 1, min(due))
+
+    def _send(self) -> None:
+        sim, w = self.sim, self.w
+        rng = sim.rng
+        n = 1 if rng.random() < 0.75 else rng.randint(2, 4)
+        bodies = []
+        for _ in range(n):
+            w.att += 1
+            pad = rng.choice((0, 8, 40, 200, 700)) + rng.randint(0, 20)
+            b = b"w%d.s%d.a%d|" % (w.wid, w.seq, w.att) + b"x" * pad
+            sim.sent[b] = (w.wid, w.seq)
+            bodies.append(b)
+        w.rid += 1
+        w.bodies[w.rid] = bodies
+        node = sim.nodes[w.target]
+        if n == 1:
+            msg: Any = P.AppendRequest(sim.group, node.id, bodies[0], w.rid)
+        else:
+            msg = P.BatchAppendRequest(sim.group, node.id, bodies, w.rid)
+        w.out = (w.rid, bodies, sim.now + 3000)
+        sim.trace_event(self.key, "send", (node.id, w.rid, [b[:16] for b in bodies]))
+        sim.client_send(self, w.target, P.encode(msg))
+
+    def _on_reply(self, frame: bytes) -> None:
+        sim, w = self.sim, self.w
+        try:
+            msg = P.decode(frame)
+        except P.ProtocolError:
+            raise Violation(f"{self.key}: undecodable reply {frame[:40]!r}") from None
+        bodies = w.bodies.get(msg.request_id)
+        sim.trace_event(self.key, "reply", _summ(msg))
+        if bodies is None:
+            return
+        if msg.code == RC.SUCCESS:
+            if isinstance(msg, P.AppendResponse):
+                first = msg.index
+            elif isinstance(msg, P.BatchAppendResponse):
+                first = msg.first_index
+                if len(msg.positions) != len(bodies):
+                    raise Violation(f"{self.key}: batch reply with {len(msg.positions)} positions for "
+                                    f"{len(bodies)} bodies")
+            else:
+                raise Violation(f"{self.key}: SUCCESS reply of type {type(msg).__name__}")
+            for i, b in enumerate(bodies):
+                sim.on_ack(w, first + i, b)
+            del w.bodies[msg.request_id]
+            if w.out is not None and w.out[0] == msg.request_id:
+                w.out = None
+                w.seq += 1
+                w.next_send = sim.now + sim.rng.choice((0, 0, 1, 5, 20, 100))
+            return
+        if w.out is not None and w.out[0] == msg.request_id:
+            w.out = None
+            leader = getattr(msg, "leader_id", "")
+            ids = [n.id for n in sim.nodes]
+            if msg.code == RC.NOT_LEADER and leader in ids:
+                w.target = ids.index(leader)
+            else:
+                w.target = sim.rng.randrange(sim.cfg.nodes)
+            w.next_send = sim.now + sim.rng.randint(5, 60)
+
+
+_CHANNEL_NAME = {"dispatcher": "dispatchers", "ack_checker": "ack"}
+
+
+def _summ(msg: Any) -> str:
+    """A one-line view of a decoded protocol message, without payload bytes."""
+    name = type(msg).__name__
+    parts = []
+    for k in getattr(msg, "__slots__", ()):
+        if k in ("group", "entries", "index_records", "body", "bodies", "positions", "reason"):
+            if k == "bodies":
+                parts.append(f"n={len(msg.bodies)}")
+            elif k == "entries" and len(msg.entries):
+                parts.append(f"entries={len(msg.entries)}B")
+            elif k == "reason" and msg.reason:
+                parts.append(f"reason={msg.reason[:60]!r}")
+            continue
+        v = getattr(msg, k)
+        if k == "code":
+            with contextlib.suppress(ValueError):
+                v = RC(v).name
+        elif k == "kind":
+            v = getattr(v, "name", v)
+        parts.append(f"{k}={v}")
+    return f"{name}({', '.join(parts)})"
+
+
+def _fmt_payload(kind: str, payload: Any) -> str:
+    try:
+        if isinstance(payload, tuple) and len(payload) == 2 and isinstance(payload[1], bytes | bytearray):
+            return _summ(P.decode(payload[1]))
+        if isinstance(payload, bytes | bytearray) and kind in ("reply", "resp", "ctlreply"):
+            return _summ(P.decode(payload))
+        if kind == "role":
+            r = channels.decode_role_msg(payload)
+            if r is not None:
+                return f"{r[0].name} term={r[1]} leader=n{r[2]} epoch={r[3]}"
+    except Exception:  # noqa: BLE001 - a trace line must never fail
+        pass
+    return repr(payload)[:120]
+
+
+class Sim:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.faults = set(cfg.faults)
+        self.store_kind = cfg.store
+        self.group = "g"
+        self.now = 0
+        self.steps = 0
+        self._inc = 0
+        self._seq = 0
+        self.heap: list = []
+        self.stack: list[A.Actor] = []
+        self.trace: collections.deque = collections.deque(maxlen=cfg.trace_len)
+        self.hash = hashlib.sha256() if cfg.hash_trace else None
+        self.events = 0
+        self.writing = True
+        self.faulting = True
+        self.blocked: set[tuple[int, int]] = set()
+        self.fifo: dict[tuple[str, str], int] = {}
+        self.leaders: dict[int, str] = {}
+        self.chist: list[tuple[int, int, bytes]] = []  # committed history: (term, magic, body)
+        self.chist_where: dict[bytes, int] = {}
+        self.acked: dict[int, bytes] = {}
+        self.sent: dict[bytes, tuple[int, int]] = {}
+        self.stats = collections.Counter()
+        self._tmp = tempfile.mkdtemp(prefix=f"dlsim-{cfg.seed}-", dir=cfg.tmp_root or _tmp_root())
+        # network conditions for this seed
+        r = self.rng
+        self.p_drop = r.uniform(0.0, 0.08) if "drop" in self.faults else 0.0
+        self.p_dup = r.uniform(0.0, 0.05) if "dup" in self.faults else 0.0
+        self.p_reorder = r.uniform(0.0, 0.1) if "reorder" in self.faults else 0.0
+        self.p_spike = r.uniform(0.0, 0.05) if "delay" in self.faults else 0.0
+        self.p_preempt = cfg.preempt
+        self.p_midcrash = 0.002 if "role-crash" in self.faults else 0.0
+        self.fault_every = (r.randint(100, 600), r.randint(600, 2500))
+        self.next_fault = r.randint(*self.fault_every)
+        ids = [f"n{i}" for i in range(cfg.nodes)]
+        peers = ";".join(f"{i}-127.0.0.1:{30000 + 2 * k}" for k, i in enumerate(ids))
+        self.nodes: list[Node] = []
+        for k, nid in enumerate(ids):
+            d = f"{self._tmp}/{nid}"
+            ncfg = NodeConfig(id=nid, peers=peers, group=self.group, store_dir=d, run_dir=d,
+                              data_file_size=4096, index_file_size=8 * 32)
+            import os
+
+            os.makedirs(d, exist_ok=True)
+            self.nodes.append(Node(self, k, nid, ncfg, d))
+        self.actors: list[A.Actor] = []
+        self.slots: dict[str, int] = {}
+        global _ACTIVE
+        _ACTIVE = self
+        for n in self.nodes:
+            self._start_node(n)
+        for w in range(cfg.writers):
+            self._add_actor(ClientActor(self, w))
+
+    # ------------------------------------------------------------------ bookkeeping
+    def next_inc(self) -> int:
+        self._inc += 1
+        return self._inc
+
+    def _add_actor(self, a: A.Actor) -> None:
+        pos = self.slots.get(a.key)
+        if pos is None:
+            self.slots[a.key] = len(self.actors)
+            self.actors.append(a)
+        else:
+            self.actors[pos] = a
+        if a.node is not None:
+            a.node.roles[a.role if a.role != "dispatcher" else a.key] = a
+
+    def actor(self, key: str) -> A.Actor | None:
+        pos = self.slots.get(key)
+        return None if pos is None else self.actors[pos]
+
+    def current(self) -> A.Actor | None:
+        return self.stack[-1] if self.stack else None
+
+    @contextlib.contextmanager
+    def acting(self, actor: A.Actor) -> Iterator[None]:
+        """Run construction code as `actor` (its clock, no preemption)."""
+        self.stack.append(actor)
+        actor.busy = True
+        saved, self.p_preempt = self.p_preempt, 0.0
+        try:
+            yield
+        finally:
+            self.p_preempt = saved
+            actor.busy = False
+            self.stack.pop()
+
+    def clock_now(self) -> int:
+        a = self.current()
+        if a is not None and a.node is not None:
+            return self.now + a.node.clock_offset
+        return self.now
+
+    # ------------------------------------------------------------------ trace
+    def trace_event(self, key: str, kind: str, data: Any) -> None:
+        ev = (self.now, key, kind, data)
+        self.trace.append(ev)
+        self.events += 1
+        if self.hash is not None:
+            self.hash.update(repr(ev).encode())
+
+    def trace_in(self, key: str, kind: str, payload: Any) -> None:
+        self.trace_event(key, "<" + kind, payload)
+
+    def format_trace(self) -> str:
+        lines = []
+        for t, key, kind, data in self.trace:
+            if kind == "log":
+                level, msg, args = data
+                try:
+                    text = msg % args
+                except Exception:  # noqa: BLE001
+                    text = f"{msg} {args}"
+                lines.append(f"{t:>7} {key:<12} log {level} {text}")
+            elif kind.startswith("<") or kind in ("drop", "send>"):
+                lines.append(f"{t:>7} {key:<12} {kind:<8} {_fmt_payload(kind.lstrip('<'), data)}")
+            else:
+                lines.append(f"{t:>7} {key:<12} {kind:<8} {data}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ nodes
+    def _start_node(self, n: Node) -> None:
+        n.block = NodeBlock(self.cfg.nodes, n.idx)
+        n.lock = SimLock(self, n)
+        n.up = True
+        self._add_actor(A.HandlerActor(self, n))
+        self._add_actor(A.ElectorActor(self, n))
+        for peer in n.cfg.peer_ids:
+            if peer != n.id:
+                self._add_actor(A.DispatcherActor(self, n, peer))
+        self._add_actor(A.AckActor(self, n))
+
+    def _restart_role(self, n: Node, key: str) -> None:
+        old = self.actor(key)
+        if old is None or old.alive or not n.up:
+            return
+        cls = type(old)
+        if cls is A.DispatcherActor:
+            new: A.Actor = A.DispatcherActor(self, n, old.peer)  # type: ignore[attr-defined]
+        else:
+            new = cls(self, n)  # type: ignore[call-arg]
+        self._add_actor(new)
+        self.trace_event(key, "restart", "")
+
+    def kill_actor(self, a: A.Actor, why: str) -> None:
+        if not a.alive:
+            return
+        a.kill()
+        self.trace_event(a.key, "crash", why)
+        self.stats["role_crashes"] += 1
+        n = a.node
+        if n is not None and n.up:
+            delay = self.rng.randint(5, 400)
+            self.schedule(self.now + delay, "call", lambda: self._restart_role(n, a.key))
+
+    def crash_node(self, n: Node, torn: bool) -> None:
+        if not n.up:
+            return
+        for a in list(n.roles.values()):
+            if a.alive:
+                a.kill()
+        n.up = False
+        n.lock = SimLock(self, n)
+        what = ""
+        if torn and self.store_kind == "segment":
+            what = " torn tail: " + A.write_torn_tail(n, self.rng)
+        self.trace_event(n.id, "crash", "node" + what)
+        self.stats["node_crashes"] += 1
+        self.schedule(self.now + self.rng.randint(50, 2500), "call", lambda: self.restart_node(n))
+
+    def restart_node(self, n: Node) -> None:
+        if n.up:
+            return
+        self.trace_event(n.id, "restart", "node")
+        self._start_node(n)
+
+    # ------------------------------------------------------------------ events
+    def schedule(self, at: int, kind: str, data: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (at, self._seq, kind, data))
+
+    def _deliver_due(self) -> None:
+        h = self.heap
+        while h and h[0][0] <= self.now:
+            _at, _s, kind, data = heapq.heappop(h)
+            if kind == "msg":
+                key, inc, mkind, payload = data
+                a = self.actor(key)
+                if a is not None and a.alive and a.inc == inc:
+                    a.inbox.append((mkind, payload))
+            elif kind == "call":
+                data()
+
+    # ------------------------------------------------------------------ transport
+    def _latency(self) -> int:
+        r = self.rng
+        d = r.randint(1, 4)
+        if self.faulting and r.random() < self.p_spike:
+            d += r.randint(20, 600)
+        return d
+
+    def net_send(self, src: int, dst: int, dst_actor: A.Actor, kind: str, payload: Any,
+                 src_key: str, *, client: bool = False) -> None:
+        """Between nodes (or a client and a node): partitions, loss, duplication, delay, reordering."""
+        r = self.rng
+        if self.faulting:
+            if (src, dst) in self.blocked:
+                self.trace_event(src_key, "drop", payload)
+                return
+            if r.random() < self.p_drop:
+                self.trace_event(src_key, "drop", payload)
+                return
+        copies = 2 if (self.faulting and not client and r.random() < self.p_dup) else 1
+        link = (src_key, dst_actor.key)
+        for _ in range(copies):
+            at = self.now + self._latency()
+            if not (self.faulting and r.random() < self.p_reorder):
+                at = max(at, self.fifo.get(link, 0))  # one connection is FIFO
+                self.fifo[link] = at
+            self.schedule(at, "msg", (dst_actor.key, dst_actor.inc, kind, payload))
+
+    def _node_actor(self, n: Node, role: str) -> A.Actor | None:
+        a = n.roles.get(role)
+        return a if a is not None and a.alive else None
+
+    def elector_send(self, n: Node, src: A.Actor, peer: str, frame: bytes) -> bool:
+        dst = self.nodes[n.cfg.peer_ids.index(peer)]
+        a = self._node_actor(dst, "elector")
+        if a is None:
+            return False  # IMMEDIATE dealer: nobody listening there
+        ident = b"e:%d:%d" % (n.idx, src.inc)
+        self.net_send(n.idx, dst.idx, a, "req", (ident, frame), src.key)
+        return True
+
+    def data_send(self, n: Node, src: A.Actor, peer: str, payload: tuple[bytes, bytes]) -> bool:
+        dst = self.nodes[n.cfg.peer_ids.index(peer)]
+        a = self._node_actor(dst, "handler")
+        if a is None:
+            return False
+        self.net_send(n.idx, dst.idx, a, "frame", payload, src.key)
+        return True
+
+    def client_send(self, c: ClientActor, node_idx: int, frame: bytes) -> None:
+        a = self._node_actor(self.nodes[node_idx], "handler")
+        if a is None:
+            return  # connection refused: the client times out
+        self.net_send(CLIENT, node_idx, a, "frame", (c.ident, frame), c.key, client=True)
+
+    def route_reply(self, n: Node, src: A.Actor, parts: tuple[bytes, bytes]) -> bool:
+        """A ROUTER reply: the identity names the connection it goes back on."""
+        ident, frame = parts
+        f = ident.split(b":")
+        if f[0] == b"c":
+            a = self.actor(f"client{int(f[1])}")
+            if a is not None:
+                self.net_send(n.idx, CLIENT, a, "reply", frame, src.key, client=True)
+            return True
+        if f[0] == b"e":
+            dst = self.nodes[int(f[1])]
+            a = self._node_actor(dst, "elector")
+            if a is not None and a.inc == int(f[2]):
+                self.net_send(n.idx, dst.idx, a, "resp", frame, src.key)
+            return True
+        if f[0] == b"d":
+            dst = self.nodes[int(f[1])]
+            a = self.actor(f"{dst.id}.d{int(f[2])}")
+            if a is not None and a.alive and a.inc == int(f[3]):
+                self.net_send(n.idx, dst.idx, a, "reply", frame, src.key)
+            return True
+        return True
+
+    def intra(self, n: Node, roles: tuple[str, ...], kind: str, payload: Any) -> bool:
+        """In-node channels (ipc://): no loss, sub-millisecond, hints only."""
+        ok = False
+        for a in list(n.roles.values()):
+            if _CHANNEL_NAME.get(a.role, a.role) in roles and a.alive:
+                self.schedule(self.now + self.rng.randint(0, 1), "msg", (a.key, a.inc, kind, payload))
+                ok = True
+        return ok
+
+    # ------------------------------------------------------------------ scheduling
+    def _run_step(self, a: A.Actor) -> None:
+        a.busy = True
+        self.stack.append(a)
+        try:
+            a.step()
+        except A.SimCrash:
+            self.kill_actor(a, "mid-step")
+        except A.SimFatal as e:
+            raise Violation(f"{a.key} stopped the node (fatal): {e}") from None
+        except Violation:
+            raise
+        except Exception as e:  # noqa: BLE001 - a role that raises is a finding
+            tb = traceback.format_exc(limit=8)
+            raise Violation(f"{a.key} crashed: {e!r}\n{tb}") from None
+        finally:
+            self.stack.pop()
+            a.busy = False
+
+    def preempt(self, reader: A.Actor) -> None:
+        """A block read: maybe crash the reader here, maybe run other actors first."""
+        r = self.rng
+        if self.p_midcrash and self.faulting and r.random() < self.p_midcrash and reader in self.stack:
+            if reader is self.stack[-1] and reader.node is not None:
+                raise A.SimCrash()
+        if len(self.stack) > self.cfg.max_depth or r.random() >= self.p_preempt:
+            return
+        now = self.now
+        cands = [a for a in self.actors
+                 if a.ready(now) and not (a.takes_lock and a.node is not None and a.node.lock.holder is not None)]
+        if not cands:
+            return
+        self.stats["nested"] += 1
+        self._run_step(r.choice(cands))
+
+    def at_write(self, writer: A.Actor) -> None:
+        if self.p_midcrash and self.faulting and self.rng.random() < self.p_midcrash:
+            if self.stack and writer is self.stack[-1] and writer.node is not None:
+                raise A.SimCrash()
+
+    def step_once(self) -> bool:
+        """Run one top-level step (advancing virtual time if nobody is ready)."""
+        self._deliver_due()
+        now = self.now
+        ready = [a for a in self.actors if a.ready(now)]
+        if not ready:
+            nxt = min((a.wake_at for a in self.actors if a.alive), default=now + 1000)
+            if self.heap:
+                nxt = min(nxt, self.heap[0][0])
+            if self.faulting:
+                nxt = min(nxt, self.next_fault)
+            self.now = max(now + 1, nxt) if nxt <= now else nxt
+            if self.faulting and self.now >= self.next_fault:
+                self._inject_fault()
+            return False
+        self._run_step(self.rng.choice(ready))
+        self.steps += 1
+        self.check()
+        return True
+
+    # ------------------------------------------------------------------ faults
+    def _inject_fault(self) -> None:
+        r = self.rng
+        self.next_fault = self.now + r.randint(*self.fault_every)
+        kinds = [k for k in ("partition", "crash", "role-crash", "truncate", "clock") if k in self.faults]
+        if not kinds:
+            return
+        k = r.choice(kinds)
+        n = r.choice(self.nodes)
+        if k == "partition":
+            others = [m.idx for m in self.nodes if m is not n]
+            if r.random() < 0.5:
+                cut = [(n.idx, o) for o in others] + [(o, n.idx) for o in others]
+                desc = f"isolate {n.id}"
+            elif r.random() < 0.5:
+                o = r.choice(others)
+                cut = [(n.idx, o)]
+                desc = f"one-way {n.id}->n{o}"
+            else:
+                side = set(r.sample(others, r.randint(1, max(1, len(others) // 2))))
+                cut = [(a, b) for a in side for b in others + [n.idx] if b not in side]
+                cut += [(b, a) for a, b in cut]
+                desc = f"split {sorted(side)}"
+            self._cut(cut, desc, r.randint(100, 3000))
+        elif k == "crash":
+            if n.up:
+                self.crash_node(n, torn=r.random() < 0.5)
+        elif k == "role-crash":
+            if n.up:
+                a = r.choice(list(n.roles.values()))
+                self.kill_actor(a, "between steps")
+        elif k == "truncate":
+            # Cut the leader off while clients keep writing to it: its uncommitted tail gets
+            # truncated (files deleted and re-created) when it rejoins under a new leader.
+            lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+            if lead:
+                m = lead[0]
+                others = [o.idx for o in self.nodes if o is not m]
+                cut = [(m.idx, o) for o in others] + [(o, m.idx) for o in others]
+                self._cut(cut, f"isolate leader {m.id}", r.randint(600, 2500))
+        elif k == "clock":
+            j = r.randint(1, 150)
+            n.clock_offset += j
+            self.trace_event(n.id, "clock", f"+{j} ms")
+
+    def _cut(self, links: list[tuple[int, int]], desc: str, ms: int) -> None:
+        links = [ln for ln in links if ln not in self.blocked]
+        self.blocked.update(links)
+        self.trace_event("net", "cut", f"{desc} for {ms} ms")
+
+        def heal() -> None:
+            self.blocked.difference_update(links)
+            self.trace_event("net", "heal", desc)
+
+        self.schedule(self.now + ms, "call", heal)
+
+    def heal_all(self) -> None:
+        self.faulting = False
+        self.blocked.clear()
+        self.trace_event("sim", "heal", "faults off; every node and role restarted")
+        for n in self.nodes:
+            if not n.up:
+                self.restart_node(n)
+            else:
+                for a in list(n.roles.values()):
+                    if not a.alive:
+                        self._restart_role(n, a.key)
+
+    # ------------------------------------------------------------------ invariants
+    def fail(self, what: str) -> None:
+        raise Violation(what)
+
+    def on_member_write(self, n: Node, old: Any, new: Any) -> None:
+        if new.role != old.role or new.current_term != old.current_term or new.leader_slot != old.leader_slot:
+            lead = f" leader=n{new.leader_slot}" if new.leader_slot >= 0 else ""
+            self.trace_event(n.id, "member", f"{Role(new.role).name} term={new.current_term}{lead}")
+        if new.current_term < n.max_term:
+            self.fail(f"{n.id}: term went back from {n.max_term} to {new.current_term}")
+        n.max_term = new.current_term
+        if new.role == Role.LEADER:
+            prev = self.leaders.get(new.current_term)
+            if prev is not None and prev != n.id:
+                self.fail(f"two leaders in term {new.current_term}: {prev} and {n.id}")
+            self.leaders[new.current_term] = n.id
+
+    def on_ledger_write(self, n: Node, old: Any, new: Any) -> None:
+        if new.committed_index > new.ledger_end_index:
+            self.fail(f"{n.id}: published committed {new.committed_index} > ledger end {new.ledger_end_index}")
+        if (new.ledger_end_index, new.committed_index) != (old.ledger_end_index, old.committed_index):
+            self.trace_event(n.id, "ledger", f"begin={new.ledger_begin_index} end={new.ledger_end_index} "
+                             f"term={new.ledger_end_term} committed={new.committed_index}")
+
+    def on_ack(self, w: Writer, index: int, body: bytes) -> None:
+        self.stats["acked"] += 1
+        prev = self.acked.get(index)
+        if prev is not None and prev != body:
+            self.fail(f"index {index} acknowledged twice with different bodies: {prev[:24]!r} / {body[:24]!r}")
+        self.acked[index] = body
+        if index < len(self.chist) and self.chist[index][2] != body:
+            self.fail(f"acknowledged append {body[:24]!r} at {index}, but the committed entry there is "
+                      f"{self.chist[index][2][:24]!r}")
+        wid, seq = self.sent[body]
+        lo, hi = w.seq_idx.get(seq, (index, index))
+        w.seq_idx[seq] = (min(lo, index), max(hi, index))
+        before = w.seq_idx.get(seq - 1)
+        after = w.seq_idx.get(seq + 1)
+        if (before is not None and before[1] >= index) or (after is not None and after[0] <= index):
+            self.fail(f"writer {wid}: append #{seq} acknowledged at {index}, out of order with "
+                      f"#{seq - 1} {before} / #{seq + 1} {after}")
+
+    def check(self) -> None:
+        for n in self.nodes:
+            s = n.store
+            if s is None:
+                continue
+            c = s.committed_index
+            if c > s.ledger_end_index:
+                self.fail(f"{n.id}: committed {c} > ledger end {s.ledger_end_index}")
+            if c > n.checked:
+                self._check_committed(n, s, n.checked + 1, c)
+                n.checked = c
+
+    def _check_committed(self, n: Node, s: Any, lo: int, hi: int) -> None:
+        lo = max(lo, s.ledger_begin_index, 0)
+        h = self.chist
+        for i in range(lo, hi + 1):
+            e = s.get(i)
+            got = (e.term, e.magic, bytes(e.body))
+            if i < len(h):
+                if h[i] != got:
+                    self.fail(f"{n.id}: committed entry {i} is (term {got[0]}, {got[2][:24]!r}) but the "
+                              f"group committed (term {h[i][0]}, {h[i][2][:24]!r})")
+                continue
+            if i != len(h):
+                self.fail(f"{n.id}: committed {i} while the history ends at {len(h) - 1}")
+            if got[1] == codec.MAGIC_NOOP:
+                if got[2]:
+                    self.fail(f"{n.id}: NOOP entry {i} has a body")
+            elif got[2] not in self.sent:
+                self.fail(f"{n.id}: committed entry {i} {got[2][:24]!r} was never written by a client")
+            elif got[2] in self.chist_where:
+                self.fail(f"{n.id}: body {got[2][:24]!r} committed twice ({self.chist_where[got[2]]} and {i})")
+            if got[1] != codec.MAGIC_NOOP:
+                self.chist_where[got[2]] = i
+            if i > 0 and got[0] < h[i - 1][0]:
+                self.fail(f"{n.id}: committed term goes back at {i}")
+            h.append(got)
+            a = self.acked.get(i)
+            if a is not None and a != got[2]:
+                self.fail(f"acknowledged append {a[:24]!r} at {i}, but {got[2][:24]!r} was committed there")
+
+    def converged(self) -> str | None:
+        """None when the group is settled: one leader everyone follows, identical logs, every
+        entry committed, every acknowledged append in the history. Otherwise why not."""
+        for n in self.nodes:
+            if not n.up or any(not a.alive for a in n.roles.values()) or n.store is None:
+                return f"{n.id} not fully up"
+        ms = [n.block.member for n in self.nodes]
+        leaders = [i for i, m in enumerate(ms) if m.role == Role.LEADER]
+        if len(leaders) != 1:
+            return f"leaders: {leaders}"
+        lt = ms[leaders[0]].current_term
+        for i, m in enumerate(ms):
+            if m.current_term != lt or (i != leaders[0] and (m.role != Role.FOLLOWER or m.leader_slot != leaders[0])):
+                return f"n{i} is {Role(m.role).name} term {m.current_term}"
+        ls = self.nodes[leaders[0]].store
+        end = ls.ledger_end_index
+        if end < 0 or ls.term_at(end) != lt:
+            return "leader has not appended its NOOP"
+        for n in self.nodes:
+            s = n.store
+            if s.ledger_end_index != end or s.committed_index != end:
+                return f"{n.id}: end {s.ledger_end_index} committed {s.committed_index}, leader end {end}"
+        for c in self.actors:
+            if isinstance(c, ClientActor) and c.w.out is not None:
+                return f"{c.key} has a request outstanding"
+        missing = [i for i in self.acked if i >= len(self.chist)]
+        if missing:
+            return f"acknowledged indexes {missing[:5]} not in the committed history"
+        return None
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        try:
+            while self.steps < self.cfg.steps:
+                self.step_once()
+            self.heal_all()
+            stop_writes = self.now + 1500
+            deadline = self.now + self.cfg.heal_ms
+            next_check = self.now
+            while True:
+                self.step_once()
+                if self.writing and self.now >= stop_writes:
+                    self.writing = False
+                if not self.writing and self.now >= next_check:
+                    next_check = self.now + 50
+                    why = self.converged()
+                    if why is None:
+                        break
+                    if self.now >= deadline:
+                        self.fail(f"no convergence {self.cfg.heal_ms} ms after the faults stopped: {why}")
+            for n in self.nodes:  # final: every replica's whole log is the history
+                n.checked = -1
+            self.check()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        global _ACTIVE
+        for a in self.actors:
+            if a.alive:
+                a.kill()
+        for n in self.nodes:
+            s = n.store
+            if s is not None:
+                with contextlib.suppress(Exception):
+                    s.data.close()
+                    s.index.close()
+        if _ACTIVE is self:
+            _ACTIVE = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _tmp_root() -> str | None:
+    import os
+
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the role modules read this clock (before C7 they call monotonic_ms() directly)
+# ---------------------------------------------------------------------------------------------
+_ACTIVE: Sim | None = None
+
+
+def _install_clock() -> None:
+    import importlib
+
+    from node import shared_state
+
+    real = shared_state.monotonic_ms
+
+    def clock() -> int:
+        s = _ACTIVE
+        return s.clock_now() if s is not None else real()
+
+    for name in ("handler", "dispatcher", "elector", "ack_checker", "runtime"):
+        try:
+            mod = importlib.import_module(f"node.roles.{name}")
+        except Exception:  # noqa: BLE001 - a role module mid-refactor: the run reports it
+            continue
+        if getattr(mod, "monotonic_ms", None) is real:
+            mod.monotonic_ms = clock
+        if hasattr(mod, "disk_usage_ratio"):
+            mod.disk_usage_ratio = lambda _p: 0.0  # the sim's disk is never full
+
+
+_install_clock()
+
+
+@dataclass
+class Result:
+    seed: int
+    ok: bool
+    error: str = ""
+    trace: str = ""
+    steps: int = 0
+    virtual_ms: int = 0
+    trace_hash: str = ""
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def run_seed(cfg: SimConfig) -> Result:
+    """Run one seed; never raises for an invariant violation (the Result says what broke)."""
+    sim = Sim(cfg)
+    try:
+        sim.run()
+    except Violation as v:
+        return Result(cfg.seed, False, str(v), sim.format_trace(), sim.steps, sim.now,
+                      sim.hash.hexdigest() if sim.hash else "", dict(sim.stats))
+    return Result(cfg.seed, True, "", "", sim.steps, sim.now, sim.hash.hexdigest() if sim.hash else "",
+                  dict(sim.stats))
