@@ -133,10 +133,11 @@ class Actor:
         self.wake_at = sim.now
         self.alive = True
         self.busy = False
+        self.listening = True  # False: inbox items do not make it ready (only its timer does)
         self.inc = sim.next_inc()
 
     def ready(self, now: int) -> bool:
-        return self.alive and not self.busy and (bool(self.inbox) or self.wake_at <= now)
+        return self.alive and not self.busy and (self.wake_at <= now or (self.listening and bool(self.inbox)))
 
     def take_burst(self) -> list:
         n = len(self.inbox)
@@ -263,11 +264,7 @@ class ElectorActor(Actor):
         e.lock = node.lock
         e.transport = ElectorTransport(sim, node, self)
         self.started = False
-
-    def ready(self, now: int) -> bool:
-        if not self.started:  # it reads no socket before the handler's first beat
-            return self.alive and not self.busy and self.wake_at <= now
-        return super().ready(now)
+        self.listening = False  # it reads no socket before the handler's first beat
 
     def step(self) -> None:
         e = self.e
@@ -276,6 +273,7 @@ class ElectorActor(Actor):
                 self.wake_at = self.sim.now + 50
                 return
             self.started = True
+            self.listening = True
             e.start()
             e.core.rng = random.Random(self.sim.rng.getrandbits(64))  # the core's vote timers
         for kind, payload in self.take_burst():

@@ -16,10 +16,13 @@ See docs/testing.md for the fault model, the invariants and how to read a trace.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import functools
 import hashlib
 import heapq
+import logging
 import random
 import shutil
 import tempfile
@@ -44,6 +47,18 @@ CLIENT = -1  # node index of the clients' side of a link
 
 class Violation(BaseException):  # noqa: N818 - BaseException: role code must never swallow it
     """An invariant does not hold."""
+
+
+class _SimNodeConfig(NodeConfig):
+    """NodeConfig with the parsed peer list cached (roles read it on hot paths)."""
+
+    @functools.cached_property
+    def peer_map(self) -> dict[str, tuple[str, int]]:  # type: ignore[override]
+        return NodeConfig.peer_map.fget(self)  # type: ignore[attr-defined]
+
+    @functools.cached_property
+    def peer_ids(self) -> list[str]:  # type: ignore[override]
+        return list(self.peer_map)
 
 
 @dataclass
@@ -87,22 +102,24 @@ class Node:
 @dataclass
 class Writer:
     wid: int
-    seq: int = 0
-    att: int = 0
+    window: int = 1  # requests in flight at once (a pipelining client)
     target: int = 0
-    out: tuple[int, list[bytes], int] | None = None  # (request id, bodies, deadline)
     next_send: int = 0
     rid: int = 0
-    bodies: dict[int, list[bytes]] = field(default_factory=dict)  # request id -> bodies
-    seq_idx: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (min, max) acked index
+    out: dict[int, tuple[list[bytes], int, int]] = field(default_factory=dict)  # rid -> (bodies, node, deadline)
+    acks: dict[tuple[int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
+    # (node, term) -> sorted [(rid, first index, last index)]: one leader appends one
+    # connection's requests in the order they arrive
 
 
 class ClientActor(A.Actor):
-    """A writer: one outstanding APPEND (or BATCH_APPEND) at a time; unique bodies per attempt."""
+    """A writer: up to `window` APPEND / BATCH_APPEND requests in flight, unique bodies, no
+    retries of a payload (an indeterminate failure is simply abandoned)."""
 
     def __init__(self, sim: Sim, wid: int) -> None:
         super().__init__(sim, None, f"client{wid}")
-        self.w = Writer(wid, target=sim.rng.randrange(sim.cfg.nodes))
+        r = sim.rng
+        self.w = Writer(wid, window=r.choice((1, 1, 2, 4, 8, 16)), target=r.randrange(sim.cfg.nodes))
         self.ident = b"c:%d" % wid
 
     def step(self) -> None:
@@ -111,17 +128,17 @@ class ClientActor(A.Actor):
             if kind == "reply":
                 self._on_reply(payload)
         now = sim.now
-        if w.out is not None and now >= w.out[2]:
-            sim.trace_event(self.key, "timeout", w.out[0])
-            w.out = None
+        for rid in [rid for rid, o in w.out.items() if now >= o[2]]:
+            sim.trace_event(self.key, "timeout", rid)
+            del w.out[rid]
             w.target = sim.rng.randrange(sim.cfg.nodes)
-            w.next_send = now + sim.rng.randint(1, 30)
-        if w.out is None and sim.writing and now >= w.next_send:
+        while sim.writing and len(w.out) < w.window and now >= w.next_send:
             self._send()
+            if sim.rng.random() < 0.3:
+                w.next_send = now + sim.rng.randint(1, 20)
         due = [now + 1000]
-        if w.out is not None:
-            due.append(w.out[2])
-        elif sim.writing:
+        due.extend(o[2] for o in w.out.values())
+        if sim.writing and len(w.out) < w.window:
             due.append(w.next_send)
         self.wake_at = max(now + 1, min(due))
 
@@ -129,22 +146,20 @@ class ClientActor(A.Actor):
         sim, w = self.sim, self.w
         rng = sim.rng
         n = 1 if rng.random() < 0.75 else rng.randint(2, 4)
-        bodies = []
-        for _ in range(n):
-            w.att += 1
-            pad = rng.choice((0, 8, 40, 200, 700)) + rng.randint(0, 20)
-            b = b"w%d.s%d.a%d|" % (w.wid, w.seq, w.att) + b"x" * pad
-            sim.sent[b] = (w.wid, w.seq)
-            bodies.append(b)
         w.rid += 1
-        w.bodies[w.rid] = bodies
+        bodies = []
+        for i in range(n):
+            pad = rng.choice((0, 8, 40, 200, 700)) + rng.randint(0, 20)
+            b = b"w%d.r%d.%d|" % (w.wid, w.rid, i) + b"x" * pad
+            sim.sent[b] = (w.wid, w.rid)
+            bodies.append(b)
         node = sim.nodes[w.target]
         if n == 1:
             msg: Any = P.AppendRequest(sim.group, node.id, bodies[0], w.rid)
         else:
             msg = P.BatchAppendRequest(sim.group, node.id, bodies, w.rid)
-        w.out = (w.rid, bodies, sim.now + 3000)
-        sim.trace_event(self.key, "send", (node.id, w.rid, [b[:16] for b in bodies]))
+        w.out[w.rid] = (bodies, w.target, sim.now + 3000)
+        sim.trace_event(self.key, "send", (node.id, w.rid, [b[:12] for b in bodies]))
         sim.client_send(self, w.target, P.encode(msg))
 
     def _on_reply(self, frame: bytes) -> None:
@@ -153,10 +168,11 @@ class ClientActor(A.Actor):
             msg = P.decode(frame)
         except P.ProtocolError:
             raise Violation(f"{self.key}: undecodable reply {frame[:40]!r}") from None
-        bodies = w.bodies.get(msg.request_id)
         sim.trace_event(self.key, "reply", _summ(msg))
-        if bodies is None:
-            return
+        o = w.out.pop(msg.request_id, None)
+        if o is None:
+            return  # it timed out here already: a late answer tells nothing the checks need
+        bodies, node, _deadline = o
         if msg.code == RC.SUCCESS:
             if isinstance(msg, P.AppendResponse):
                 first = msg.index
@@ -168,22 +184,27 @@ class ClientActor(A.Actor):
             else:
                 raise Violation(f"{self.key}: SUCCESS reply of type {type(msg).__name__}")
             for i, b in enumerate(bodies):
-                sim.on_ack(w, first + i, b)
-            del w.bodies[msg.request_id]
-            if w.out is not None and w.out[0] == msg.request_id:
-                w.out = None
-                w.seq += 1
-                w.next_send = sim.now + sim.rng.choice((0, 0, 1, 5, 20, 100))
+                sim.on_ack(first + i, b)
+            self._check_order(node, msg.term, msg.request_id, first, first + len(bodies) - 1)
             return
-        if w.out is not None and w.out[0] == msg.request_id:
-            w.out = None
-            leader = getattr(msg, "leader_id", "")
-            ids = [n.id for n in sim.nodes]
-            if msg.code == RC.NOT_LEADER and leader in ids:
-                w.target = ids.index(leader)
-            else:
-                w.target = sim.rng.randrange(sim.cfg.nodes)
-            w.next_send = sim.now + sim.rng.randint(5, 60)
+        leader = getattr(msg, "leader_id", "")
+        ids = [n.id for n in sim.nodes]
+        if msg.code == RC.NOT_LEADER and leader in ids:
+            w.target = ids.index(leader)
+        else:
+            w.target = sim.rng.randrange(sim.cfg.nodes)
+        w.next_send = sim.now + sim.rng.randint(5, 60)
+
+    def _check_order(self, node: int, term: int, rid: int, first: int, last: int) -> None:
+        """Requests one writer sent to one leader in one term are appended in sending order."""
+        lst = self.w.acks.setdefault((node, term), [])
+        k = bisect.bisect(lst, (rid, first, last))
+        before = lst[k - 1] if k > 0 else None
+        after = lst[k] if k < len(lst) else None
+        if (before is not None and before[2] >= first) or (after is not None and after[1] <= last):
+            self.sim.fail(f"{self.key}: request {rid} acknowledged at [{first}, {last}] by n{node} in term "
+                          f"{term}, out of sending order with {before} / {after} (rid, first, last)")
+        lst.insert(k, (rid, first, last))
 
 
 _CHANNEL_NAME = {"dispatcher": "dispatchers", "ack_checker": "ack"}
@@ -269,7 +290,7 @@ class Sim:
         self.nodes: list[Node] = []
         for k, nid in enumerate(ids):
             d = f"{self._tmp}/{nid}"
-            ncfg = NodeConfig(id=nid, peers=peers, group=self.group, store_dir=d, run_dir=d,
+            ncfg = _SimNodeConfig(id=nid, peers=peers, group=self.group, store_dir=d, run_dir=d,
                               data_file_size=4096, index_file_size=8 * 32)
             import os
 
@@ -279,6 +300,7 @@ class Sim:
         self.slots: dict[str, int] = {}
         global _ACTIVE
         _ACTIVE = self
+        self._log_undo = _capture_logs()
         for n in self.nodes:
             self._start_node(n)
         for w in range(cfg.writers):
@@ -448,7 +470,7 @@ class Sim:
         link = (src_key, dst_actor.key)
         for _ in range(copies):
             at = self.now + self._latency()
-            if not (self.faulting and r.random() < self.p_reorder):
+            if client or not (self.faulting and r.random() < self.p_reorder):
                 at = max(at, self.fifo.get(link, 0))  # one connection is FIFO
                 self.fifo[link] = at
             self.schedule(at, "msg", (dst_actor.key, dst_actor.inc, kind, payload))
@@ -541,7 +563,7 @@ class Sim:
             return
         now = self.now
         cands = [a for a in self.actors
-                 if a.ready(now) and not (a.takes_lock and a.node is not None and a.node.lock.holder is not None)]
+                 if a.alive and not a.busy and (a.wake_at <= now or (a.inbox and a.listening)) and not (a.takes_lock and a.node is not None and a.node.lock.holder is not None)]
         if not cands:
             return
         self.stats["nested"] += 1
@@ -554,20 +576,22 @@ class Sim:
 
     def step_once(self) -> bool:
         """Run one top-level step (advancing virtual time if nobody is ready)."""
-        self._deliver_due()
+        if self.heap and self.heap[0][0] <= self.now:
+            self._deliver_due()
         now = self.now
-        ready = [a for a in self.actors if a.ready(now)]
+        ready = [a for a in self.actors
+                 if a.alive and (a.wake_at <= now or (a.inbox and a.listening))]
         if not ready:
-            nxt = min((a.wake_at for a in self.actors if a.alive), default=now + 1000)
-            if self.heap:
-                nxt = min(nxt, self.heap[0][0])
-            if self.faulting:
-                nxt = min(nxt, self.next_fault)
-            self.now = max(now + 1, nxt) if nxt <= now else nxt
+            nxt = min([a.wake_at for a in self.actors if a.alive] or [now + 1000])
+            if self.heap and self.heap[0][0] < nxt:
+                nxt = self.heap[0][0]
+            if self.faulting and self.next_fault < nxt:
+                nxt = self.next_fault
+            self.now = max(now + 1, nxt)
             if self.faulting and self.now >= self.next_fault:
                 self._inject_fault()
             return False
-        self._run_step(self.rng.choice(ready))
+        self._run_step(ready[0] if len(ready) == 1 else self.rng.choice(ready))
         self.steps += 1
         self.check()
         return True
@@ -664,7 +688,7 @@ class Sim:
             self.trace_event(n.id, "ledger", f"begin={new.ledger_begin_index} end={new.ledger_end_index} "
                              f"term={new.ledger_end_term} committed={new.committed_index}")
 
-    def on_ack(self, w: Writer, index: int, body: bytes) -> None:
+    def on_ack(self, index: int, body: bytes) -> None:
         self.stats["acked"] += 1
         prev = self.acked.get(index)
         if prev is not None and prev != body:
@@ -673,14 +697,6 @@ class Sim:
         if index < len(self.chist) and self.chist[index][2] != body:
             self.fail(f"acknowledged append {body[:24]!r} at {index}, but the committed entry there is "
                       f"{self.chist[index][2][:24]!r}")
-        wid, seq = self.sent[body]
-        lo, hi = w.seq_idx.get(seq, (index, index))
-        w.seq_idx[seq] = (min(lo, index), max(hi, index))
-        before = w.seq_idx.get(seq - 1)
-        after = w.seq_idx.get(seq + 1)
-        if (before is not None and before[1] >= index) or (after is not None and after[0] <= index):
-            self.fail(f"writer {wid}: append #{seq} acknowledged at {index}, out of order with "
-                      f"#{seq - 1} {before} / #{seq + 1} {after}")
 
     def check(self) -> None:
         for n in self.nodes:
@@ -746,7 +762,7 @@ class Sim:
             if s.ledger_end_index != end or s.committed_index != end:
                 return f"{n.id}: end {s.ledger_end_index} committed {s.committed_index}, leader end {end}"
         for c in self.actors:
-            if isinstance(c, ClientActor) and c.w.out is not None:
+            if isinstance(c, ClientActor) and c.w.out:
                 return f"{c.key} has a request outstanding"
         missing = [i for i in self.acked if i >= len(self.chist)]
         if missing:
@@ -792,7 +808,31 @@ class Sim:
                     s.index.close()
         if _ACTIVE is self:
             _ACTIVE = None
+        self._log_undo()
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+class _TraceLogs(logging.Handler):
+    """Library loggers (the store's recovery, ...) go into the trace, not to stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        s = _ACTIVE
+        if s is not None and record.levelno >= logging.INFO:
+            s.trace_event(record.name.rsplit(".", 1)[-1], "log", (record.levelname[0], record.msg, record.args))
+
+
+def _capture_logs() -> Any:
+    lg = logging.getLogger("dledger")
+    h = _TraceLogs()
+    saved = (lg.propagate, lg.level)
+    lg.addHandler(h)
+    lg.propagate = False
+    lg.setLevel(logging.INFO)
+
+    def undo() -> None:
+        lg.removeHandler(h)
+        lg.propagate, lg.level = saved[0], saved[1]
+    return undo
 
 
 def _tmp_root() -> str | None:

@@ -1,0 +1,137 @@
+"""Known-bad variants of the code, to show the simulator catches them (`--mutate NAME`).
+
+Each mutation reverts one fix (or breaks one Raft rule) by patching the live modules for the
+duration of a run; `apply(name)` is a context manager that undoes the patch on exit. They exist
+for tests/scenarios/test_simulator.py and for checking, after a change, that the simulator still
+finds what it found before. The names say what they break:
+
+- `t2c-fence`: readers ignore the store generation (StoreReader.begin/validate do nothing and
+  follow_begin refreshes only when the ledger begin moves): a dispatcher keeps reading a
+  segment file a truncation replaced (repro t2c).
+- `t3-two-reads`: the follower keys its verified end on one member snapshot and validates the
+  push on a second one (repro t3).
+- `quorum-max`: the ack checker takes the best watermark for a quorum (commits what only the
+  leader holds).
+- `follower-commit`: a follower commits the leader's commit index without having verified its
+  log matches the leader's up to it.
+- `old-term-commit`: the ack checker commits an entry of an earlier term by counting replicas
+  (Raft §5.4.2, Figure 8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+MUTATIONS: dict[str, Callable[[], Callable[[], None]]] = {}
+
+
+def _mutation(name: str) -> Callable[[Callable[[], Callable[[], None]]], Callable[[], Callable[[], None]]]:
+    def deco(fn: Callable[[], Callable[[], None]]) -> Callable[[], Callable[[], None]]:
+        MUTATIONS[name] = fn
+        return fn
+    return deco
+
+
+def _patch(obj: Any, name: str, value: Any) -> Callable[[], None]:
+    old = obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)
+    setattr(obj, name, value)
+    return lambda: setattr(obj, name, old)
+
+
+@_mutation("t2c-fence")
+def _t2c() -> Callable[[], None]:
+    from node.store.reader import StoreReader
+
+    def follow_begin(self: StoreReader, ledger_begin_index: int) -> None:
+        if ledger_begin_index != self._seen_begin:
+            self._seen_begin = ledger_begin_index
+            with contextlib.suppress(Exception):
+                self.refresh()
+
+    undo = [_patch(StoreReader, "begin", lambda self, g: None),
+            _patch(StoreReader, "validate", lambda self, g: None),
+            _patch(StoreReader, "follow_begin", follow_begin)]
+    return lambda: [u() for u in undo] and None
+
+
+@_mutation("t3-two-reads")
+def _t3() -> Callable[[], None]:
+    from ipc import protocol as P
+    from node.roles.handler import Handler
+
+    def on_push(self: Handler, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
+        self.state.incr("push_requests")
+        first = self.state.read_member()
+        synced = self.follower.sync(first)  # (term, leader) key from the first read ...
+        m = self.state.read_member()  # ... the request validated against a second one
+        self.follower.sync = lambda view: []
+        try:
+            effects = self.follower.on_push(ident, req, frame, m, self.now(), self.store)
+        finally:
+            del self.follower.sync
+        self._execute(synced + effects, m)
+        if req.kind == P.PushKind.APPEND:
+            self._drain(m)
+
+    return _patch(Handler, "on_push", on_push)
+
+
+@_mutation("quorum-max")
+def _quorum_max() -> Callable[[], None]:
+    from node.core import replication
+    from node.roles import ack_checker
+
+    def quorum_advance(term: int, marks: list[int], published_index: int, published_term: int,
+                       term_at: Callable[[int], int]) -> int | None:
+        committed = published_index if published_term == term else -1
+        q = max(marks)
+        if q <= committed or term_at(q) != term:
+            return None
+        return q
+
+    assert ack_checker.quorum_advance is replication.quorum_advance
+    return _patch(ack_checker, "quorum_advance", quorum_advance)
+
+
+@_mutation("follower-commit")
+def _follower_commit() -> Callable[[], None]:
+    from node.core import follower
+
+    return _patch(follower, "follower_commit",
+                  lambda leader_commit, verified_end, committed: max(committed, leader_commit))
+
+
+@_mutation("old-term-commit")
+def _old_term_commit() -> Callable[[], None]:
+    from node.core import replication
+    from node.roles import ack_checker
+
+    def quorum_advance(term: int, marks: list[int], published_index: int, published_term: int,
+                       term_at: Callable[[int], int]) -> int | None:
+        committed = published_index if published_term == term else -1
+        q = replication.quorum_index(marks)
+        return q if q > committed and q >= 0 else None
+
+    return _patch(ack_checker, "quorum_advance", quorum_advance)
+
+
+@contextlib.contextmanager
+def apply(names: str | list[str] | None) -> Iterator[None]:
+    """Apply the named mutations (comma-separated or a list) for the duration of the block."""
+    if not names:
+        yield
+        return
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n]
+    undo = []
+    try:
+        for n in names:
+            if n not in MUTATIONS:
+                raise ValueError(f"unknown mutation {n!r}; known: {', '.join(sorted(MUTATIONS))}")
+            undo.append(MUTATIONS[n]())
+        yield
+    finally:
+        for u in reversed(undo):
+            u()
