@@ -116,7 +116,7 @@ class TrackedStore(MemoryStore):
 # ============================================================================================
 # The follower: the REAL FollowerCore (node/core/follower.py), its effects executed on the store
 # ============================================================================================
-class PushHandler:
+class CoreFollower:
     """Runs node.core.follower.FollowerCore for one node and executes its effects the way
     Handler._execute does (no lock: nothing else runs between a decision and its write here).
     `node` supplies the member view (role, term, leader_slot), the store and the peer ids."""
@@ -230,7 +230,7 @@ class SimNode:
     def reset_volatile(self) -> None:
         """What a process restart loses: everything but the store and the term."""
         c = self.c
-        self.handler = PushHandler(self, c.max_pending, TIMEOUT_MS, TIMEOUT_MS)
+        self.handler = CoreFollower(self, c.max_pending, TIMEOUT_MS, TIMEOUT_MS)
         self.leader_term = -1
         self.pending: OrderedDict[tuple[int, int], list[tuple[int, tuple]]] = OrderedDict()
         self.disp = {p: c.new_disp(p) for p in range(c.n) if p != self.slot}
@@ -492,7 +492,7 @@ class Cluster:
         """The handler process dies and is restarted: its queue and verified end are gone."""
         x = self.nodes[i]
         if x.up:
-            x.handler = PushHandler(x, self.max_pending, TIMEOUT_MS, TIMEOUT_MS)
+            x.handler = CoreFollower(x, self.max_pending, TIMEOUT_MS, TIMEOUT_MS)
             x.leader_term = -1
             x.pending.clear()
             self.log_event(f"{x.id} handler restarted")
