@@ -119,7 +119,7 @@ class ClientActor(A.Actor):
     def __init__(self, sim: Sim, wid: int) -> None:
         super().__init__(sim, None, f"client{wid}")
         r = sim.rng
-        self.w = Writer(wid, window=r.choice((1, 1, 2, 4, 8, 16)), target=r.randrange(sim.cfg.nodes))
+        self.w = Writer(wid, window=r.choice((1, 2, 4, 8, 16, 32)), target=r.randrange(sim.cfg.nodes))
         self.ident = b"c:%d" % wid
 
     def step(self) -> None:
@@ -285,6 +285,7 @@ class Sim:
         self.p_midcrash = 0.002 if "role-crash" in self.faults else 0.0
         self.fault_every = (r.randint(100, 600), r.randint(600, 2500))
         self.next_fault = r.randint(*self.fault_every)
+        self.quiet_until = 0
         ids = [f"n{i}" for i in range(cfg.nodes)]
         peers = ";".join(f"{i}-127.0.0.1:{30000 + 2 * k}" for k, i in enumerate(ids))
         self.nodes: list[Node] = []
@@ -600,6 +601,8 @@ class Sim:
     def _inject_fault(self) -> None:
         r = self.rng
         self.next_fault = self.now + r.randint(*self.fault_every)
+        if self.now < self.quiet_until:
+            return  # a multi-step fault shape is playing out
         kinds = [k for k in ("partition", "crash", "role-crash", "truncate", "clock") if k in self.faults]
         if not kinds:
             return
@@ -628,18 +631,54 @@ class Sim:
                 a = r.choice(list(n.roles.values()))
                 self.kill_actor(a, "between steps")
         elif k == "truncate":
-            # Cut the leader off while clients keep writing to it: its uncommitted tail gets
-            # truncated (files deleted and re-created) when it rejoins under a new leader.
-            lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
-            if lead:
-                m = lead[0]
-                others = [o.idx for o in self.nodes if o is not m]
-                cut = [(m.idx, o) for o in others] + [(o, m.idx) for o in others]
-                self._cut(cut, f"isolate leader {m.id}", r.randint(600, 2500))
+            self._truncate_shape()
         elif k == "clock":
             j = r.randint(1, 150)
             n.clock_offset += j
             self.trace_event(n.id, "clock", f"+{j} ms")
+
+    def _isolate(self, nodes: list[int]) -> list[tuple[int, int]]:
+        inside = set(nodes)
+        outside = [m.idx for m in self.nodes if m.idx not in inside]
+        return [(a, b) for a in sorted(inside) for b in outside] + [(b, a) for a in sorted(inside) for b in outside]
+
+    def _truncate_shape(self) -> None:
+        """A deposed leader's uncommitted tail gets truncated (segment files deleted and
+        re-created) and that node leads again while a peer still holds the old tail -- the
+        shape of repro t2c: cut the leader X off with one follower Z while clients write to X;
+        rejoin X (it follows the new leader and truncates) but keep Z away; then cut the new
+        leader off so X may win; finally bring Z back."""
+        r = self.rng
+        lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+        if not lead:
+            return
+        x = lead[0]
+        z = r.choice([m for m in self.nodes if m is not x])
+        t1 = r.randint(2000, 4000)
+        self._cut(self._isolate([x.idx, z.idx]), f"isolate old leader {x.id} with {z.id}", t1)
+        t2 = t1 + r.randint(3000, 6000)
+        self.quiet_until = self.now + t2
+
+        def rejoin() -> None:
+            self._cut(self._isolate([z.idx]), f"keep {z.id} away", t2 - t1)
+            self.writing = False  # writers pause: the new leader's log stays short of X's old tail
+            self.trace_event("sim", "writers", "pause")
+
+        def resume() -> None:
+            if self.faulting:
+                self.writing = True
+                self.trace_event("sim", "writers", "resume")
+
+        self.schedule(self.now + t1, "call", rejoin)
+        self.schedule(self.now + t2, "call", resume)
+
+        def depose() -> None:
+            now_lead = [m for m in self.nodes if m.up and m is not x and m.block.member.role == Role.LEADER]
+            if now_lead:
+                self._cut(self._isolate([now_lead[0].idx]), f"isolate new leader {now_lead[0].id}",
+                          r.randint(1500, 3000))
+
+        self.schedule(self.now + t1 + r.randint(200, 1000), "call", depose)
 
     def _cut(self, links: list[tuple[int, int]], desc: str, ms: int) -> None:
         links = [ln for ln in links if ln not in self.blocked]
@@ -654,6 +693,7 @@ class Sim:
 
     def heal_all(self) -> None:
         self.faulting = False
+        self.writing = True
         self.blocked.clear()
         self.trace_event("sim", "heal", "faults off; every node and role restarted")
         for n in self.nodes:
