@@ -61,6 +61,13 @@ class MemoryStore:
             raise StoreError("body too large", "UNEXPECTED_ARGUMENT")
         return [self.append_leader(b, term) for b in bodies]
 
+    def append_batch_raw(self, bodies: list[bytes], term: int) -> tuple[int, list[int]]:
+        """Same contract as SegmentStore.append_batch_raw: (first index, positions). The
+        handler's batch path calls this, so a memory-store node (tests, the simulator) must
+        offer it too."""
+        rs = self.append_leader_batch(bodies, term)
+        return rs[0].index, [r.pos for r in rs]
+
     def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
         """Same contract as SegmentStore.append_follower; the leader's index records are not
         needed here (positions are always re-stamped)."""

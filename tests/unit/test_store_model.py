@@ -86,9 +86,13 @@ def test_segment_and_memory_store_match_model(tmp_path_factory, seq):
                     assert r.index == len(model)
                 model.append((term, arg))
             elif op == "batch":
-                for s in (seg, mem):
-                    rs = s.append_leader_batch(arg, term)
-                    assert [r.index for r in rs] == list(range(len(model), len(model) + len(arg)))
+                for s in (seg, mem):  # both batch entry points, on both stores
+                    if k % 2:
+                        rs = s.append_leader_batch(arg, term)
+                        assert [r.index for r in rs] == list(range(len(model), len(model) + len(arg)))
+                    else:
+                        first, positions = s.append_batch_raw(arg, term)
+                        assert first == len(model) and len(positions) == len(arg)
                 model.extend((term, b) for b in arg)
             elif op == "follower":
                 # encode on a scratch leader, push the raw bytes: positions must be re-stamped
