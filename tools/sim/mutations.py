@@ -16,6 +16,8 @@ finds what it found before. The names say what they break:
   log matches the leader's up to it.
 - `old-term-commit`: the ack checker commits an entry of an earlier term by counting replicas
   (Raft §5.4.2, Figure 8).
+- `vote-any-log`: a voter grants its vote without comparing logs (Raft §5.4.1): a candidate
+  missing committed entries can win.
 """
 
 from __future__ import annotations
@@ -115,6 +117,19 @@ def _old_term_commit() -> Callable[[], None]:
         return q if q > committed and q >= 0 else None
 
     return _patch(ack_checker, "quorum_advance", quorum_advance)
+
+
+@_mutation("vote-any-log")
+def _vote_any_log() -> Callable[[], None]:
+    import dataclasses
+
+    from node.core import election, vote
+
+    def decide_vote(view: Any, req: Any, *, is_self: bool = False) -> Any:
+        blind = dataclasses.replace(view, ledger_end_index=-1, ledger_end_term=-1)
+        return vote.decide_vote(blind, req, is_self=is_self)
+
+    return _patch(election, "decide_vote", decide_vote)
 
 
 @contextlib.contextmanager
