@@ -23,6 +23,7 @@ import functools
 import hashlib
 import heapq
 import logging
+import os
 import random
 import shutil
 import tempfile
@@ -292,8 +293,6 @@ class Sim:
             d = f"{self._tmp}/{nid}"
             ncfg = _SimNodeConfig(id=nid, peers=peers, group=self.group, store_dir=d, run_dir=d,
                               data_file_size=4096, index_file_size=8 * 32)
-            import os
-
             os.makedirs(d, exist_ok=True)
             self.nodes.append(Node(self, k, nid, ncfg, d))
         self.actors: list[A.Actor] = []
@@ -872,8 +871,6 @@ def _capture_logs() -> Any:
 
 
 def _tmp_root() -> str | None:
-    import os
-
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -884,25 +881,31 @@ _ACTIVE: Sim | None = None
 
 
 def _install_clock() -> None:
+    """Roles read `rc.clock` (C7); what still calls the module-level clock or measures the disk
+    gets the virtual clock / an empty disk while a Sim runs, and the real ones otherwise."""
     import importlib
 
     from node import shared_state
 
-    real = shared_state.monotonic_ms
+    real_clock = shared_state.monotonic_ms
 
     def clock() -> int:
         s = _ACTIVE
-        return s.clock_now() if s is not None else real()
+        return s.clock_now() if s is not None else real_clock()
 
     for name in ("handler", "dispatcher", "elector", "ack_checker", "runtime"):
         try:
             mod = importlib.import_module(f"node.roles.{name}")
         except Exception:  # noqa: BLE001 - a role module mid-refactor: the run reports it
             continue
-        if getattr(mod, "monotonic_ms", None) is real:
+        if getattr(mod, "monotonic_ms", None) is real_clock:
             mod.monotonic_ms = clock
-        if hasattr(mod, "disk_usage_ratio"):
-            mod.disk_usage_ratio = lambda _p: 0.0  # the sim's disk is never full
+        real_ratio = getattr(mod, "disk_usage_ratio", None)
+        if real_ratio is not None and not getattr(real_ratio, "_sim", False):
+            def ratio(path: Any, _real: Any = real_ratio) -> float:
+                return 0.0 if _ACTIVE is not None else _real(path)
+            ratio._sim = True  # type: ignore[attr-defined]
+            mod.disk_usage_ratio = ratio
 
 
 _install_clock()
