@@ -535,6 +535,8 @@ class Sim:
 
     # ------------------------------------------------------------------ scheduling
     def _run_step(self, a: A.Actor) -> None:
+        if self.stack:
+            self.trace_event(a.key, "nested", f"runs inside {self.stack[-1].key}'s block read")
         a.busy = True
         self.stack.append(a)
         try:
