@@ -45,9 +45,11 @@ Safety rules added on top of DLedger (issue 10):
   knownMaxTermInGroup and a deposed leader then campaigned again in its *old* term, where its
   old voters accepted it again (repro t4).
 - **Never lead twice in one term.** A leader that steps down (lease expired, inconsistent
-  leader, store not writable) campaigns next in a new term; a (re)started node's first
-  campaign is in term + 1, after a heartbeat interval plus a randomized vote interval, so it
-  normally hears the current leader first. A leader restarted with its self-vote on disk was
+  leader, store not writable) campaigns next in a new term; a (re)started node whose vote is
+  for itself campaigns first in term + 1 (one that voted for another node cannot have led its
+  term and rejoins it, so a restarted follower never deposes a healthy leader); every restarted
+  node waits a heartbeat interval plus a randomized vote interval, so it normally hears the
+  current leader first. A leader restarted with its self-vote on disk was
   otherwise re-elected in the same term, possibly with a log that lost a tail it had sent.
 - **Lease from round start.** `last_succ_heartbeat_ms` (published as
   `last_quorum_heartbeat_ms`) is the START time of the last quorum heartbeat round (or of the
@@ -198,10 +200,12 @@ class ElectorCore:
     """One member's election state machine (MemberState's election fields + the elector).
 
     Starts as CANDIDATE in its persisted term with its persisted vote (SPEC §3). Its first
-    campaign is in a NEW term (term + 1) and waits one heartbeat interval plus a randomized
-    vote interval (DLedger votes at once, in the persisted term): a node restarted with its
-    vote for itself on disk could otherwise be elected a second time in the term it led, and
-    a restarted follower would disrupt a healthy leader instead of hearing its heartbeat.
+    campaign waits one heartbeat interval plus a randomized vote interval (DLedger votes at
+    once), and if its persisted vote is for itself it is in a NEW term (term + 1): a node
+    restarted with its self-vote on disk could otherwise be elected a second time in the term
+    it led (with a log that may have lost a tail it had already sent). A node that voted for
+    another node, or not at all, cannot have led its term, so it rejoins that term: restarting
+    a follower must not depose a healthy leader by bringing a higher term back with it.
     """
 
     def __init__(self, self_id: str, members: Iterable[str], group: str = "default",
@@ -234,10 +238,16 @@ class ElectorCore:
         self.last_send_heartbeat_ms: int | None = None
         self.last_succ_heartbeat_ms = now_ms
         self.last_vote_cost_ms = 0
-        # Restart rule (class docstring): first campaign in term + 1, after the leader had a
-        # chance to be heard. The timer is drawn on first use (next_vote_ms), so an `rng`
-        # replaced right after construction (the simulator's seeded one) decides it too.
-        self.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+        # Restart rule (class docstring): a node whose vote in its term is for itself may have
+        # led that term, so its first campaign is in term + 1. One that voted for another node
+        # (or not at all) can never have led it; it first tries to rejoin that term, so a
+        # restarted follower hears the leader of its term instead of deposing it with a higher
+        # term. Either way it waits until the leader had a chance to be heard. The timer is
+        # drawn on first use (next_vote_ms), so an `rng` replaced right after construction
+        # (the simulator's seeded one) decides it too.
+        # Term 0 is "no term yet" (a brand-new store): the first election is in term 1.
+        rejoin = voted_for != self_id and term > 0
+        self.last_parse = ParseResult.WAIT_TO_REVOTE if rejoin else ParseResult.WAIT_TO_VOTE_NEXT
         self._started_ms = now_ms
         self._next_vote_ms: int | None = None
         self._beat_requested = False  # request_heartbeat while a round was in flight

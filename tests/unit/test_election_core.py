@@ -6,6 +6,8 @@ SPEC §3, DLedger's needIncreaseTermImmediately path, #325 and leadership transf
 
 import random
 
+import pytest
+
 from ipc.codes import ParseResult, ResponseCode, Role, VoteResult
 from ipc.protocol import (
     AppendRequest,
@@ -84,8 +86,9 @@ def elect(leader="n0", now=0):
 
 
 def test_startup_waits_a_vote_interval_then_campaigns_in_a_new_term():
-    c = core("n1", term=4, voted=None)
-    assert (c.role, c.term, c.voted_for, c.leader_id) == (Role.CANDIDATE, 4, None, None)
+    """Persisted vote for itself in term 4: it may have led term 4, so it campaigns in 5."""
+    c = core("n1", term=4, voted="n1")
+    assert (c.role, c.term, c.voted_for, c.leader_id) == (Role.CANDIDATE, 4, "n1", None)
     # not at once: one heartbeat interval + a randomized vote interval, so a live leader's
     # heartbeat normally arrives first
     first = c.next_vote_ms
@@ -102,6 +105,21 @@ def test_startup_waits_a_vote_interval_then_campaigns_in_a_new_term():
                for r in reqs)
     assert len({r.request_id for r in reqs}) == 2
     assert step.next_deadline_ms == first + CFG.vote_round_timeout_ms  # the round's deadline
+
+
+@pytest.mark.parametrize("voted", [None, "n2"])
+def test_a_restarted_follower_rejoins_its_term_instead_of_deposing_its_leader(voted):
+    """A node whose vote in term 4 went to another node (or nowhere) cannot have led term 4: it
+    rejoins term 4, so the leader's heartbeat makes it a follower. Campaigning in term 5 would
+    bring a higher term back to the group and depose a healthy leader on every follower
+    restart (seen: an extra election, and a NOOP, each time a lagging follower came back)."""
+    c = core("n1", term=4, voted=voted)
+    first = c.next_vote_ms
+    step = check(c.tick(first, LedgerEnd(7, 3)))
+    assert {s.message.term for s in sends(step)} == {4} and c.term == 4
+    step = check(c.on_heartbeat_request(HeartbeatRequest("g", "n1", "n0", 4, 1), first + 1))
+    assert (c.role, c.term, c.leader_id) == (Role.FOLLOWER, 4, "n0")
+    assert step.of(Persist) == []
 
 
 def test_restart_never_votes_twice_in_a_term():

@@ -259,8 +259,8 @@ def test_unwritable_node_does_not_campaign_but_still_votes():
         assert c.next_deadline(t) > t  # the timer is re-armed: the caller does not spin
     (r,) = replies(c.on_vote_request(VoteRequest("g", "F", "X", 3, 1, 10, 1), bad, t))
     assert r.vote_result == VoteResult.ACCEPT
-    # writable again: it would campaign, in a new term (its vote in 3 went to X)
-    c2 = core("F", term=3)
+    # writable again: it would campaign, in a new term (its vote in 3 is its own)
+    c2 = core("F", term=3, voted="F")
     t = c2.next_deadline(0)
     c2.tick(t, bad)
     step = c2.tick(c2.next_deadline(t), LED)
