@@ -169,6 +169,9 @@ class Dispatcher:
         now = self.now()
         m = self.state.read_member()
         led = self.state.read_ledger()
+        # Whatever the role: unmap files retention deleted (a follower's dispatchers too — until
+        # every process lets go of a deleted file the kernel cannot give its space back).
+        self.reader.follow_begin(led.ledger_begin_index)
         self._sync_role(m, led)
         self._leasing = (self.core.state != PushState.IDLE
                          and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))

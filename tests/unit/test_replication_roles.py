@@ -692,3 +692,35 @@ def test_ack_checker_advances_the_quorum_only_while_it_holds_the_lease(tmp_path:
         a.close()
     finally:
         x.close()
+
+
+@pytest.mark.parametrize("role", [Role.FOLLOWER, Role.CANDIDATE])
+def test_a_followers_dispatcher_lets_go_of_files_retention_deleted(tmp_path: Path, role: Role) -> None:
+    """Retention deletes old data files on followers too. Every process that still maps a
+    deleted file keeps its space from the disk, so a dispatcher must follow the ledger begin
+    whatever its role — not only while it pumps as leader (seen: a follower's dispatchers held
+    deleted 1 MiB files until they next led)."""
+    clock = Clock()
+    state = FakeState()
+    rc = make_rc(tmp_path, "n0", state, clock, peer="n2", data_file_size=4096, index_file_size=8 * 32)
+    x = SegmentStore(StoreConfig(rc.cfg.store_dir, data_file_size=4096, index_file_size=8 * 32))
+    x.open()
+    try:
+        for i in range(40):
+            x.append_leader(b"e%02d" % i + b"x" * 400, 1)
+        x.set_committed_index(39)
+        publish(state, x)
+        d = Dispatcher(rc)
+        state.member = member(role, 1, 1 if role == Role.FOLLOWER else NO_SLOT)
+        d.tick()
+        d.reader.term_at(0)  # mapped (a follower's reader maps the store like any other)
+        first = Path(rc.cfg.store_dir) / "data" / "00000000000000000000"
+        held = lambda: any(f.path == first for f in d.reader._data.files)  # noqa: E731
+        assert held()
+        assert x.delete_before(30) > 0
+        publish(state, x)
+        d.tick()
+        assert not held()
+        d.close()
+    finally:
+        x.close()
