@@ -58,10 +58,11 @@ def _first_failure(mutation: str, seeds: range, **kw: object) -> tuple[int, str]
 @pytest.mark.parametrize("mutation", ["quorum-max", "vote-any-log"])
 def test_a_broken_raft_rule_is_caught(mutation: str) -> None:
     """An injected bug in a core rule (commit without a quorum; a vote without the log
-    comparison) shows up as divergent committed entries or a lost acknowledged append."""
-    seed, error = _first_failure(mutation, range(0, 60))
-    assert seed >= 0, f"{mutation} was not caught in 60 seeds"
-    assert "committed" in error or "acknowledged" in error, error
+    comparison) shows up as divergent committed entries, a lost acknowledged append, or a
+    follower that can never catch up (its store refuses to cut committed entries)."""
+    seed, error = _first_failure(mutation, range(0, 300))
+    assert seed >= 0, f"{mutation} was not caught in 300 seeds"
+    assert "committed" in error or "acknowledged" in error or "no convergence" in error, error
 
 
 def test_a_reverted_generation_fence_is_caught() -> None:
