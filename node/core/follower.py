@@ -27,7 +27,8 @@ Rules (DLedger's EntryHandler, with the fixes this project found):
 * COMPARE / TRUNCATE / COMMIT are answered at once (the queue never blocks them: DLedger #282);
   COMPARE and TRUNCATE drop the queue (answered INCONSISTENT_STATE, the leader starts over);
 * TRUNCATE is idempotent: it never cuts at or below `verified_end` (a late or duplicated
-  TRUNCATE must not drop entries already acknowledged to this leader);
+  TRUNCATE must not drop entries already acknowledged to this leader) nor at or below the
+  committed index (committed entries are in every later leader's log);
 * committed = min(leader's commit, verified_end), never backwards: an old-term tail not yet
   verified against this leader is never committed;
 * `verified_end` belongs to one (term, leader) key and is reset (and the queue dropped) when the
@@ -208,8 +209,15 @@ class FollowerCore:
         if kind == P.PushKind.TRUNCATE:
             out += self._drop_queue(term)
             # Idempotent: never cut what this leader's entries already verified (a repeated or
-            # late TRUNCATE must not drop entries we acknowledged since).
-            return [*out, StoreTruncate(ident, req, max(req.first_index, self.verified_end + 1))]
+            # late TRUNCATE must not drop entries we acknowledged since), nor what is committed:
+            # a committed entry is in every later leader's log at the same index and term
+            # (Leader Completeness), so keeping it is what the leader asked for. Refusing a cut
+            # below the committed index instead left a follower stuck for ever: a leader whose
+            # APPEND answers were lost compares again at its old watermark, below what the
+            # follower has since stored and committed, and its TRUNCATE there was refused on
+            # every retry (found by the simulator, seeds 2579 and 99589).
+            cut = max(req.first_index, self.verified_end + 1, store.committed_index + 1)
+            return [*out, StoreTruncate(ident, req, cut)]
         return [*out, Reply(ident, req, RC.UNEXPECTED_ARGUMENT, term)]
 
     def _on_append(self, ident: bytes, req: P.PushRequest, frame: bytes, term: int, now_ms: int,

@@ -413,14 +413,24 @@ def test_truncate_beyond_my_end_is_a_no_op_success() -> None:
     assert f.terms() == [1, 1]
 
 
-def test_truncate_of_committed_entries_is_refused() -> None:
-    # The store never drops committed entries (docs/store.md "Truncate"); the leader hears
-    # INCONSISTENT_STATE and compares again.
-    s = store_of([1, 1, 1, 1])
-    s.set_committed_index(2)
+def test_truncate_below_the_committed_index_keeps_the_committed_entries(leader_log) -> None:
+    """The store never drops committed entries (docs/store.md "Truncate"). A TRUNCATE below the
+    committed index comes from a leader that compared at an old watermark (its APPEND answers
+    were lost, so after its push timeout it went back to COMPARE at match + 1, below what this
+    follower has since stored and committed). Refusing it (INCONSISTENT_STATE) made the leader
+    compare at the same place again, for ever: the follower never caught up (simulator seeds
+    2579 and 99589). Committed entries are in every later leader's log, so the follower cuts
+    after its committed index instead, answers SUCCESS, and the leader's APPENDs from its old
+    watermark skip what matches and catch the follower up."""
+    s = store_of([1, 1, 2, 2, 2])  # 0..3 as the leader's log, 4 an uncommitted extra of term 2
+    s.set_committed_index(3)
     f = Follower(s)
-    assert f.answer(f.push(P.PushKind.TRUNCATE, first=1)).code == RC.INCONSISTENT_STATE
-    assert f.terms() == [1, 1, 1, 1]
+    f.push(P.PushKind.COMPARE, pre=(1, 1))
+    assert f.answer(f.push(P.PushKind.TRUNCATE, first=2)).code == RC.SUCCESS
+    assert f.terms() == [1, 1, 2, 2] and s.committed_index == 3  # nothing committed dropped
+    assert f.answer(f.append(leader_log, 2, 5, commit=5)).code == RC.SUCCESS
+    assert f.terms() == [leader_log.term_at(i) for i in range(6)]
+    assert s.committed_index == 5
 
 
 def test_commit_push_advances_committed_only_over_verified_entries() -> None:
