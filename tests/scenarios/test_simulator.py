@@ -55,14 +55,15 @@ def _first_failure(mutation: str, seeds: range, **kw: object) -> tuple[int, str]
     return -1, ""
 
 
-@pytest.mark.parametrize("mutation", ["quorum-max", "vote-any-log"])
+@pytest.mark.parametrize("mutation", ["quorum-max", "vote-any-log", "t5-flag-leader"])
 def test_a_broken_raft_rule_is_caught(mutation: str) -> None:
-    """An injected bug in a core rule (commit without a quorum; a vote without the log
-    comparison) shows up as divergent committed entries, a lost acknowledged append, or a
+    """An injected bug (commit without a quorum; a vote without the log comparison; a handler
+    that leads on the role flag alone and ignores --linearizable, repro t5) shows up as
+    divergent committed entries, a lost acknowledged append, a stale linearizable read, or a
     follower that can never catch up (its store refuses to cut committed entries)."""
     seed, error = _first_failure(mutation, range(0, 300))
     assert seed >= 0, f"{mutation} was not caught in 300 seeds"
-    assert "committed" in error or "acknowledged" in error or "no convergence" in error, error
+    assert any(w in error for w in ("committed", "acknowledged", "no convergence", "stale")), error
 
 
 def test_a_reverted_generation_fence_is_caught() -> None:

@@ -16,6 +16,8 @@ finds what it found before. The names say what they break:
   log matches the leader's up to it.
 - `old-term-commit`: the ack checker commits an entry of an earlier term by counting replicas
   (Raft §5.4.2, Figure 8).
+- `t5-flag-leader`: the handler acts as leader on the role flag alone (no lease) and serves a
+  linearizable GET without confirming its leadership (repro t5).
 - `vote-any-log`: a voter grants its vote without comparing logs (Raft §5.4.1): a candidate
   missing committed entries can win.
 """
@@ -130,6 +132,24 @@ def _vote_any_log() -> Callable[[], None]:
         return vote.decide_vote(blind, req, is_self=is_self)
 
     return _patch(election, "decide_vote", decide_vote)
+
+
+@_mutation("t5-flag-leader")
+def _t5() -> Callable[[], None]:
+    from ipc.codes import Role
+    from node.roles.handler import Handler
+
+    def leading(self: Handler, m: Any, now: int) -> bool:
+        return m.role == Role.LEADER and m.current_term == self.leader_term
+
+    orig_get = Handler.on_get
+
+    def on_get(self: Handler, ident: bytes, req: Any) -> None:
+        req.linearizable = False  # --linearizable parsed and ignored
+        orig_get(self, ident, req)
+
+    undo = [_patch(Handler, "_leading", leading), _patch(Handler, "on_get", on_get)]
+    return lambda: [u() for u in undo] and None
 
 
 @contextlib.contextmanager

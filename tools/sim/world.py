@@ -41,7 +41,8 @@ from node.store import codec
 from tools.sim import actors as A
 from tools.sim.state import NodeBlock, SimLock
 
-ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "truncate", "clock")
+ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "pause", "truncate",
+              "clock")
 TRACE_LEN = 60
 CLIENT = -1  # node index of the clients' side of a link
 
@@ -207,6 +208,67 @@ class ClientActor(A.Actor):
         lst.insert(k, (rid, first, last))
 
 
+class ReaderActor(A.Actor):
+    """A reader: GETs of committed entries, mostly linearizable. Whatever is served must be the
+    committed history; a linearizable GET must see every append acknowledged before it was sent."""
+
+    def __init__(self, sim: Sim) -> None:
+        super().__init__(sim, None, "reader")
+        self.ident = b"c:r"
+        self.target = sim.rng.randrange(sim.cfg.nodes)
+        self.rid = 0
+        self.out: dict[int, tuple[int, int, bool, int]] = {}  # rid -> (index, acked max, lin, deadline)
+        self.wake_at = sim.rng.randint(100, 400)
+
+    def step(self) -> None:
+        sim = self.sim
+        for kind, payload in self.take_burst():
+            if kind == "reply":
+                self._on_reply(payload)
+        now = sim.now
+        for rid in [rid for rid, o in self.out.items() if now >= o[3]]:
+            del self.out[rid]
+        if now >= self.wake_at and sim.writing and len(self.out) < 2:
+            r = sim.rng
+            top = max(sim.acked_max, len(sim.chist) - 1)
+            index = r.randint(0, max(0, top + 1)) if r.random() < 0.4 else max(0, top - r.randint(0, 4))
+            lin = r.random() < 0.8
+            self.rid += 1
+            self.out[self.rid] = (index, sim.acked_max, lin, now + 3000)
+            node = sim.nodes[self.target]
+            frame = P.encode(P.GetRequest(sim.group, node.id, index, r.randint(1, 3), lin, self.rid))
+            sim.trace_event(self.key, "send", (node.id, self.rid, f"GET {index} lin={lin}"))
+            sim.client_send(self, self.target, frame)
+        self.wake_at = now + sim.rng.randint(20, 200)
+
+    def _on_reply(self, frame: bytes) -> None:
+        sim = self.sim
+        msg = P.decode(frame)
+        sim.trace_event(self.key, "reply", _summ(msg))
+        o = self.out.pop(msg.request_id, None)
+        if o is None:
+            return
+        index, acked_max, lin, _d = o
+        sim.stats[f"get_{'lin_' if lin else ''}{RC(msg.code).name.lower()}"] += 1
+        if msg.code == RC.SUCCESS and isinstance(msg, P.GetResponse):
+            h = sim.chist
+            i = index
+            for _off, e in codec.iter_entries(msg.entries):
+                got = (e.term, e.magic, bytes(e.body))
+                if e.index != i or e.index >= len(h) or h[e.index] != got:
+                    sim.fail(f"GET {index} served entry {e.index} (term {e.term}, {got[2][:24]!r}), which is not "
+                             f"the committed entry there ({h[e.index][:2] if e.index < len(h) else 'none yet'})")
+                i += 1
+            return
+        if lin and msg.code == RC.INDEX_OUT_OF_RANGE and index <= acked_max:
+            sim.fail(f"stale linearizable read: GET {index} answered INDEX_OUT_OF_RANGE by {msg.leader_id or '?'} "
+                     f"(term {msg.term}) after index {acked_max} was acknowledged")
+        if msg.code != RC.INDEX_OUT_OF_RANGE:
+            ids = [n.id for n in sim.nodes]
+            leader = getattr(msg, "leader_id", "")
+            self.target = ids.index(leader) if leader in ids else sim.rng.randrange(sim.cfg.nodes)
+
+
 _CHANNEL_NAME = {"dispatcher": "dispatchers", "ack_checker": "ack"}
 
 
@@ -272,6 +334,7 @@ class Sim:
         self.chist: list[tuple[int, int, bytes]] = []  # committed history: (term, magic, body)
         self.chist_where: dict[bytes, int] = {}
         self.acked: dict[int, bytes] = {}
+        self.acked_max = -1
         self.sent: dict[bytes, tuple[int, int]] = {}
         self.stats = collections.Counter()
         self._tmp = tempfile.mkdtemp(prefix=f"dlsim-{cfg.seed}-", dir=cfg.tmp_root or _tmp_root())
@@ -304,6 +367,7 @@ class Sim:
             self._start_node(n)
         for w in range(cfg.writers):
             self._add_actor(ClientActor(self, w))
+        self._add_actor(ReaderActor(self))
 
     # ------------------------------------------------------------------ bookkeeping
     def next_inc(self) -> int:
@@ -408,6 +472,21 @@ class Sim:
             delay = self.rng.randint(5, 400)
             self.schedule(self.now + delay, "call", lambda: self._restart_role(n, a.key))
 
+    def pause_actor(self, a: A.Actor, ms: int) -> None:
+        """SIGSTOP: the process runs nothing (its inputs queue up) until SIGCONT."""
+        if not a.alive:
+            return
+        a.listening = False
+        a.wake_at = max(a.wake_at, self.now + ms)
+        self.trace_event(a.key, "pause", f"{ms} ms")
+
+        def resume() -> None:
+            if a.alive:
+                a.listening = getattr(a, "started", True)
+                self.trace_event(a.key, "resume", "")
+
+        self.schedule(self.now + ms, "call", resume)
+
     def crash_node(self, n: Node, torn: bool) -> None:
         if not n.up:
             return
@@ -506,7 +585,7 @@ class Sim:
         ident, frame = parts
         f = ident.split(b":")
         if f[0] == b"c":
-            a = self.actor(f"client{int(f[1])}")
+            a = self.actor("reader" if f[1] == b"r" else f"client{int(f[1])}")
             if a is not None:
                 self.net_send(n.idx, CLIENT, a, "reply", frame, src.key, client=True)
             return True
@@ -603,7 +682,7 @@ class Sim:
         self.next_fault = self.now + r.randint(*self.fault_every)
         if self.now < self.quiet_until:
             return  # a multi-step fault shape is playing out
-        kinds = [k for k in ("partition", "crash", "role-crash", "truncate", "clock") if k in self.faults]
+        kinds = [k for k in ("partition", "crash", "role-crash", "pause", "truncate", "clock") if k in self.faults]
         if not kinds:
             return
         k = r.choice(kinds)
@@ -630,6 +709,9 @@ class Sim:
             if n.up:
                 a = r.choice(list(n.roles.values()))
                 self.kill_actor(a, "between steps")
+        elif k == "pause":
+            if n.up:
+                self.pause_actor(r.choice(list(n.roles.values())), r.choice((100, 300, 1000, 3000, 6000)))
         elif k == "truncate":
             self._truncate_shape()
         elif k == "clock":
@@ -734,6 +816,7 @@ class Sim:
         if prev is not None and prev != body:
             self.fail(f"index {index} acknowledged twice with different bodies: {prev[:24]!r} / {body[:24]!r}")
         self.acked[index] = body
+        self.acked_max = max(self.acked_max, index)
         if index < len(self.chist) and self.chist[index][2] != body:
             self.fail(f"acknowledged append {body[:24]!r} at {index}, but the committed entry there is "
                       f"{self.chist[index][2][:24]!r}")
