@@ -84,3 +84,13 @@ def test_mutations_are_undone() -> None:
     with mutations.apply("quorum-max"):
         assert ack_checker.quorum_advance is not replication.quorum_advance
     assert ack_checker.quorum_advance is replication.quorum_advance
+
+
+@pytest.mark.parametrize("mutation", ["t4-old-term", "restart-same-term"])
+def test_a_second_leadership_of_one_term_is_caught(mutation: str) -> None:
+    """Repro t4 (a deposed leader campaigning again in its old term) and the restart rule
+    reverted (a restarted node with its self-vote on disk campaigning in its old term): both
+    let one node lead one term twice, which the simulator checks on every role change."""
+    seed, error = _first_failure(mutation, range(0, 300))
+    assert seed >= 0, f"{mutation} was not caught in 300 seeds"
+    assert "a second time" in error, error

@@ -20,6 +20,9 @@ finds what it found before. The names say what they break:
   linearizable GET without confirming its leadership (repro t5).
 - `vote-any-log`: a voter grants its vote without comparing logs (Raft §5.4.1): a candidate
   missing committed entries can win.
+- `t4-old-term`: a leader deposed by a higher term campaigns again in its old term (repro t4).
+- `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
+  restart rule reverted): a restarted leader can lead the same term twice.
 """
 
 from __future__ import annotations
@@ -150,6 +153,39 @@ def _t5() -> Callable[[], None]:
 
     undo = [_patch(Handler, "_leading", leading), _patch(Handler, "on_get", on_get)]
     return lambda: [u() for u in undo] and None
+
+
+@_mutation("t4-old-term")
+def _t4() -> Callable[[], None]:
+    """A leader deposed by a higher term (or stepping down) only notes the term, as DLedger
+    does, and campaigns again in its old term (repro t4)."""
+    from node.core.election import ElectorCore
+
+    def enter_higher_term(self: ElectorCore, term: int, now_ms: int) -> None:
+        self._change_role_to_candidate(term)
+
+    def step_down(self: ElectorCore, now_ms: int) -> None:
+        self._change_role_to_candidate(self.term)
+
+    undo = [_patch(ElectorCore, "_enter_higher_term", enter_higher_term),
+            _patch(ElectorCore, "_step_down", step_down)]
+    return lambda: [u() for u in undo] and None
+
+
+@_mutation("restart-same-term")
+def _restart_same_term() -> Callable[[], None]:
+    """A restarted elector campaigns first in its persisted term, even when its vote there is
+    its own: a leader restarted with its self-vote on disk can lead that term again."""
+    from ipc.codes import ParseResult
+    from node.core.election import ElectorCore
+
+    orig_init = ElectorCore.__init__
+
+    def init(self: ElectorCore, *a: Any, **kw: Any) -> None:
+        orig_init(self, *a, **kw)
+        self.last_parse = ParseResult.WAIT_TO_REVOTE
+
+    return _patch(ElectorCore, "__init__", init)
 
 
 @contextlib.contextmanager

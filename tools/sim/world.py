@@ -331,6 +331,7 @@ class Sim:
         self.blocked: set[tuple[int, int]] = set()
         self.fifo: dict[tuple[str, str], int] = {}
         self.leaders: dict[int, str] = {}
+        self.led: set[tuple[str, int]] = set()  # (node, term) leaderships
         self.chist: list[tuple[int, int, bytes]] = []  # committed history: (term, magic, body)
         self.chist_where: dict[bytes, int] = {}
         self.acked: dict[int, bytes] = {}
@@ -802,6 +803,12 @@ class Sim:
             if prev is not None and prev != n.id:
                 self.fail(f"two leaders in term {new.current_term}: {prev} and {n.id}")
             self.leaders[new.current_term] = n.id
+            if old.role != Role.LEADER or old.current_term != new.current_term:
+                # Never lead twice in one term, across restarts too: a second leadership of one
+                # term may write a different entry at an (index, term) a follower already holds.
+                if (n.id, new.current_term) in self.led:
+                    self.fail(f"{n.id} became leader of term {new.current_term} a second time")
+                self.led.add((n.id, new.current_term))
 
     def on_ledger_write(self, n: Node, old: Any, new: Any) -> None:
         if new.committed_index > new.ledger_end_index:
