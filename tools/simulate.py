@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from tools.sim.world import ALL_FAULTS, Result, SimConfig, run_seed
+from tools.sim.world import ALL_FAULTS, OPT_IN_FAULTS, Result, SimConfig, run_seed
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,7 +38,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep-going", action="store_true", help="run every seed even after a failure")
     a = ap.parse_args(argv)
     faults = [] if a.faults in ("", "none") else [f.strip() for f in a.faults.split(",") if f.strip()]
-    bad = [f for f in faults if f not in ALL_FAULTS]
+    bad = [f for f in faults if f not in ALL_FAULTS + OPT_IN_FAULTS]
     if bad:
         ap.error(f"unknown fault(s) {bad}; known: {', '.join(ALL_FAULTS)}")
     a.fault_list = tuple(faults)

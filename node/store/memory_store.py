@@ -69,18 +69,32 @@ class MemoryStore:
         return rs[0].index, [r.pos for r in rs]
 
     def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
-        """Same contract as SegmentStore.append_follower; the leader's index records are not
-        needed here (positions are always re-stamped)."""
+        """Same contract as SegmentStore.append_follower: every entry is checked (body CRC,
+        index continuity, term order) and, when the leader's index records come with the run,
+        against its record (magic, size, index, term), before anything is stored. Positions
+        are always re-stamped."""
         expected, prev = self.ledger_end_index + 1, self.ledger_end_term
         staged = []
+        recs = list(codec.INDEX.iter_unpack(index_records[:len(index_records) // codec.INDEX_SIZE
+                                                          * codec.INDEX_SIZE])) if index_records else None
         try:
-            for _off, e in codec.iter_entries(blob):
+            for k, (_off, e) in enumerate(codec.iter_entries(blob)):
                 if e.index != expected or e.term < prev:
                     raise InconsistentAppend(f"push entry {e.index}/{e.term}, expected index {expected}")
+                if recs is not None:
+                    if k >= len(recs):
+                        raise StoreError(f"push entry {e.index} has no index record", "UNEXPECTED_ARGUMENT")
+                    magic, _pos, size, index, term = recs[k]
+                    if (magic, size, index, term) != (e.magic, codec.HEADER_SIZE + len(e.body), e.index, e.term):
+                        raise StoreError(f"push entry {e.index}: header disagrees with its index record",
+                                         "UNEXPECTED_ARGUMENT")
                 staged.append(e)
                 expected, prev = e.index + 1, e.term
         except codec.CodecError as ex:
             raise StoreError(str(ex), "UNEXPECTED_ARGUMENT") from ex
+        if recs is not None and len(recs) != len(staged):
+            raise StoreError(f"push of {len(staged)} entries carries {len(recs)} index records",
+                             "UNEXPECTED_ARGUMENT")
         for e in staged:
             pos = self._pos
             self._push(codec.encode_entry(e.index, e.term, pos, bytes(e.body), e.magic), e.index, e.term)

@@ -20,6 +20,8 @@ finds what it found before. The names say what they break:
   linearizable GET without confirming its leadership (repro t5).
 - `vote-any-log`: a voter grants its vote without comparing logs (Raft §5.4.1): a candidate
   missing committed entries can win.
+- `t1-ends-only`: the follower's fast path checks only the two ends of a pushed run (repro t1):
+  with the `corrupt` fault, a damaged middle entry is stored and committed.
 - `t4-old-term`: a leader deposed by a higher term campaigns again in its old term (repro t4).
 - `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
   restart rule reverted): a restarted leader can lead the same term twice.
@@ -153,6 +155,27 @@ def _t5() -> Callable[[], None]:
 
     undo = [_patch(Handler, "_leading", leading), _patch(Handler, "on_get", on_get)]
     return lambda: [u() for u in undo] and None
+
+
+@_mutation("t1-ends-only")
+def _t1() -> Callable[[], None]:
+    """The follower's fast path checks only the first and last entry of a pushed run against
+    their index records, and no body CRC (repro t1): a damaged middle entry is stored."""
+    from node.store.base import StoreError
+    from node.store.codec import HEADER, INDEX, INDEX_SIZE
+    from node.store.segment_store import SegmentStore
+
+    def check_ends(self: SegmentStore, mv: Any, recs: Any, n: int) -> None:
+        first = INDEX.unpack_from(recs, 0)
+        last = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
+        for rec, off in ((first, 0), (last, last[1] - first[1])):
+            if off + HEADER.size > len(mv):
+                raise StoreError("push run does not fit", "UNEXPECTED_ARGUMENT")
+            magic, size, index, term, pos, _c, _cc, _crc, _body = HEADER.unpack_from(mv, off)
+            if (magic, pos, size, index, term) != rec:
+                raise StoreError("push run ends disagree with their records", "UNEXPECTED_ARGUMENT")
+
+    return _patch(SegmentStore, "_check_run", check_ends)
 
 
 @_mutation("t4-old-term")

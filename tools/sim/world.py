@@ -38,11 +38,13 @@ from ipc.codes import Role
 from node import channels
 from node.config import NodeConfig
 from node.store import codec
+from node.store.base import StoreError
 from tools.sim import actors as A
 from tools.sim.state import NodeBlock, SimLock
 
 ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "pause", "truncate",
               "clock")
+OPT_IN_FAULTS = ("corrupt",)  # --faults ...,corrupt: flip a byte of a push (repro t1)
 TRACE_LEN = 60
 CLIENT = -1  # node index of the clients' side of a link
 
@@ -345,6 +347,7 @@ class Sim:
         self.p_dup = r.uniform(0.0, 0.05) if "dup" in self.faults else 0.0
         self.p_reorder = r.uniform(0.0, 0.1) if "reorder" in self.faults else 0.0
         self.p_spike = r.uniform(0.0, 0.05) if "delay" in self.faults else 0.0
+        self.p_corrupt = r.uniform(0.0, 0.05) if "corrupt" in self.faults else 0.0
         self.p_preempt = cfg.preempt
         self.p_midcrash = 0.002 if "role-crash" in self.faults else 0.0
         self.fault_every = (r.randint(100, 600), r.randint(600, 2500))
@@ -572,8 +575,25 @@ class Sim:
         a = self._node_actor(dst, "handler")
         if a is None:
             return False
+        if self.faulting and self.p_corrupt and self.rng.random() < self.p_corrupt:
+            payload = self._corrupt_push(payload, src.key)
         self.net_send(n.idx, dst.idx, a, "frame", payload, src.key)
         return True
+
+    def _corrupt_push(self, payload: tuple[bytes, bytes], src_key: str) -> tuple[bytes, bytes]:
+        """Fault `corrupt`: flip one byte of the entries a push carries, between nodes (a bad
+        NIC, memory or disk on the leader; repro t1). Clients' bytes are never touched: the
+        history check must know what was written."""
+        ident, frame = payload
+        msg = P.decode(frame)
+        if not isinstance(msg, P.PushRequest) or msg.kind != P.PushKind.APPEND or not msg.entries:
+            return payload
+        blob = bytearray(msg.entries)
+        at = self.rng.randrange(len(blob))
+        blob[at] ^= 1 << self.rng.randrange(8)
+        msg.entries = bytes(blob)
+        self.trace_event(src_key, "corrupt", f"push {msg.first_index}+{msg.count} byte {at}")
+        return ident, P.encode(msg)
 
     def client_send(self, c: ClientActor, node_idx: int, frame: bytes) -> None:
         a = self._node_actor(self.nodes[node_idx], "handler")
@@ -844,7 +864,10 @@ class Sim:
         lo = max(lo, s.ledger_begin_index, 0)
         h = self.chist
         for i in range(lo, hi + 1):
-            e = s.get(i)
+            try:
+                e = s.get(i)
+            except StoreError as err:  # a damaged entry was stored and then committed (t1)
+                self.fail(f"{n.id}: committed entry {i} cannot be read back: {err}")
             got = (e.term, e.magic, bytes(e.body))
             if i < len(h):
                 if h[i] != got:
