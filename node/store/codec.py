@@ -20,6 +20,12 @@ Data entry, 48-byte header + body::
 BLANK record: ``[int -1][int remaining]`` filling a data file's unused tail, so an entry never
 spans two files. Index record, 32 bytes: magic(4) pos(8) size(4) index(8) term(8); entry ``i``
 lives at index-list offset ``i * 32``.
+
+Push run CRC (`push_run_crc`), carried by an APPEND push (ipc/protocol.py ``run_crc``): the
+CRC-32 (this module's `crc32`, i.e. zlib's) of the push's index records followed by its entries
+blob, ``crc32(entries, crc32(index_records))``, an unsigned 32-bit value. With no index records
+it is ``crc32(entries)``. One value over every byte the leader sent lets the follower check the
+run with two C calls instead of one body CRC per entry (node/store/push_check.py).
 """
 
 from __future__ import annotations
@@ -157,6 +163,11 @@ def decode_entry(buf: bytes | memoryview, offset: int = 0, verify_crc: bool = Tr
     if verify_crc and crc32(body) != h.body_crc:
         raise CodecError(f"body CRC mismatch for index {h.index} at offset {offset}")
     return Entry(h.index, h.term, h.pos, body, h.magic)
+
+
+def push_run_crc(index_records: bytes | memoryview, entries: bytes | memoryview) -> int:
+    """The run CRC of an APPEND push (definition above): records first, then entries."""
+    return crc32(entries, crc32(index_records))
 
 
 def restamp_pos(buf: bytearray | memoryview, offset: int, pos: int) -> None:

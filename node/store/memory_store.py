@@ -5,7 +5,7 @@ Entries are kept encoded exactly as on disk, so raw reads and follower appends b
 
 from __future__ import annotations
 
-from node.store import codec
+from node.store import codec, push_check
 from node.store.base import (
     AppendResult,
     CorruptEntry,
@@ -68,17 +68,21 @@ class MemoryStore:
         rs = self.append_leader_batch(bodies, term)
         return rs[0].index, [r.pos for r in rs]
 
-    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
-        """Same contract as SegmentStore.append_follower: every entry is checked (body CRC,
-        index continuity, term order) and, when the leader's index records come with the run,
-        against its record (magic, size, index, term), before anything is stored. Positions
-        are always re-stamped."""
+    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"",
+                        run_crc: int | None = None) -> int:
+        """Same contract as SegmentStore.append_follower: every entry is checked (index
+        continuity, term order, its bytes) and, when the leader's index records come with the
+        run, against its record (magic, size, index, term), before anything is stored. Its
+        bytes: one CRC over records and entries against `run_crc` when given (then no body CRC
+        per entry), else every body CRC. Positions are always re-stamped."""
+        if run_crc is not None:
+            push_check.check_run_crc(blob, index_records, run_crc)
         expected, prev = self.ledger_end_index + 1, self.ledger_end_term
         staged = []
         recs = list(codec.INDEX.iter_unpack(index_records[:len(index_records) // codec.INDEX_SIZE
                                                           * codec.INDEX_SIZE])) if index_records else None
         try:
-            for k, (_off, e) in enumerate(codec.iter_entries(blob)):
+            for k, (_off, e) in enumerate(codec.iter_entries(blob, verify_crc=run_crc is None)):
                 if e.index != expected or e.term < prev:
                     raise InconsistentAppend(f"push entry {e.index}/{e.term}, expected index {expected}")
                 if recs is not None:

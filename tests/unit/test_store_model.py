@@ -247,7 +247,7 @@ def test_follower_stores_leader_runs_fast_when_positions_match(tmp_path, followe
     fast = []
     orig = SegmentStore._append_follower_fast
     monkeypatch.setattr(SegmentStore, "_append_follower_fast",
-                        lambda self, mv, recs: fast.append(orig(self, mv, recs)) or fast[-1])
+                        lambda self, mv, recs, crc: fast.append(orig(self, mv, recs, crc)) or fast[-1])
     with leader, follower:
         for t in (1, 1, 2, 3):
             leader.append_leader_batch([rnd.randbytes(rnd.randrange(1, 900)) for _ in range(40)], t)
@@ -255,7 +255,8 @@ def test_follower_stores_leader_runs_fast_when_positions_match(tmp_path, followe
         i = 0
         while i <= leader.ledger_end_index:
             blob, n, recs = r.get_run(i, leader.ledger_end_index, 7, 1 << 20)
-            assert follower.append_follower(blob, recs) == i + n - 1
+            crc = codec.push_run_crc(recs, blob) if i % 2 else None  # with and without a run CRC
+            assert follower.append_follower(blob, recs, crc) == i + n - 1
             i += n
         r.close()
         assert follower.ledger_end_index == leader.ledger_end_index == 159
