@@ -25,7 +25,9 @@ LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
 PUSH (6)               group, remote_id, leader_id, i64 term, u8 kind, i64 commit_index,
                        i64 first_index, u32 count, i64 pre_log_index, i64 pre_log_term,
                        u32 n, entries blob (raw store-format entries, node/store/codec.py),
-                       u32 m, index records (0 or count x 32 bytes: the leader's own records)
+                       u32 m, index records (0 or count x 32 bytes: the leader's own records),
+                       [u32 run_crc] (optional: present iff 4 bytes follow the records; see
+                       `PushRequest.run_crc`)
 VOTE (7)               group, remote_id, leader_id (= candidate), i64 term,
                        i64 ledger_end_term, i64 ledger_end_index
 HEARTBEAT (8)          group, remote_id, leader_id, i64 term
@@ -204,6 +206,12 @@ class PushRequest:
     pre_log_term: int = -1
     index_records: Buffer = b""  # APPEND: the leader's 32-byte index records of `entries`
     request_id: int = 0
+    run_crc: int = -1
+    """APPEND: the run CRC, ``node.store.codec.push_run_crc(index_records, entries)`` (CRC-32
+    of the index records followed by the entries, unsigned 32 bits); -1 = absent. It lets the
+    follower check every byte of the run with one CRC instead of one body CRC per entry. An
+    optional trailer on the wire (after the index records), so frames without it still decode
+    (-1). Last field, after `request_id`, so positional construction is unchanged."""
 
 
 @dataclass(slots=True)
@@ -468,10 +476,13 @@ def _enc_transfer(m: LeadershipTransferRequest) -> bytes:
 
 def _enc_push(m: PushRequest) -> bytes:
     blob = m.entries
+    if not -1 <= m.run_crc <= 0xFFFFFFFF:
+        raise ProtocolError(f"run_crc {m.run_crc} is neither -1 (absent) nor an unsigned 32-bit CRC")
+    trailer = _U32.pack(m.run_crc) if m.run_crc >= 0 else b""
     return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.leader_id),
                      _PUSH.pack(m.term, m.kind, m.commit_index, m.first_index, m.count,
                                 m.pre_log_index, m.pre_log_term, len(blob)), blob,
-                     _U32.pack(len(m.index_records)), m.index_records))
+                     _U32.pack(len(m.index_records)), m.index_records, trailer))
 
 
 def _enc_vote(m: VoteRequest) -> bytes:
@@ -695,9 +706,13 @@ def _dec_push(mv: memoryview, off: int, rid: int, max_body: int) -> PushRequest:
     idx, off = _blob(mv, off + n, len(mv), "index records")
     if len(idx) % _INDEX_RECORD_SIZE or (len(idx) and len(idx) // _INDEX_RECORD_SIZE != count):
         raise ProtocolError(f"index records of {len(idx)} bytes do not describe {count} entries")
+    run_crc = -1
+    if len(mv) - off == _U32.size:  # the optional run CRC trailer
+        (run_crc,) = _U32.unpack_from(mv, off)
+        off += _U32.size
     _end(mv, off)
     return PushRequest(group, remote, leader, term, PushKind(kind), commit, first, count, blob,
-                       pre_i, pre_t, idx, rid)
+                       pre_i, pre_t, idx, rid, run_crc)
 
 
 def _dec_vote(mv: memoryview, off: int, rid: int, max_body: int) -> VoteRequest:

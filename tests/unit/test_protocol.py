@@ -25,6 +25,8 @@ MESSAGES = [
     p.MetadataRequest("default", "n0", request_id=6),
     p.LeadershipTransferRequest("default", "n0", "n1", 7, request_id=7),
     p.PushRequest("default", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES, request_id=8),
+    p.PushRequest("default", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES, request_id=23,
+                  run_crc=0xDEADBEEF),
     p.PushRequest("default", "n1", "n0", 3, PushKind.COMPARE, 4, -1, 0, b"", 9, 2),
     p.PushRequest("default", "n1", "n0", 3, PushKind.COMMIT, 10),
     p.PushRequest("default", "n1", "n0", 3, PushKind.TRUNCATE, 10, 7),
@@ -112,6 +114,27 @@ def test_push_index_records_must_describe_count_entries():
     with pytest.raises(p.ProtocolError, match="index records"):
         decode(encode(p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES,
                                     index_records=bytes(96))))
+
+
+def test_push_run_crc_is_an_optional_trailer():
+    """`run_crc` travels as a u32 after the index records, only when present; a frame without
+    it (an older leader's) decodes with -1, and the value round-trips over its whole range."""
+    recs = bytes(64)
+    plain = encode(p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES, index_records=recs))
+    assert decode(plain).run_crc == -1
+    for crc in (0, 1, 0x7FFFFFFF, 0xFFFFFFFF):
+        msg = p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, 4, 5, 2, ENTRIES, index_records=recs,
+                            run_crc=crc)
+        frame = encode(msg)
+        assert frame == plain + struct.pack(">I", crc)
+        got = decode(frame)
+        assert got.run_crc == crc and bytes(got.index_records) == recs and bytes(got.entries) == ENTRIES
+    for extra in (1, 3, 5, 8):  # anything but exactly one u32 after the records is garbage
+        with pytest.raises(ProtocolError, match="trailing garbage"):
+            decode(plain + b"\x01" * extra)
+    for bad in (-2, 1 << 32):
+        with pytest.raises(ProtocolError, match="run_crc"):
+            encode(p.PushRequest("g", "n1", "n0", 3, PushKind.APPEND, run_crc=bad))
 
 
 # ------------------------------------------------------------------------- malformed frames
