@@ -94,6 +94,17 @@ class StoreAppend:
     blob: memoryview
     recs: bytes | memoryview
 
+    @property
+    def run_crc(self) -> int | None:
+        """The leader's run CRC to check `blob` and `recs` against (store `append_follower`),
+        or None: absent from the push (-1), or `blob` is not the whole pushed run (a matching
+        prefix was skipped, so the CRC, taken over all of it, does not apply; the store then
+        checks every body CRC)."""
+        crc = self.req.run_crc
+        if crc < 0 or len(self.blob) != len(self.req.entries):
+            return None
+        return crc
+
 
 @dataclass(frozen=True, slots=True)
 class StoreTruncate:

@@ -658,7 +658,7 @@ class Handler:
                 if not same_leadership(view, fresh):
                     self._push_reply(e.ident, e.req, RC.INCONSISTENT_TERM, fresh.current_term)
                     return
-                new_end = s.append_follower(e.blob, e.recs)
+                new_end = s.append_follower(e.blob, e.recs, run_crc=e.run_crc)
                 committed = self.follower.appended(new_end, e.req.commit_index, s.committed_index)
                 if committed > s.committed_index:
                     s.set_committed_index(committed)

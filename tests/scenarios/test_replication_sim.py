@@ -100,8 +100,9 @@ class TrackedStore(MemoryStore):
         self.mirror.append((term, magic, bytes(body)))
         return r
 
-    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"") -> int:
-        end = super().append_follower(blob, index_records)
+    def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"",
+                        run_crc: int | None = None) -> int:
+        end = super().append_follower(blob, index_records, run_crc)
         TrackedStore.changes += 1
         self.mirror.extend((e.term, e.magic, bytes(e.body)) for _o, e in codec.iter_entries(blob, False))
         assert len(self.mirror) == end + 1
@@ -160,7 +161,7 @@ class CoreFollower:
                 s.set_committed_index(e.index)
             elif isinstance(e, StoreAppend):
                 try:
-                    end = s.append_follower(e.blob, e.recs)
+                    end = s.append_follower(e.blob, e.recs, run_crc=e.run_crc)
                 except (StoreError, codec.CodecError):
                     self._reply(e.ident, e.req, RC.INCONSISTENT_STATE, v.current_term)
                     self._run(self.core.write_failed(v), v)

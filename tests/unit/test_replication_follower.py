@@ -250,7 +250,7 @@ class Follower:
             elif isinstance(e, SetCommitted):
                 s.set_committed_index(e.index)
             elif isinstance(e, StoreAppend):
-                end = s.append_follower(e.blob, e.recs)
+                end = s.append_follower(e.blob, e.recs, run_crc=e.run_crc)
                 s.set_committed_index(self.core.appended(end, e.req.commit_index, s.committed_index))
                 self.replies.append(Reply(e.ident, e.req, RC.SUCCESS, self.view.current_term))
             elif isinstance(e, StoreTruncate):
