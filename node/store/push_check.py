@@ -34,7 +34,16 @@ import struct
 import numpy as np
 
 from node.store.base import StoreError
-from node.store.codec import ENTRY_MAGICS, HEADER_SIZE, INDEX, INDEX_OFFSET, INDEX_SIZE, crc32
+from node.store.codec import (
+    ENTRY_MAGICS,
+    HEADER_SIZE,
+    INDEX,
+    INDEX_OFFSET,
+    INDEX_SIZE,
+    MAGIC_NOOP,
+    MAGIC_NORMAL,
+    crc32,
+)
 
 NUMPY_MIN_RUN = 80
 """Runs of at least this many entries are checked with numpy, shorter ones with the loop
@@ -177,7 +186,7 @@ def _bad_records(rec: np.ndarray, size: np.ndarray, offs: np.ndarray, ends: np.n
     term_back[1:] = term[1:] < term[:-1]
     return ((rec["index"] != rec["index"][0] + np.arange(n, dtype=np.int64))
             | (rec["pos"] != rec["pos"][0] + offs) | term_back
-            | ((magic != 1) & (magic != 2)) | (size < HEADER_SIZE) | (ends > blen))
+            | ((magic != MAGIC_NORMAL) & (magic != MAGIC_NOOP)) | (size < HEADER_SIZE) | (ends > blen))
 
 
 def _headers(mv: memoryview, offs: np.ndarray) -> np.ndarray:
