@@ -77,6 +77,37 @@ def test_a_reverted_generation_fence_is_caught() -> None:
     assert "committed entry" in error or "no convergence" in error, error
 
 
+def test_a_push_applied_against_another_leaders_verified_end_is_caught() -> None:
+    """Repro t3: a follower that keys its verified end on one member read and validates the
+    push on a second one commits the old leader's uncommitted entries when the new leader's
+    COMMIT arrives as its elector switches. Our own dispatcher always COMPAREs first, which
+    hides it; fault `eager-commit` (a leader that also sends its commit index with every
+    heartbeat, and a follower that learns of the new leader late) exposes it. The same seeds
+    pass with the fix in place."""
+    kw = dict(nodes=5, faults=("eager-commit",), steps=8000)
+    for seed in range(0, 9):
+        r = run_seed(SimConfig(seed=seed, **kw))  # type: ignore[arg-type]
+        assert r.ok, f"seed {seed}: {r.error}"
+    seed, error = _first_failure("t3-two-reads", range(0, 40), **kw)
+    assert seed >= 0, "t3-two-reads was not caught in 40 seeds"
+    assert "committed entry" in error, error  # divergent committed entries (seed 8 today)
+    seed, error = _first_failure("follower-commit", range(0, 5), **kw)  # seed 0 today
+    assert seed >= 0 and "committed entry" in error, "follower-commit was not caught in 5 seeds"
+
+
+def test_a_push_checked_only_at_its_ends_is_caught() -> None:
+    """Repro t1: with fault `corrupt` (a flipped byte in a push between nodes), a follower
+    that checks only the two ends of a run stores a damaged middle entry and commits it; with
+    every entry covered (run CRC, headers against records) the same seeds stay intact."""
+    kw = dict(store="segment", faults=("drop", "delay", "corrupt"))
+    for seed in range(0, 6):
+        r = run_seed(SimConfig(seed=seed, **kw))  # type: ignore[arg-type]
+        assert r.ok, f"seed {seed}: {r.error}"
+    seed, error = _first_failure("t1-ends-only", range(0, 30), **kw)
+    assert seed >= 0, "t1-ends-only was not caught in 30 seeds"
+    assert "cannot be read back" in error or "committed entry" in error, error
+
+
 def test_mutations_are_undone() -> None:
     from node.core import replication
     from node.roles import ack_checker

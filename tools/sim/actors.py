@@ -17,6 +17,7 @@ import os
 import random
 from typing import TYPE_CHECKING, Any
 
+from ipc import protocol as P
 from node.store.base import StoreConfig
 from node.store.memory_store import MemoryStore
 from node.store.segment_store import SegmentStore
@@ -294,7 +295,16 @@ class ElectorTransport:
         self.sim, self.node, self.actor = sim, node, actor
 
     def send(self, peer_id: str, frame: bytes) -> bool:
-        return self.sim.elector_send(self.node, self.actor, peer_id, bytes(frame))
+        sim = self.sim
+        if sim.p_eager_commit and sim.faulting and _is_heartbeat(frame):
+            # Fault `eager-commit`: the leader's commit index rides along with its heartbeats
+            # (etcd's raft), so it reaches the follower's handler as the heartbeat reaches its
+            # elector: the moment a follower learns of a new leader.
+            d = self.node.roles.get(f"{self.node.id}.d{self.node.cfg.peer_ids.index(peer_id)}")
+            if d is not None and d.alive:
+                d.eager_due = True
+                d.wake_at = min(d.wake_at, sim.now)
+        return sim.elector_send(self.node, self.actor, peer_id, bytes(frame))
 
     def reply(self, ident: bytes, frame: bytes) -> None:
         self.sim.route_reply(self.node, self.actor, (bytes(ident), bytes(frame)))
@@ -326,6 +336,7 @@ class DispatcherActor(Actor):
             d.reader.close()
             d.reader = MemReader(node)
         self.ident = b"d:%d:%d:%d" % (node.idx, self.slot, self.inc)
+        self.eager_due = False  # fault eager-commit: send a COMMIT on the next step
         d.transport = DispatcherTransport(sim, node, self)
 
     def step(self) -> None:
@@ -336,8 +347,41 @@ class DispatcherActor(Actor):
                 d.on_reply(payload)
         d.flush_ack()
         d.tick()
+        sim = self.sim
+        if self.eager_due or (sim.faulting and sim.p_eager_commit and sim.rng.random() < sim.p_eager_commit):
+            self.eager_due = False
+            self.eager_commit()
         self.rc.beat()
         self.wake_at = self.sim.now + max(1, min(1000, d.next_wait_ms()))
+
+    def eager_commit(self) -> None:
+        """Fault `eager-commit`: send a COMMIT push now, whatever the push state (before any
+        COMPARE of this term too), as a leader that announces its commit index with every
+        heartbeat does (etcd's raft). The message is truthful -- the leader's committed index
+        and that entry's term, read like the dispatcher reads them -- so a correct follower must
+        stay safe whatever the order it arrives in; our dispatcher only sends COMMIT after a
+        COMPARE succeeded, which is what hides a follower that validates a push on one member
+        read and applies it against state keyed on another (repro t3)."""
+        from node.core.replication import Commit, PushState
+        from node.store.reader import StaleRead
+
+        d = self.d
+        if not d._leasing or d.core.state == PushState.IDLE:
+            return
+        led = d.state.read_ledger()
+        ci = led.committed_index
+        if ci < max(led.ledger_begin_index, 0):
+            return
+        gen = led.store_generation
+        try:
+            d.reader.begin(gen)
+            out = d._build(Commit(ci), led, d.core.term, d.now())
+            d.reader.validate(gen)
+        except StaleRead:
+            return
+        if out is not None:
+            self.sim.trace_event(self.key, "eager-commit", f"COMMIT {ci} term {d.core.term}")
+            d.transport.send(out[0])  # its answer matches no request in flight: ignored
 
     def kill(self) -> None:
         super().kill()
@@ -393,6 +437,13 @@ class AckTransport:
 
     def commit_wakeup(self) -> None:
         self.sim.intra(self.node, ("handler",), "commit", b"c")
+
+
+def _is_heartbeat(frame: bytes) -> bool:
+    try:
+        return isinstance(P.decode(frame), P.HeartbeatRequest)
+    except P.ProtocolError:
+        return False
 
 
 def write_torn_tail(node: Node, rng: random.Random) -> str:

@@ -160,12 +160,13 @@ def _t5() -> Callable[[], None]:
 @_mutation("t1-ends-only")
 def _t1() -> Callable[[], None]:
     """The follower's fast path checks only the first and last entry of a pushed run against
-    their index records, and no body CRC (repro t1): a damaged middle entry is stored."""
+    their index records, and no CRC at all -- neither the bodies' nor the run's (repro t1): a
+    damaged middle entry is stored."""
     from node.store.base import StoreError
     from node.store.codec import HEADER, INDEX, INDEX_SIZE
     from node.store.segment_store import SegmentStore
 
-    def check_ends(self: SegmentStore, mv: Any, recs: Any, n: int) -> None:
+    def check_ends(self: SegmentStore, mv: Any, recs: Any, n: int, run_crc: int | None = None) -> None:
         first = INDEX.unpack_from(recs, 0)
         last = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
         for rec, off in ((first, 0), (last, last[1] - first[1])):

@@ -44,7 +44,10 @@ from tools.sim.state import NodeBlock, SimLock
 
 ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "pause", "truncate",
               "clock")
-OPT_IN_FAULTS = ("corrupt",)  # --faults ...,corrupt: flip a byte of a push (repro t1)
+# Opt-in (not in the default set, so default seeds keep their histories):
+# corrupt: flip a byte of a push (repro t1); eager-commit: leaders also send COMMIT pushes at
+# any time, before COMPARE too (repro t3 needs it: see DispatcherActor.eager_commit).
+OPT_IN_FAULTS = ("corrupt", "eager-commit")
 TRACE_LEN = 60
 CLIENT = -1  # node index of the clients' side of a link
 
@@ -348,6 +351,7 @@ class Sim:
         self.p_reorder = r.uniform(0.0, 0.1) if "reorder" in self.faults else 0.0
         self.p_spike = r.uniform(0.0, 0.05) if "delay" in self.faults else 0.0
         self.p_corrupt = r.uniform(0.0, 0.05) if "corrupt" in self.faults else 0.0
+        self.p_eager_commit = r.uniform(0.05, 0.5) if "eager-commit" in self.faults else 0.0
         self.p_preempt = cfg.preempt
         self.p_midcrash = 0.002 if "role-crash" in self.faults else 0.0
         self.fault_every = (r.randint(100, 600), r.randint(600, 2500))
@@ -704,6 +708,8 @@ class Sim:
         if self.now < self.quiet_until:
             return  # a multi-step fault shape is playing out
         kinds = [k for k in ("partition", "crash", "role-crash", "pause", "truncate", "clock") if k in self.faults]
+        if "eager-commit" in self.faults:
+            kinds.append("lagging-follower")
         if not kinds:
             return
         k = r.choice(kinds)
@@ -735,6 +741,8 @@ class Sim:
                 self.pause_actor(r.choice(list(n.roles.values())), r.choice((100, 300, 1000, 3000, 6000)))
         elif k == "truncate":
             self._truncate_shape()
+        elif k == "lagging-follower":
+            self._lagging_follower_shape()
         elif k == "clock":
             j = r.randint(1, 150)
             n.clock_offset += j
@@ -782,6 +790,43 @@ class Sim:
                           r.randint(1500, 3000))
 
         self.schedule(self.now + t1 + r.randint(200, 1000), "call", depose)
+
+    def _lagging_follower_shape(self) -> None:
+        """A follower that learns of a new leader late (part of fault `eager-commit`, the shape
+        repro t3 needs): cut the leader X off with one follower Z while clients write to X (Z
+        stores X's tail, which cannot commit), and stall Z's elector (SIGSTOP) for as long; the
+        rest (5 nodes) elect a new leader that commits over X's tail. The cut heals a little
+        before Z's elector resumes, so the new leader's pushes -- a COMMIT first, with
+        eager-commit -- reach Z's handler while Z's block still says FOLLOWER of X, and Z's
+        elector switches to the new leader while the handler is deciding one of them."""
+        r = self.rng
+        lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+        if not lead:
+            return
+        x = lead[0]
+        zs = [m for m in self.nodes if m is not x and m.up and self._node_actor(m, "elector") is not None]
+        if not zs:
+            return
+        z = r.choice(zs)
+        t1 = r.randint(2500, 5000)
+        until = self.now + t1 + r.randint(250, 700)  # both resume after 1-3 heartbeats queued
+        self._cut(self._isolate([x.idx, z.idx]), f"isolate leader {x.id} with {z.id}", t1)
+        self.pause_actor(z.roles["elector"], until - self.now)
+
+        healed = self.now + t1
+
+        def stall_handler() -> None:
+            # After X's last pushes (its lease is gone), the handler queues the new leader's
+            # pushes while the elector queues its heartbeats, and both resume at once. X is cut
+            # off from Z too: its candidacy would otherwise reach Z's elector first.
+            h = self._node_actor(z, "handler")
+            if h is not None and until > self.now:
+                self.pause_actor(h, until - self.now)
+            if healed > self.now:
+                self._cut([(x.idx, z.idx), (z.idx, x.idx)], f"cut {x.id} from {z.id}", healed - self.now)
+
+        self.schedule(self.now + r.randint(500, 900), "call", stall_handler)
+        self.quiet_until = until + 500
 
     def _cut(self, links: list[tuple[int, int]], desc: str, ms: int) -> None:
         links = [ln for ln in links if ln not in self.blocked]
