@@ -76,6 +76,7 @@ DISK_CHECK_MS = 1000
 MAX_MULTI_PEERS = 4096
 NOOP_RETRY_MIN_MS = 50
 NOOP_RETRY_MAX_MS = 1000
+ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has room again
 READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
@@ -151,6 +152,7 @@ class Handler:
         self.noop_retry_ms = 0
         self.noop_backoff_ms = 0
         self.unwritable = False  # mirrors store_unwritable_ms != 0 (we are its only writer)
+        self.next_room_probe_ms = 0  # while unwritable: when to ask the store whether it has room
         self.pending = PendingTable(self.cfg.max_pending_requests)
         self.reads: list[ParkedRead] = []
         # follower side
@@ -201,6 +203,19 @@ class Handler:
         elif self.unwritable:
             self.unwritable = False
             self.state.set("store_unwritable_ms", 0)
+
+    def _probe_room(self, now: int) -> None:
+        """While the store is marked unwritable, ask it every ROOM_PROBE_MS whether it has room
+        again. Only a leader's successful write used to clear the mark, and a node that stepped
+        down for a full disk never leads again to make one: once space was back it still
+        refused to stand for ever, and with a second node down the group had no leader (found
+        by the simulator's disk-full fault). Follower appends that succeed clear it too."""
+        if not self.unwritable or now < self.next_room_probe_ms:
+            return
+        self.next_room_probe_ms = now + ROOM_PROBE_MS
+        if self.store.has_room():
+            self.log.info("the store has room again: standing for election again")
+            self._mark_unwritable(False)
 
     def _wake_dispatchers(self) -> None:
         """Mark new entries; the loop publishes once per burst of requests (`_flush_wake`).
@@ -666,6 +681,7 @@ class Handler:
         except (StoreError, codec.CodecError, OSError) as err:
             self._write_refused(err, f"push at {e.req.first_index}", e.ident, e.req, view)
             return
+        self._mark_unwritable(False)  # a write succeeded: the store can be written again
         self._push_reply(e.ident, e.req, RC.SUCCESS, view.current_term)
 
     def _store_truncate(self, e: StoreTruncate, view: MemberView) -> None:
@@ -746,6 +762,7 @@ class Handler:
         self._execute(self.follower.check_abnormal(m, now, self.store), m)
         self._drain(m)
         self._serve_reads(m, now)
+        self._probe_room(now)
         if self.retention.due(now):
             self._run_retention(now)
         self._flush_wake()
@@ -765,6 +782,8 @@ class Handler:
             due.append(now + READ_POLL_MS)
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)
+        if self.unwritable:
+            due.append(max(now + 1, self.next_room_probe_ms))
         elif self.leader_term == -1 and self._view is not None and self._view.role == Role.LEADER:
             # A LEADER without a lease (or before its NOOP) learns the lease's renewal from the
             # block only: look again soon.

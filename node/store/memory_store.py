@@ -32,6 +32,10 @@ class MemoryStore:
     def open(self) -> None:
         pass
 
+    def has_room(self) -> bool:
+        """Memory never reports DiskFull by itself."""
+        return True
+
     def close(self) -> None:
         pass
 

@@ -151,6 +151,17 @@ class SegmentStore:
             self._gen.close()
             self._gen = None
 
+    def has_room(self) -> bool:
+        """Free space for one more data file (the largest single allocation the store makes).
+        Asked by a handler that marked the store unwritable after DISK_FULL / DISK_ERROR, so
+        the node can stand for election again once space is back; a store that still fails
+        then is marked again by its next write."""
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize >= self.config.data_file_size + self.config.index_file_size
+
     def close(self) -> None:
         """Flush, checkpoint and unmap. A flush/checkpoint failure is raised (as a store
         error) after the files are closed anyway."""

@@ -433,6 +433,33 @@ def test_a_failed_noop_is_retried_with_backoff_and_tells_the_elector(tmp_path: P
     assert state.get("store_unwritable_ms") == 0
 
 
+def test_a_node_that_stepped_down_for_a_full_disk_stands_again_once_there_is_room(tmp_path: Path) -> None:
+    """Found by the simulator's disk-full fault: only a leader's successful write cleared the
+    mark, and a node that stepped down never leads again to make one -- once space was back it
+    still refused to stand, for ever. Now the handler asks the store for room every second."""
+    clock = Clock()
+    s = FailingStore([1])
+    room = [False]
+    s.has_room = lambda: room[0]  # type: ignore[method-assign]
+    h, wire, state = leader_handler(tmp_path, clock, store=s)
+    s.error = StoreError("no space left writing 00000000000000000000", "DISK_FULL")
+    append(h, 1)
+    assert wire.answer(1).code == RC.DISK_FULL
+    state.member = member(Role.CANDIDATE, 3, -1)  # the elector stepped down
+    s.error = None
+    for _ in range(3):  # no room yet: still unwritable, however often the loop turns
+        clock.now += 1000
+        h.tick()
+    assert state.get("store_unwritable_ms") != 0
+    room[0] = True
+    clock.now += 999
+    h.tick()
+    h.tick()
+    clock.now += 1001
+    h.tick()
+    assert state.get("store_unwritable_ms") == 0
+
+
 @pytest.mark.parametrize(("error", "code"), [
     pytest.param(StoreError("disk full", "DISK_FULL"), RC.DISK_FULL, id="store-error"),
     pytest.param(OSError(errno.EIO, "I/O error"), RC.DISK_ERROR, id="bare-eio"),

@@ -286,3 +286,21 @@ def test_a_rollback_that_fails_too_stops_writes_and_recovery_cuts_the_debris(tmp
         assert s.append_leader(b"third", 1).index == s.ledger_end_index
     finally:
         s.close()
+
+
+def test_has_room_says_whether_one_more_data_file_fits(tmp_path) -> None:  # noqa: ANN001
+    """What a handler that stepped down for DISK_FULL asks before standing again: free space
+    for one more data and index file, from the file system (statvfs)."""
+    import dataclasses
+
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize
+    small = SegmentStore(StoreConfig(str(tmp_path / "a"), data_file_size=1 << 16, index_file_size=1 << 12))
+    small.open()
+    try:
+        assert small.has_room()
+        # a data file bigger than the free space
+        small.config = dataclasses.replace(small.config, data_file_size=free + (1 << 30))
+        assert not small.has_room()
+    finally:
+        small.close()
