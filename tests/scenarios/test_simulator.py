@@ -108,6 +108,21 @@ def test_a_push_checked_only_at_its_ends_is_caught() -> None:
     assert "cannot be read back" in error or "committed entry" in error, error
 
 
+def test_a_leader_that_cannot_write_and_keeps_leading_is_caught() -> None:
+    """Repro t6: with fault `disk-full` the leader's disk fills at the heal while the others
+    are healthy. An elector that ignores "store not writable" keeps a leader that answers
+    DISK_FULL to every append and the group never fails over; with the fix some append is
+    acknowledged again within 4 s. (The same fault found the node that, having stepped down,
+    never stood again once space was back: the handler now probes for room.)"""
+    kw = dict(faults=("drop", "delay", "partition", "crash", "disk-full"))
+    for seed in range(0, 5):
+        r = run_seed(SimConfig(seed=seed, **kw))  # type: ignore[arg-type]
+        assert r.ok, f"seed {seed}: {r.error}"
+    seed, error = _first_failure("t6-no-stepdown", range(0, 20), **kw)
+    assert seed >= 0, "t6-no-stepdown was not caught in 20 seeds"
+    assert "did not fail over" in error, error
+
+
 def test_mutations_are_undone() -> None:
     from node.core import replication
     from node.roles import ack_checker

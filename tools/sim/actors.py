@@ -18,7 +18,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from ipc import protocol as P
-from node.store.base import StoreConfig
+from node.store.base import DiskFull, StoreConfig
 from node.store.memory_store import MemoryStore
 from node.store.segment_store import SegmentStore
 from tools.sim.state import MemReader, SimState
@@ -102,7 +102,33 @@ class SimRC:
         pass
 
 
-class SimMemoryStore(MemoryStore):
+class _DiskFullable:
+    """Fault `disk-full`: while `disk_full()` says so, every append (leader, batch, follower)
+    fails with the store's own DiskFull before writing anything, as ENOSPC does."""
+
+    disk_full: Any = None  # set by the handler actor: () -> bool
+
+    def _refuse_if_full(self, what: str) -> None:
+        if self.disk_full is not None and self.disk_full():
+            raise DiskFull(f"{what}: no space left on device (simulated)")
+
+    def has_room(self) -> bool:
+        return not (self.disk_full is not None and self.disk_full()) and super().has_room()  # type: ignore[misc]
+
+    def append_leader(self, *a: Any, **kw: Any) -> Any:
+        self._refuse_if_full("append")
+        return super().append_leader(*a, **kw)  # type: ignore[misc]
+
+    def append_batch_raw(self, *a: Any, **kw: Any) -> Any:
+        self._refuse_if_full("batch append")
+        return super().append_batch_raw(*a, **kw)  # type: ignore[misc]
+
+    def append_follower(self, *a: Any, **kw: Any) -> Any:
+        self._refuse_if_full("follower append")
+        return super().append_follower(*a, **kw)  # type: ignore[misc]
+
+
+class SimMemoryStore(_DiskFullable, MemoryStore):
     """The MemoryStore, plus `append_batch_raw` where it lacks it (the handler's BATCH_APPEND
     path calls it; the memory store only had `append_leader_batch`): same results, derived."""
 
@@ -112,7 +138,7 @@ class SimMemoryStore(MemoryStore):
             return rs[0].index, [r.pos for r in rs]
 
 
-class SimSegmentStore(SegmentStore):
+class SimSegmentStore(_DiskFullable, SegmentStore):
     """The real SegmentStore without its flush thread: the simulator flushes and checkpoints at
     virtual times (a thread would run on wall-clock time and break determinism)."""
 
@@ -134,6 +160,7 @@ class Actor:
         self.wake_at = sim.now
         self.alive = True
         self.busy = False
+        self.paused = False  # SIGSTOPped (Sim.pause_actor)
         self.listening = True  # False: inbox items do not make it ready (only its timer does)
         self.inc = sim.next_inc()
 
@@ -187,6 +214,8 @@ class HandlerActor(Actor):
 
     def _open(self) -> None:
         h = self.h
+        node, sim = self.node, self.sim
+        h.store.disk_full = lambda: node.disk_full_until > sim.now
         h.open()
         self.node.store = h.store
         self.node.checked = -1

@@ -23,6 +23,8 @@ finds what it found before. The names say what they break:
 - `t1-ends-only`: the follower's fast path checks only the two ends of a pushed run (repro t1):
   with the `corrupt` fault, a damaged middle entry is stored and committed.
 - `t4-old-term`: a leader deposed by a higher term campaigns again in its old term (repro t4).
+- `t6-no-stepdown`: the elector ignores the handler's "store not writable": a leader whose
+  disk is full keeps leading (repro t6); fault `disk-full` fills the leader's disk at the heal.
 - `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
   restart rule reverted): a restarted leader can lead the same term twice.
 """
@@ -210,6 +212,20 @@ def _restart_same_term() -> Callable[[], None]:
         self.last_parse = ParseResult.WAIT_TO_REVOTE
 
     return _patch(ElectorCore, "__init__", init)
+
+
+@_mutation("t6-no-stepdown")
+def _t6() -> Callable[[], None]:
+    """The elector ignores the handler's "store not writable" (repro t6): a leader whose disk
+    is full keeps leading, answering DISK_FULL, and the group never fails over."""
+    from node.core.election import LedgerEnd
+    from node.roles.elector import Elector
+
+    def ledger(self: Elector) -> LedgerEnd:
+        led = self.state.read_ledger()
+        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, True)
+
+    return _patch(Elector, "_ledger", ledger)
 
 
 @contextlib.contextmanager

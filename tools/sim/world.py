@@ -47,8 +47,11 @@ ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-cra
 # Opt-in (not in the default set, so default seeds keep their histories):
 # corrupt: flip a byte of a push (repro t1); eager-commit: leaders also send COMMIT pushes at
 # any time, before COMPARE too (repro t3 needs it: see DispatcherActor.eager_commit).
-OPT_IN_FAULTS = ("corrupt", "eager-commit")
+# disk-full: a node's appends fail with DiskFull for a while, and at the heal the leader's disk
+# fills for 6 s: the group must fail over (repro t6).
+OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full")
 TRACE_LEN = 60
+FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill
 CLIENT = -1  # node index of the clients' side of a link
 
 
@@ -94,6 +97,7 @@ class Node:
     block: NodeBlock = None  # type: ignore[assignment]
     lock: SimLock = None  # type: ignore[assignment]
     clock_offset: int = 0
+    disk_full_until: int = 0  # fault disk-full: its store's appends fail until then
     up: bool = True
     memstore: Any = None  # the memory store outlives handler crashes (it stands for the disk)
     store: Any = None  # the handler's open store, for the invariant checks
@@ -341,6 +345,7 @@ class Sim:
         self.chist_where: dict[bytes, int] = {}
         self.acked: dict[int, bytes] = {}
         self.acked_max = -1
+        self.last_ack_at = -1
         self.sent: dict[bytes, tuple[int, int]] = {}
         self.stats = collections.Counter()
         self._tmp = tempfile.mkdtemp(prefix=f"dlsim-{cfg.seed}-", dir=cfg.tmp_root or _tmp_root())
@@ -485,15 +490,22 @@ class Sim:
         if not a.alive:
             return
         a.listening = False
+        a.paused = True
         a.wake_at = max(a.wake_at, self.now + ms)
         self.trace_event(a.key, "pause", f"{ms} ms")
 
         def resume() -> None:
-            if a.alive:
-                a.listening = getattr(a, "started", True)
-                self.trace_event(a.key, "resume", "")
+            if a.alive and a.paused:
+                self.resume_actor(a)
 
         self.schedule(self.now + ms, "call", resume)
+
+    def resume_actor(self, a: A.Actor) -> None:
+        """SIGCONT."""
+        a.paused = False
+        a.listening = getattr(a, "started", True)
+        a.wake_at = min(a.wake_at, self.now)
+        self.trace_event(a.key, "resume", "")
 
     def crash_node(self, n: Node, torn: bool) -> None:
         if not n.up:
@@ -710,6 +722,8 @@ class Sim:
         kinds = [k for k in ("partition", "crash", "role-crash", "pause", "truncate", "clock") if k in self.faults]
         if "eager-commit" in self.faults:
             kinds.append("lagging-follower")
+        if "disk-full" in self.faults:
+            kinds.append("disk-full")
         if not kinds:
             return
         k = r.choice(kinds)
@@ -743,6 +757,10 @@ class Sim:
             self._truncate_shape()
         elif k == "lagging-follower":
             self._lagging_follower_shape()
+        elif k == "disk-full":
+            ms = r.randint(100, 3000)
+            n.disk_full_until = self.now + ms
+            self.trace_event(n.id, "disk-full", f"for {ms} ms")
         elif k == "clock":
             j = r.randint(1, 150)
             n.clock_offset += j
@@ -771,6 +789,8 @@ class Sim:
         self.quiet_until = self.now + t2
 
         def rejoin() -> None:
+            if not self.faulting:
+                return  # the heal came first
             self._cut(self._isolate([z.idx]), f"keep {z.id} away", t2 - t1)
             self.writing = False  # writers pause: the new leader's log stays short of X's old tail
             self.trace_event("sim", "writers", "pause")
@@ -790,6 +810,19 @@ class Sim:
                           r.randint(1500, 3000))
 
         self.schedule(self.now + t1 + r.randint(200, 1000), "call", depose)
+
+    def _fill_leaders_disk(self) -> int | None:
+        """Fault `disk-full`, at the heal (repro t6): the leader's disk fills for 6 s while the
+        others are healthy and clients keep writing. A leader that cannot write must step down
+        so that the group fails over: some append must be acknowledged again within
+        FAILOVER_MS (checked in `run`). Returns when the disk filled (None: no leader now)."""
+        lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+        if not lead:
+            return None
+        n = lead[0]
+        n.disk_full_until = self.now + 6000
+        self.trace_event(n.id, "disk-full", "leader's disk full for 6000 ms")
+        return self.now
 
     def _lagging_follower_shape(self) -> None:
         """A follower that learns of a new leader late (part of fault `eager-commit`, the shape
@@ -820,7 +853,7 @@ class Sim:
             # pushes while the elector queues its heartbeats, and both resume at once. X is cut
             # off from Z too: its candidacy would otherwise reach Z's elector first.
             h = self._node_actor(z, "handler")
-            if h is not None and until > self.now:
+            if h is not None and until > self.now and self.faulting:
                 self.pause_actor(h, until - self.now)
             if healed > self.now:
                 self._cut([(x.idx, z.idx), (z.idx, x.idx)], f"cut {x.id} from {z.id}", healed - self.now)
@@ -829,6 +862,8 @@ class Sim:
         self.quiet_until = until + 500
 
     def _cut(self, links: list[tuple[int, int]], desc: str, ms: int) -> None:
+        if not self.faulting:
+            return  # a shape's later step after the heal: faults are over
         links = [ln for ln in links if ln not in self.blocked]
         self.blocked.update(links)
         self.trace_event("net", "cut", f"{desc} for {ms} ms")
@@ -844,6 +879,11 @@ class Sim:
         self.writing = True
         self.blocked.clear()
         self.trace_event("sim", "heal", "faults off; every node and role restarted")
+        for n in self.nodes:
+            n.disk_full_until = 0
+            for a in list(n.roles.values()):
+                if a.alive and a.paused:
+                    self.resume_actor(a)
         for n in self.nodes:
             if not n.up:
                 self.restart_node(n)
@@ -884,6 +924,7 @@ class Sim:
 
     def on_ack(self, index: int, body: bytes) -> None:
         self.stats["acked"] += 1
+        self.last_ack_at = self.now
         prev = self.acked.get(index)
         if prev is not None and prev != body:
             self.fail(f"index {index} acknowledged twice with different bodies: {prev[:24]!r} / {body[:24]!r}")
@@ -971,10 +1012,18 @@ class Sim:
                 self.step_once()
             self.heal_all()
             stop_writes = self.now + 200
+            full = self._fill_leaders_disk() if "disk-full" in self.faults else None
+            if full is not None:
+                stop_writes = full + FAILOVER_MS
             deadline = self.now + self.cfg.heal_ms
             next_check = self.now
             while True:
                 self.step_once()
+                if full is not None and self.now >= full + FAILOVER_MS:
+                    if self.last_ack_at < full + FAILOVER_MS // 2:
+                        self.fail(f"no append acknowledged in the {FAILOVER_MS // 2}-{FAILOVER_MS} ms after the "
+                                  f"leader's disk filled, with the other nodes healthy: the group did not fail over")
+                    full = None
                 if self.writing and self.now >= stop_writes:
                     self.writing = False
                 if not self.writing and self.now >= next_check:
