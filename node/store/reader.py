@@ -20,6 +20,7 @@ record, of an old term. The store generation (node.store.generation) fences that
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 from node.store import codec
@@ -156,6 +157,8 @@ class StoreReader:
         if h[2] != index or h[3] != term or h[1] != size:
             raise StaleRead(f"entry at pos {pos} is index {h[2]}/term {h[3]}, expected {index}/{term}")
         xf = idx.find(index * INDEX_SIZE)
+        if xf is None:
+            raise StaleRead(f"index record {index} not mapped")
         xrel = index * INDEX_SIZE - xf.start
         # Candidates: up to max_count, the published end, and the end of this index file.
         k = min(max(max_count, 1), end_index - index + 1, (xf.size - xrel) // INDEX_SIZE)
@@ -175,6 +178,11 @@ class StoreReader:
                     hi = mid - 1
             k = lo
         _m, p, sz, _i, t = INDEX.unpack_from(xf.mm, xrel + (k - 1) * INDEX_SIZE)
+        # Read again, so a truncation that rewrote the record since `fits` saw it (or since
+        # `_record`) can hand us anything: a record outside this run is a stale read, never an
+        # offset out of the mapping (seen: a reader process died on struct.error).
+        if not (pos <= p and sz >= codec.HEADER_SIZE and p + sz <= f.end) or (k == 1 and (p, sz) != (pos, size)):
+            raise StaleRead(f"index record {index + k - 1} changed under the read")
         if k > 1:  # check the last header too: both ends must be what the index says
             hl = codec.HEADER.unpack_from(f.mm, p - f.start)
             if hl[2] != index + k - 1 or hl[3] != t or hl[1] != sz:
@@ -191,10 +199,10 @@ class StoreReader:
 
     def _with_refresh(self, fn):  # noqa: ANN001, ANN202 - tiny retry helper
         try:
-            return fn()
+            return _stale_on_torn(fn)
         except StaleRead:
             self.refresh()
-            return fn()
+            return _stale_on_torn(fn)
 
     def close(self) -> None:
         for lst in (self._data, self._index):
@@ -202,3 +210,13 @@ class StoreReader:
                 lst.close()
         self._data = self._index = None
         self._gen.close()
+
+
+def _stale_on_torn(fn):  # noqa: ANN001, ANN202
+    """Run a read of files another process may be truncating: bytes that do not decode as
+    what the index says (struct.error, an index out of range) are a stale read like any other
+    -- the caller's generation check decides what they were -- never a crash of the reader."""
+    try:
+        return fn()
+    except (struct.error, IndexError) as e:
+        raise StaleRead(f"torn read: {e}") from e

@@ -265,3 +265,39 @@ def test_follow_begin_drops_a_replaced_mapping_even_without_begin(tmp_path):
         r.close()
     finally:
         s.close()
+
+
+def test_a_record_rewritten_during_a_read_is_a_stale_read_not_a_crash(tmp_path, monkeypatch):
+    """A truncation can rewrite an index record between two reads of it inside one `get_run`
+    (seen in the process test: a reader died on `struct.error: offset -8192 out of range`).
+    Whatever the second read returns, the reader answers StaleRead, never an exception its
+    role process would die of."""
+    from node.store import reader as reader_mod
+
+    s = SegmentStore(_cfg(tmp_path))
+    s.open()
+    try:
+        for i in range(20):
+            s.append_leader(_old(i), 1)
+        r = StoreReader(tmp_path)
+        try:
+            blob, n, _recs = r.get_run(10, 19, 4, 1 << 20)  # a clean read first
+            assert n >= 2
+            real = reader_mod.INDEX
+            calls = [0]
+
+            class Rewritten:  # the record's pos moves to another file after the first reads
+                size = real.size
+
+                def unpack_from(self, buf, off=0):
+                    calls[0] += 1
+                    m, p, sz, i, t = real.unpack_from(buf, off)
+                    return (m, p - 8192, sz, i, t) if calls[0] > 2 else (m, p, sz, i, t)
+
+            monkeypatch.setattr(reader_mod, "INDEX", Rewritten())
+            with pytest.raises(StaleRead):
+                r.get_run(10, 19, 4, 1 << 20)
+        finally:
+            r.close()
+    finally:
+        s.close()
