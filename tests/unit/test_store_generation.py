@@ -8,6 +8,7 @@ follower ends up with different committed entries. These tests pin the fence tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -274,29 +275,36 @@ def test_a_record_rewritten_during_a_read_is_a_stale_read_not_a_crash(tmp_path, 
     role process would die of."""
     from node.store import reader as reader_mod
 
-    s = SegmentStore(_cfg(tmp_path))
+    with _store_and_reader(tmp_path, 20) as (_s, r):
+        _blob, n, _recs = r.get_run(10, 19, 4, 1 << 20)  # a clean read first
+        assert n >= 2
+        real = reader_mod.INDEX
+        calls = [0]
+
+        class Rewritten:  # the record's pos moves to another file after the first reads
+            size = real.size
+
+            def unpack_from(self, buf, off=0):
+                calls[0] += 1
+                m, p, sz, i, t = real.unpack_from(buf, off)
+                return (m, p - 8192, sz, i, t) if calls[0] > 2 else (m, p, sz, i, t)
+
+        monkeypatch.setattr(reader_mod, "INDEX", Rewritten())
+        with pytest.raises(StaleRead):
+            r.get_run(10, 19, 4, 1 << 20)
+
+
+@contextlib.contextmanager
+def _store_and_reader(path, entries):
+    """A segment store holding `entries` old-style entries of term 1, and a reader on it."""
+    s = SegmentStore(_cfg(path))
     s.open()
     try:
-        for i in range(20):
+        for i in range(entries):
             s.append_leader(_old(i), 1)
-        r = StoreReader(tmp_path)
+        r = StoreReader(path)
         try:
-            blob, n, _recs = r.get_run(10, 19, 4, 1 << 20)  # a clean read first
-            assert n >= 2
-            real = reader_mod.INDEX
-            calls = [0]
-
-            class Rewritten:  # the record's pos moves to another file after the first reads
-                size = real.size
-
-                def unpack_from(self, buf, off=0):
-                    calls[0] += 1
-                    m, p, sz, i, t = real.unpack_from(buf, off)
-                    return (m, p - 8192, sz, i, t) if calls[0] > 2 else (m, p, sz, i, t)
-
-            monkeypatch.setattr(reader_mod, "INDEX", Rewritten())
-            with pytest.raises(StaleRead):
-                r.get_run(10, 19, 4, 1 << 20)
+            yield s, r
         finally:
             r.close()
     finally:
