@@ -495,12 +495,18 @@ class SegmentStore:
         local position and its index record written (no re-encoding)."""
         if self._broken is not None:
             self._check_writable()
-        mv = memoryview(blob)
-        if index_records and self._append_follower_fast(mv, memoryview(index_records), run_crc):
-            return self.ledger_end_index
-        verify = self.config.verify_push_crc
+        mv, recs = memoryview(blob), memoryview(index_records)
+        n = len(recs) // INDEX_SIZE
+        with_records = n > 0 and len(recs) == n * INDEX_SIZE
+        if with_records:
+            # first: damaged records are refused, never bypassed; the bytes are checked here
+            # too, once, whichever path then stores the run
+            self._check_run(mv, recs, n, run_crc)
+            if self._append_follower_fast(mv, recs, n):
+                return self.ledger_end_index
+        verify = self.config.verify_push_crc and not with_records
         if verify and run_crc is not None:
-            push_check.check_run_crc(mv, index_records, run_crc)
+            push_check.check_run_crc(mv, recs, run_crc)
             verify = False  # the run CRC covered every body
         spans = self._follower_spans(mv, verify)
         if not spans:
@@ -566,13 +572,10 @@ class SegmentStore:
             verify = False
         push_check.check_run(mv, recs, n, verify_bodies=verify)
 
-    def _append_follower_fast(self, mv: memoryview, recs: memoryview, run_crc: int | None) -> bool:
-        """Store a run with the leader's index records; False when the run must take the
-        per-entry path instead (it does not continue our log, or our positions differ)."""
-        n = len(recs) // INDEX_SIZE
-        if n == 0 or len(recs) != n * INDEX_SIZE:
-            return False
-        self._check_run(mv, recs, n, run_crc)  # first: damaged records are refused, never bypassed
+    def _append_follower_fast(self, mv: memoryview, recs: memoryview, n: int) -> bool:
+        """Store a run of `n` entries with the leader's index records, already checked by
+        `_check_run`; False when the run must take the per-entry path instead (it does not
+        continue our log, or our positions differ)."""
         _m, pos0, size0, idx0, term0 = INDEX.unpack_from(recs, 0)
         if (idx0 != self.ledger_end_index + 1 or term0 < self.ledger_end_term
                 or size0 + BLANK_SIZE > self.config.data_file_size):

@@ -247,7 +247,7 @@ def test_follower_stores_leader_runs_fast_when_positions_match(tmp_path, followe
     fast = []
     orig = SegmentStore._append_follower_fast
     monkeypatch.setattr(SegmentStore, "_append_follower_fast",
-                        lambda self, mv, recs, crc: fast.append(orig(self, mv, recs, crc)) or fast[-1])
+                        lambda self, mv, recs, n: fast.append(orig(self, mv, recs, n)) or fast[-1])
     with leader, follower:
         for t in (1, 1, 2, 3):
             leader.append_leader_batch([rnd.randbytes(rnd.randrange(1, 900)) for _ in range(40)], t)
