@@ -13,8 +13,9 @@ positions equal the leader's and every run takes the fast path) and times the
 * ``append``: the whole `append_follower` call (checks + copy + index write), µs/entry;
 * ``check``: `_check_run` alone on the same runs, µs/entry (the part the checks cost).
 
-`--implementations` times the two versions of the record/header check instead (the loop and
-numpy, node/store/push_check.py), µs per call: where they break even is `NUMPY_MIN_RUN`.
+`--implementations` times the versions of the record/header check instead (the loop, numpy
+and the plain-run accept, node/store/push_check.py), µs per call: where the loop and numpy
+break even is `NUMPY_MIN_RUN`, where the loop and the plain-run accept do is `PLAIN_MIN_RUN`.
 
 With a store that takes the leader's run CRC (`append_follower(..., run_crc=...)`), it is
 passed as the dispatcher computes it (`node.store.codec.push_run_crc`); older stores are
@@ -114,24 +115,31 @@ def run_case(root: str, n: int, body: int, rounds: int) -> dict[str, float]:
 
 
 def compare_implementations(root: str, n: int, body: int, rounds: int) -> dict[str, float]:
-    """µs per call of `push_check.check_run_loop` and `check_run_numpy` on one clean run."""
+    """µs per call of `push_check.check_run_loop`, `check_run_numpy` and `plain_run_ok` (the
+    plain-run accept `check_run` tries first from `PLAIN_MIN_RUN` entries) on one clean run."""
     from node.store import push_check
 
     blob, recs = _leader_runs(root, n, body)[0]
     mv, rv = memoryview(blob), memoryview(recs)
     number = max(20, 20000 // n)
     row: dict[str, float] = {"run": n, "body": body}
-    for name, fn in (("loop", push_check.check_run_loop), ("numpy", push_check.check_run_numpy)):
+    plain = getattr(push_check, "plain_run_ok", None)  # older trees lack it
+    impls = [("loop", push_check.check_run_loop), ("numpy", push_check.check_run_numpy)]
+    if plain is not None:
+        impls.append(("plain", lambda mv, rv, n, _verify: plain(mv, rv, n)))
+    for name, fn in impls:
         best = min(timeit.repeat(lambda fn=fn: fn(mv, rv, n, False), number=number, repeat=rounds))
         row[f"{name}_us"] = best / number * 1e6
     return row
 
 
 def _print_implementations(rows: list[dict[str, float]]) -> None:
-    print(f"{'run':>6} {'loop us':>9} {'numpy us':>9} {'loop us/e':>10} {'numpy us/e':>11}")
+    print(f"{'run':>6} {'loop us':>9} {'numpy us':>9} {'plain us':>9} {'loop us/e':>10} "
+          f"{'numpy us/e':>11}")
     for r in rows:
         n = r["run"]
-        print(f"{n:>6} {r['loop_us']:>9.1f} {r['numpy_us']:>9.1f} {r['loop_us'] / n:>10.3f} "
+        plain = f"{r['plain_us']:>9.1f}" if "plain_us" in r else f"{'-':>9}"
+        print(f"{n:>6} {r['loop_us']:>9.1f} {r['numpy_us']:>9.1f} {plain} {r['loop_us'] / n:>10.3f} "
               f"{r['numpy_us'] / n:>11.3f}")
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import struct
-import zlib
 
+import crc32c
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -204,9 +204,12 @@ def _named_index(message: str) -> int:
        defect=st.sampled_from([None, *DEFECTS]), verify=st.booleans())
 def test_loop_and_numpy_agree_on_random_runs_with_one_defect(data, n, first, pos0, defect, verify):
     """Both implementations accept a clean run and refuse a damaged one with the same message,
-    which names the damaged entry; on every run length (both sides of the threshold)."""
+    which names the damaged entry; on every run length (both sides of the threshold). The
+    plain-run accept (`plain_run_ok`) accepts every clean one-term run and nothing that the
+    full check refuses, and `check_run` answers as the loop does."""
     sizes = data.draw(st.lists(st.integers(0, 90), min_size=n, max_size=n))
-    steps = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
+    one_term = data.draw(st.booleans())  # plain runs (one term) reach `plain_run_ok`'s accept
+    steps = data.draw(st.lists(st.integers(0, 0 if one_term else 1), min_size=n, max_size=n))
     terms = [1 + sum(steps[:k + 1]) for k in range(n)]
     bodies = [bytes([k % 251]) * s for k, s in enumerate(sizes)]
     blob, recs, offs = _synthetic_run(first, pos0, bodies, terms)
@@ -218,6 +221,12 @@ def test_loop_and_numpy_agree_on_random_runs_with_one_defect(data, n, first, pos
     loop = _refusal(push_check.check_run_loop, blob, recs, n, verify)
     vec = _refusal(push_check.check_run_numpy, blob, recs, n, verify)
     assert loop == vec
+    assert _refusal(push_check.check_run, blob, recs, n, verify) == loop
+    plain = push_check.plain_run_ok(memoryview(bytes(blob)), memoryview(bytes(recs)), n)
+    if plain:  # never accepts what the full check refuses
+        assert loop is None
+    if defect is None and one_term:  # and accepts every clean plain run
+        assert plain
     if defect is None:
         assert loop is None
     elif defect == "trailing-bytes":
@@ -226,11 +235,11 @@ def test_loop_and_numpy_agree_on_random_runs_with_one_defect(data, n, first, pos
         assert loop is not None and _named_index(loop) == codec.INDEX.unpack_from(recs, 0)[3] + row
 
 
-@pytest.mark.parametrize("n", [3, push_check.NUMPY_MIN_RUN + 3])
+@pytest.mark.parametrize("n", [3, push_check.PLAIN_MIN_RUN + 3, push_check.NUMPY_MIN_RUN + 3])
 def test_loop_and_numpy_agree_on_a_bad_body_crc_only_when_asked(n):
     blob, recs, offs = _synthetic_run(5, 0, [b"abc" * 7] * n, [2] * n)
     blob[offs[n // 2] + HEADER_SIZE + 1] ^= 0x10
-    for check in (push_check.check_run_loop, push_check.check_run_numpy):
+    for check in (push_check.check_run_loop, push_check.check_run_numpy, push_check.check_run):
         assert _refusal(check, blob, recs, n, True) == f"push entry {5 + n // 2}: body CRC mismatch"
         assert _refusal(check, blob, recs, n, False) is None  # bodies are the run CRC's job then
 
@@ -247,9 +256,11 @@ def test_check_run_picks_the_loop_below_the_threshold(monkeypatch):
 # ---- the run CRC ----------------------------------------------------------------------------
 
 def test_run_crc_definition_covers_records_then_entries():
+    """CRC-32C (Castagnoli, its check value pinned) over the records, then the entries."""
+    assert codec.push_run_crc(b"12345", b"6789") == 0xE3069283
     blob, recs, _offs = _synthetic_run(0, 0, [b"x", b"yy"], [1, 1])
-    assert codec.push_run_crc(recs, blob) == zlib.crc32(bytes(recs) + bytes(blob))
-    assert codec.push_run_crc(b"", blob) == zlib.crc32(bytes(blob))
+    assert codec.push_run_crc(recs, blob) == crc32c.crc32c(bytes(recs) + bytes(blob))
+    assert codec.push_run_crc(b"", blob) == crc32c.crc32c(bytes(blob))
 
 
 @pytest.mark.parametrize("kind", ["segment", "memory"])
