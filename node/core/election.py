@@ -176,6 +176,22 @@ class _HeartbeatRound:
     started_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class VoteRoundRecord:
+    """What one finished vote round saw and decided: read-only, for logs and the failover
+    bench's per-kill breakdown (why an election needed more than one round)."""
+
+    term: int
+    result: ParseResult
+    accepted: int
+    valid: int
+    bigger_ledger: int
+    not_ready: int
+    already_has_leader: bool
+    cost_ms: int
+    next_vote_in_ms: int | None
+
+
 @dataclass(slots=True)
 class _PendingTake:
     token: object
@@ -257,6 +273,7 @@ class ElectorCore:
         self._inflight: dict[int, tuple[_VoteRound | _HeartbeatRound, str]] = {}
         self._next_rid = 1
         self._pending_take: _PendingTake | None = None
+        self.last_vote_round: VoteRoundRecord | None = None  # observability only
         self._persisted = (term, voted_for)
         self._published = (self.role, self.term, self.leader_id)
         self._out = _Outbox()
@@ -559,6 +576,11 @@ class ElectorCore:
         self.last_parse = p.result
         if p.next_time_ms is not None:
             self.next_vote_ms = p.next_time_ms
+        t = rnd.tally
+        self.last_vote_round = VoteRoundRecord(
+            rnd.term, p.result, t.accepted_num, t.valid_num, t.bigger_ledger_num,
+            t.not_ready_term_num, t.already_has_leader, self.last_vote_cost_ms,
+            None if p.next_time_ms is None else p.next_time_ms - now_ms)
         if p.candidate_term is not None:
             self._change_role_to_candidate(p.candidate_term)
         if p.result == ParseResult.PASSED:
@@ -732,6 +754,7 @@ __all__ = [
     "Step",
     "VoteDecision",
     "VoteParse",
+    "VoteRoundRecord",
     "VoteTally",
     "decide_heartbeat",
     "decide_vote",

@@ -169,13 +169,40 @@ class Elector:
     # ------------------------------------------------------------------ election effects
     def _decide(self, fn: Callable[[LedgerEnd], Step]) -> Step:
         """Run one core call and its durable/shared effects atomically under the member lock."""
+        c = self.core
+        before = (c.role, c.last_leader_heartbeat_ms, c.last_vote_round)
         with self.lock:
             step = fn(self._ledger())
             for e in step.effects:
                 if isinstance(e, Persist):
                     self._persist(e)  # fsynced before anything else
             self._publish(step)
+        self._log_election(before)
         return step
+
+    def _log_election(self, before: tuple) -> None:
+        """Log what explains an election's length (tools/bench_failover.py parses these
+        lines): how long the leader had been silent when this follower gave up, each vote
+        round's tally and decision, and heartbeat gaps long enough to threaten a spurious
+        election (the elector starved, or heartbeats delayed under load)."""
+        c = self.core
+        role0, hb0, round0 = before
+        now = self.now()
+        if role0 == Role.FOLLOWER and c.role == Role.CANDIDATE:
+            self.log.info("%s leader silent for %d ms (term %d)", self.cfg.id,
+                          now - c.last_leader_heartbeat_ms, c.term)
+        elif (role0 == Role.FOLLOWER and c.role == Role.FOLLOWER
+              and c.last_leader_heartbeat_ms != hb0
+              and c.last_leader_heartbeat_ms - hb0 > 2 * self.cfg.heartbeat_interval_ms):
+            self.log.warning("%s heartbeat gap %d ms (term %d)", self.cfg.id,
+                             c.last_leader_heartbeat_ms - hb0, c.term)
+        r = c.last_vote_round
+        if r is not None and r is not round0:
+            self.log.info("%s vote round term=%d %s accepted=%d valid=%d bigger_ledger=%d "
+                          "not_ready=%d has_leader=%d cost=%dms next_in=%s", self.cfg.id,
+                          r.term, r.result.name, r.accepted, r.valid, r.bigger_ledger,
+                          r.not_ready, int(r.already_has_leader), r.cost_ms,
+                          "-" if r.next_vote_in_ms is None else f"{r.next_vote_in_ms}ms")
 
     def _persist(self, e: Persist) -> None:
         try:
