@@ -11,8 +11,8 @@ Data entry, 48-byte header + body::
       8    8  index      0-based log index
      16    8  term       term of the leader that wrote it
      24    8  pos        physical offset of the entry in the data list
-     32    4  channel    reserved, 0
-     36    4  chainCrc   reserved, 0
+     32    4  channel    client session id (u32), 0 = none (node/core/sessions.py)
+     36    4  chainCrc   the entry's sequence number in that session (u32), 0 without one
      40    4  bodyCrc    CRC-32 of the body (crcmod "crc-32" == zlib.crc32)
      44    4  bodySize   body length
      48    n  body
@@ -49,7 +49,7 @@ MAGIC_NOOP: Final = 2
 MAGIC_BLANK: Final = -1
 ENTRY_MAGICS: Final = frozenset({MAGIC_NORMAL, MAGIC_NOOP})
 
-HEADER = struct.Struct(">iiqqqiiIi")
+HEADER = struct.Struct(">iiqqqIIIi")  # channel, chainCrc unsigned: a session stamp (u32, u32)
 HEADER_SIZE: Final = HEADER.size  # 48
 INDEX = struct.Struct(">iqiqq")
 INDEX_SIZE: Final = INDEX.size  # 32
@@ -127,10 +127,12 @@ class IndexRecord:
     term: int
 
 
-def encode_entry(index: int, term: int, pos: int, body: bytes, magic: int = MAGIC_NORMAL) -> bytes:
-    """Encode one entry (header + body) with its body CRC."""
+def encode_entry(index: int, term: int, pos: int, body: bytes, magic: int = MAGIC_NORMAL,
+                 session: int = 0, seq: int = 0) -> bytes:
+    """Encode one entry (header + body) with its body CRC; `session`/`seq` go to the two
+    reserved fields (channel, chainCrc): a client session's stamp (node/core/sessions.py)."""
     n = len(body)
-    return HEADER.pack(magic, HEADER_SIZE + n, index, term, pos, 0, 0, crc32(body), n) + body
+    return HEADER.pack(magic, HEADER_SIZE + n, index, term, pos, session, seq, crc32(body), n) + body
 
 
 def encode_entry_into(buf: bytearray | memoryview, offset: int, index: int, term: int,
@@ -149,7 +151,7 @@ def decode_header(buf: bytes | memoryview, offset: int = 0) -> EntryHeader:
     """Decode and sanity-check an entry header. Raises CodecError on anything malformed."""
     if offset < 0 or len(buf) - offset < HEADER_SIZE:
         raise CodecError(f"short header: {len(buf) - offset} bytes at offset {offset}")
-    magic, size, index, term, pos, _ch, _chain, body_crc, body_size = HEADER.unpack_from(buf, offset)
+    magic, size, index, term, pos, _session, _seq, body_crc, body_size = HEADER.unpack_from(buf, offset)
     if magic not in ENTRY_MAGICS:
         raise CodecError(f"bad magic {magic} at offset {offset}")
     if body_size < 0 or size != HEADER_SIZE + body_size:

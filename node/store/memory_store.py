@@ -49,13 +49,14 @@ class MemoryStore:
         self._pos += len(encoded)
         self.ledger_end_index, self.ledger_end_term = index, term
 
-    def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
+    def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL, session: int = 0,
+                      seq: int = 0) -> AppendResult:
         if term < self.ledger_end_term:
             raise InconsistentAppend(f"term {term} below ledger end term {self.ledger_end_term}")
         if len(body) > self.max_body_size:
             raise StoreError(f"body of {len(body)} bytes too large", "UNEXPECTED_ARGUMENT")
         idx, pos = self.ledger_end_index + 1, self._pos
-        self._push(codec.encode_entry(idx, term, pos, bytes(body), magic), idx, term)
+        self._push(codec.encode_entry(idx, term, pos, bytes(body), magic, session, seq), idx, term)
         return AppendResult(idx, term, pos)
 
     def append_leader_batch(self, bodies: list[bytes], term: int) -> list[AppendResult]:
@@ -65,11 +66,18 @@ class MemoryStore:
             raise StoreError("body too large", "UNEXPECTED_ARGUMENT")
         return [self.append_leader(b, term) for b in bodies]
 
-    def append_batch_raw(self, bodies: list[bytes], term: int) -> tuple[int, list[int]]:
+    def append_batch_raw(self, bodies: list[bytes], term: int, session: int = 0,
+                         first_seq: int | list[int] = 0) -> tuple[int, list[int]]:
         """Same contract as SegmentStore.append_batch_raw: (first index, positions). The
         handler's batch path calls this, so a memory-store node (tests, the simulator) must
         offer it too."""
-        rs = self.append_leader_batch(bodies, term)
+        if not bodies:
+            raise StoreError("empty batch", "REQUEST_WITH_EMPTY_BODYS")
+        if any(len(b) > self.max_body_size for b in bodies):
+            raise StoreError("body too large", "UNEXPECTED_ARGUMENT")
+        seqs = first_seq if isinstance(first_seq, list) else [
+            (first_seq + k) & 0xFFFF_FFFF if session else 0 for k in range(len(bodies))]
+        rs = [self.append_leader(b, term, session=session, seq=s) for b, s in zip(bodies, seqs, strict=True)]
         return rs[0].index, [r.pos for r in rs]
 
     def append_follower(self, blob: bytes | memoryview, index_records: bytes | memoryview = b"",

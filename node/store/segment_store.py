@@ -356,8 +356,10 @@ class SegmentStore:
                 f = self.index.last_file_for_append(off)
         return f
 
-    def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
-        """Append one entry with index = ledgerEnd + 1 in `term` (the caller checked leadership)."""
+    def append_leader(self, body: bytes, term: int, magic: int = MAGIC_NORMAL, session: int = 0,
+                      seq: int = 0) -> AppendResult:
+        """Append one entry with index = ledgerEnd + 1 in `term` (the caller checked leadership),
+        stamped with a client session's (`session`, `seq`) when given (0, 0: none)."""
         if self._broken is not None:
             self._check_writable()
         if term < self.ledger_end_term:
@@ -371,7 +373,7 @@ class SegmentStore:
             f = self._room_for(size)
             off = f.wrote
             pos = f.start + off
-            f.writev(off, [HEADER.pack(magic, size, idx, term, pos, 0, 0, _crc32(body), n), body])
+            f.writev(off, [HEADER.pack(magic, size, idx, term, pos, session, seq, _crc32(body), n), body])
             f.wrote = off + size
             xf = self._index_file(idx)
             xf.write(xf.wrote, INDEX.pack(magic, pos, size, idx, term))
@@ -404,11 +406,14 @@ class SegmentStore:
         except OSError as e:
             self._broken = self._io_failed(e, f"rollback of a failed append from entry {first_index}")
 
-    def append_batch_raw(self, bodies: list[bytes], term: int) -> tuple[int, list[int]]:
+    def append_batch_raw(self, bodies: list[bytes], term: int, session: int = 0,
+                         first_seq: int = 0) -> tuple[int, list[int]]:
         """Append many bodies as consecutive entries; returns (first index, positions).
 
         The hot path for BATCH_APPEND: no per-entry object beyond the position int, and a
-        `sync` store flushes once for the whole batch.
+        `sync` store flushes once for the whole batch. With a `session`, entry k is stamped
+        (session, first_seq + k mod 2**32); `first_seq` may also be a list, one seq per body
+        (single appends of one session coalesced into one write).
         """
         if not bodies:
             raise StoreError("empty batch", "REQUEST_WITH_EMPTY_BODYS")
@@ -421,7 +426,7 @@ class SegmentStore:
         positions: list[int] = []
         start_pos = self.data.wrote_position
         try:
-            self._write_batch(bodies, term, idx, positions)
+            self._write_batch(bodies, term, idx, positions, session, first_seq)
         except OSError as e:
             self._rollback(start_pos, first)
             raise self._io_failed(e, f"append of entries {first}..{first + len(bodies) - 1}") from e
@@ -433,10 +438,13 @@ class SegmentStore:
             self.flush()
         return first, positions
 
-    def _write_batch(self, bodies: list[bytes], term: int, idx: int, positions: list[int]) -> None:
+    def _write_batch(self, bodies: list[bytes], term: int, idx: int, positions: list[int],
+                     session: int = 0, first_seq: int | list[int] = 0) -> None:
         """Encode the batch into header/body parts and index records, then write each file's
         share with one pwritev (no per-entry syscall, no per-entry mapping fault)."""
         hpack, ipack, crc = HEADER.pack, INDEX.pack, _crc32  # locals: hot loop
+        seqs = first_seq if isinstance(first_seq, list) else None
+        seq = 0 if seqs is not None else first_seq
         first = idx
         records: list[bytes] = []
         f = self.data.files[-1] if self.data.files else None
@@ -452,7 +460,11 @@ class SegmentStore:
                 f = self._room_for(size)
                 base = f.wrote
             pos = f.start + f.wrote
-            parts.append(hpack(MAGIC_NORMAL, size, idx, term, pos, 0, 0, crc(body), n))
+            if seqs is not None:
+                seq = seqs[idx - first]
+            parts.append(hpack(MAGIC_NORMAL, size, idx, term, pos, session, seq, crc(body), n))
+            if session:
+                seq = (seq + 1) & 0xFFFF_FFFF
             parts.append(body)
             f.wrote += size
             records.append(ipack(MAGIC_NORMAL, pos, size, idx, term))
