@@ -17,8 +17,10 @@ and error reasons: 255). Bodies and blobs are u32-length-prefixed.
 =====================  =====================================================================
 type                   fields after the prefix
 =====================  =====================================================================
-APPEND (1)             group, remote_id, u32 n, body
-BATCH_APPEND (2)       group, remote_id, u32 count, count x u32 lengths, bodies concatenated
+APPEND (1)             group, remote_id, u32 n, body, [u32 session, u32 seq]
+BATCH_APPEND (2)       group, remote_id, u32 count, count x u32 lengths, bodies concatenated,
+                       [u32 session, u32 first seq]   (the optional session stamp of an append:
+                       present iff 8 bytes follow; node/core/sessions.py)
 GET (3)                group, remote_id, i64 index, u32 count, u8 linearizable
 METADATA (4)           group, remote_id
 LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
@@ -34,6 +36,7 @@ HEARTBEAT (8)          group, remote_id, leader_id, i64 term
 TAKE_LEADERSHIP (9)    group, remote_id, leader_id (= current leader), i64 term
 MULTI (10) / (0x8A)    u32 count, count x (u32 n, one complete inner frame): several requests
                        (10) or responses (0x8A) in one frame; request id 0; never nested
+OPEN_SESSION (11)      group, remote_id: ask the leader for a client session id
 responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   APPEND (0x81)          i64 index, i64 pos             (the entry's term is ``term``)
   BATCH_APPEND (0x82)    i64 first_index, u32 count, count x i64 positions
@@ -45,6 +48,7 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   VOTE (0x87)            u8 vote_result, i64 ledger_end_term, i64 ledger_end_index
   HEARTBEAT (0x88)       -
   TAKE_LEADERSHIP(0x89)  -
+  OPEN_SESSION (0x8B)    u32 session
   ERROR (0xFF)           u8 request_type, reason (<=255 bytes)
 =====================  =====================================================================
 
@@ -89,6 +93,7 @@ _PUSH = struct.Struct(">qBqqIqqI")
 _VOTE = struct.Struct(">qqq")
 _RESP = struct.Struct(">iq")
 _APPEND_RESP = struct.Struct(">qq")
+_STAMP = struct.Struct(">II")  # an append's optional (session, seq) trailer
 _BATCH_RESP = struct.Struct(">qI")
 _META = struct.Struct(">Bqqq")
 _PUSH_RESP = struct.Struct(">qqqqq")
@@ -112,6 +117,7 @@ class MsgType(IntEnum):
     HEARTBEAT = 8
     TAKE_LEADERSHIP = 9
     MULTI = 10
+    OPEN_SESSION = 11
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82
     GET_RESPONSE = 0x83
@@ -122,6 +128,7 @@ class MsgType(IntEnum):
     HEARTBEAT_RESPONSE = 0x88
     TAKE_LEADERSHIP_RESPONSE = 0x89
     MULTI_RESPONSE = 0x8A
+    OPEN_SESSION_RESPONSE = 0x8B
     ERROR_RESPONSE = 0xFF
 
 
@@ -148,6 +155,8 @@ class AppendRequest:
     remote_id: str
     body: Buffer
     request_id: int = 0
+    session: int = 0  # a client session's stamp (node/core/sessions.py); 0: none
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -157,6 +166,8 @@ class BatchAppendRequest:
     remote_id: str
     bodies: Sequence[Buffer]
     request_id: int = 0
+    session: int = 0  # body k gets seq first_seq + k (mod 2**32)
+    first_seq: int = 0
 
 
 @dataclass(slots=True)
@@ -167,6 +178,27 @@ class GetRequest:
     index: int
     count: int = 1
     linearizable: bool = False
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class OpenSessionRequest:
+    """Ask the leader for a client session id (node/core/sessions.py)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.OPEN_SESSION
+    group: str
+    remote_id: str
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class OpenSessionResponse:
+    TYPE: ClassVar[MsgType] = MsgType.OPEN_SESSION_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    session: int = 0
     request_id: int = 0
 
 
@@ -408,10 +440,10 @@ class Multi:
 
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
-           | TakeLeadershipRequest)
+           | TakeLeadershipRequest | OpenSessionRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
-            | TakeLeadershipResponse | ErrorResponse)
+            | TakeLeadershipResponse | OpenSessionResponse | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -438,17 +470,31 @@ def _route(group: str, remote_id: str) -> bytes:
 
 
 def _enc_append(m: AppendRequest) -> bytes:
-    return encode_append(m.group, m.remote_id, m.body, m.request_id)
+    return encode_append(m.group, m.remote_id, m.body, m.request_id, m.session, m.seq)
 
 
-def encode_append(group: str, remote_id: str, body: Buffer, request_id: int) -> bytes:
-    """``encode(AppendRequest(group, remote_id, body, request_id))`` without building the
-    message object: a pipelining client's per-append cost (same bytes, tested)."""
+def encode_append(group: str, remote_id: str, body: Buffer, request_id: int, session: int = 0,
+                  seq: int = 0) -> bytes:
+    """``encode(AppendRequest(group, remote_id, body, request_id, session, seq))`` without
+    building the message object: a pipelining client's per-append cost (same bytes, tested)."""
     try:
         return b"".join((HEADER.pack(VERSION, MsgType.APPEND, 0, request_id), _route(group, remote_id),
-                         _U32.pack(len(body)), body))
+                         _U32.pack(len(body)), body, _stamp(session, seq)))
     except struct.error as e:
         raise ProtocolError(f"cannot encode AppendRequest: {e}") from None
+
+
+def _stamp(session: int, seq: int) -> bytes:
+    """The optional session trailer: absent without a session (older frames unchanged)."""
+    return _STAMP.pack(session, seq) if session else b""
+
+
+def _enc_open_session(m: OpenSessionRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
+
+
+def _enc_open_session_resp(m: OpenSessionResponse) -> bytes:
+    return _resp(m) + _U32.pack(m.session)
 
 
 def _enc_batch(m: BatchAppendRequest) -> bytes:
@@ -457,7 +503,8 @@ def _enc_batch(m: BatchAppendRequest) -> bytes:
     if n > MAX_BATCH_COUNT:
         raise ProtocolError(f"batch of {n} bodies exceeds {MAX_BATCH_COUNT}")
     lengths = struct.pack(f">I{n}I", n, *map(len, bodies))
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), lengths, *bodies))
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), lengths, *bodies,
+                     _stamp(m.session, m.first_seq)))
 
 
 def _enc_get(m: GetRequest) -> bytes:
@@ -557,6 +604,8 @@ _ENCODERS = {
     Multi: _enc_multi,
     AppendRequest: _enc_append,
     BatchAppendRequest: _enc_batch,
+    OpenSessionRequest: _enc_open_session,
+    OpenSessionResponse: _enc_open_session_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -634,8 +683,34 @@ def _dec_append(mv: memoryview, off: int, rid: int, max_body: int) -> AppendRequ
     group, off = _str(mv, off)
     remote, off = _str(mv, off)
     body, off = _blob(mv, off, max_body, "body")
+    session, seq, off = _dec_stamp(mv, off)
     _end(mv, off)
-    return AppendRequest(group, remote, body, rid)
+    return AppendRequest(group, remote, body, rid, session, seq)
+
+
+def _dec_stamp(mv: memoryview, off: int) -> tuple[int, int, int]:
+    """An append's optional (session, seq) trailer: there iff exactly 8 bytes are left."""
+    if len(mv) - off == _STAMP.size:
+        session, seq = _STAMP.unpack_from(mv, off)
+        if session == 0:
+            raise ProtocolError("a session trailer with session 0")
+        return session, seq, off + _STAMP.size
+    return 0, 0, off
+
+
+def _dec_open_session(mv: memoryview, off: int, rid: int, max_body: int) -> OpenSessionRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _end(mv, off)
+    return OpenSessionRequest(group, remote, rid)
+
+
+def _dec_open_session_resp(mv: memoryview, off: int, rid: int, max_body: int) -> OpenSessionResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 4, "session id")
+    (session,) = _U32.unpack_from(mv, off)
+    _end(mv, off + 4)
+    return OpenSessionResponse(code, group, term, leader, session, rid)
 
 
 def _dec_batch(mv: memoryview, off: int, rid: int, max_body: int) -> BatchAppendRequest:
@@ -650,15 +725,19 @@ def _dec_batch(mv: memoryview, off: int, rid: int, max_body: int) -> BatchAppend
     off += 4 * n
     if lengths and max(lengths) > max_body:
         raise ProtocolError(f"batch body of {max(lengths)} bytes exceeds the limit {max_body}")
-    if sum(lengths) != len(mv) - off:
-        raise ProtocolError(f"batch lengths sum to {sum(lengths)} but {len(mv) - off} bytes follow")
+    total = sum(lengths)
+    session = first_seq = 0
+    if total + _STAMP.size == len(mv) - off:  # the optional session trailer
+        session, first_seq, _ = _dec_stamp(mv, len(mv) - _STAMP.size)
+    elif total != len(mv) - off:
+        raise ProtocolError(f"batch lengths sum to {total} but {len(mv) - off} bytes follow")
     bodies = []
     append = bodies.append
     for ln in lengths:
         nxt = off + ln
         append(mv[off:nxt])
         off = nxt
-    return BatchAppendRequest(group, remote, bodies, rid)
+    return BatchAppendRequest(group, remote, bodies, rid, session, first_seq)
 
 
 def _dec_get(mv: memoryview, off: int, rid: int, max_body: int) -> GetRequest:
@@ -854,6 +933,8 @@ _DECODERS = {
     MsgType.MULTI_RESPONSE: _dec_multi(True),
     MsgType.APPEND: _dec_append,
     MsgType.BATCH_APPEND: _dec_batch,
+    MsgType.OPEN_SESSION: _dec_open_session,
+    MsgType.OPEN_SESSION_RESPONSE: _dec_open_session_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,

@@ -20,6 +20,11 @@ MESSAGES = [
     p.AppendRequest("g", "n1", b"", request_id=2**64 - 1),
     p.BatchAppendRequest("default", "n0", [b"a", b"", b"ccc"], request_id=3),
     p.BatchAppendRequest("default", "n0", [], request_id=4),
+    p.AppendRequest("default", "n0", b"stamped", request_id=24, session=0x00030001, seq=2**32 - 1),
+    p.BatchAppendRequest("default", "n0", [b"a", b"bb"], request_id=25, session=9, first_seq=7),
+    p.BatchAppendRequest("default", "n0", [b"x" * 8], request_id=26, session=9, first_seq=0),
+    p.OpenSessionRequest("default", "n0", request_id=27),
+    p.OpenSessionResponse(200, "default", 4, "n0", 0x00040001, request_id=28),
     p.GetRequest("default", "n2", 17, 100, True, request_id=5),
     p.GetRequest("default", "n2", -1, 0, False),
     p.MetadataRequest("default", "n0", request_id=6),
@@ -384,3 +389,20 @@ def test_encode_append_is_encode_of_an_append_request(body):
         p.encode_append("g", "n0", body, -1)
     with pytest.raises(ProtocolError):
         p.encode_append("g" * 65, "n0", body, 1)
+
+
+def test_a_session_stamp_is_an_optional_trailer_older_frames_decode_unchanged():
+    """Without a session nothing is added (the frame of an older client); with one, 8 bytes
+    follow the body (or the batch's bodies), and a stamp with session 0 is malformed."""
+    plain = encode(p.AppendRequest("g", "n0", b"body", request_id=1))
+    stamped = encode(p.AppendRequest("g", "n0", b"body", request_id=1, session=5, seq=6))
+    assert stamped == plain + struct.pack(">II", 5, 6)
+    assert p.encode_append("g", "n0", b"body", 1, 5, 6) == stamped
+    got = decode(stamped)
+    assert (got.session, got.seq, bytes(got.body)) == (5, 6, b"body")
+    with pytest.raises(p.ProtocolError):
+        decode(plain + struct.pack(">II", 0, 6))
+    with pytest.raises(p.ProtocolError):
+        decode(plain + b"\0" * 7)  # neither a stamp nor nothing
+    batch = encode(p.BatchAppendRequest("g", "n0", [b"a", b"b"], session=5, first_seq=9))
+    assert decode(batch).first_seq == 9 and decode(batch[:-8]).session == 0
