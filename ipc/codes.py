@@ -50,6 +50,12 @@ class ResponseCode(IntEnum):
     LEADER_PENDING_FULL = 503
     ILLEGAL_MEMBER_STATE = 504
     LEADER_TRANSFERRING = 506
+    # client sessions (node/core/sessions.py, docs/client.md "Sessions")
+    SESSION_EXPIRED = 430  # the leader no longer knows the session: open a new one
+    SESSION_SEQ_GAP = 431  # entries before this seq are missing: resend from the leader's last + 1
+    SESSION_SEQ_INVALID = 432  # a request that straddles the session's last seq
+    SESSION_SEQ_TOO_OLD = 433  # already written, but too long ago for its index to be known
+    SESSION_LIMIT = 434  # this leader opened all the session ids its term allows
 
     @classmethod
     def name_of(cls, code: int) -> str:

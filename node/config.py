@@ -69,6 +69,10 @@ class NodeConfig:
     peer_push_throttle_point: int = 100_000  # entries not yet pushed that make a peer "far behind"
     max_body_size: int = 4 << 20
     max_frame_size: int = 64 << 20  # ZMQ_MAXMSGSIZE on network-facing sockets
+    # client sessions (exactly-once appends; node/core/sessions.py, docs/client.md)
+    max_sessions: int = 10_000  # sessions a leader remembers; the least recently appending go first
+    session_window: int = 4_096  # per session, how many of its newest seqs keep their index
+    session_scan_entries: int = 1_000_000  # a new leader rebuilds its sessions from this many newest entries
     # store
     data_file_size: int = DEFAULT_DATA_FILE_SIZE
     index_file_size: int = DEFAULT_INDEX_FILE_SIZE
@@ -133,7 +137,8 @@ class NodeConfig:
                     "max_push_timeout_ms", "max_batch_push_size", "max_pending_pushes",
                     "peer_push_quota", "peer_push_throttle_point", "max_body_size", "max_frame_size",
                     "flush_interval_ms",
-                    "checkpoint_interval_ms", "role_restart_max_backoff_ms", "stop_grace_ms")
+                    "checkpoint_interval_ms", "role_restart_max_backoff_ms", "stop_grace_ms",
+                    "max_sessions", "session_window", "session_scan_entries")
         for name in positive:
             if getattr(self, name) <= 0:
                 p.append(f"{name}: must be > 0 (got {getattr(self, name)})")
