@@ -51,7 +51,14 @@ class PendingTable:
         return self.entries + n > self.max_entries
 
     def register(self, term: int, last: int, p: Pending) -> None:
-        """The entries `p` waits for were written in `term`, ending at `last`."""
+        """The entries `p` waits for were written in `term`, ending at `last`. A second reply
+        for the same entries (a client session's retry, node/core/sessions.py) replaces the
+        first in place: the retrying client gave up on the first attempt. One registered for
+        entries below the tail (a retry of an entry an earlier leader wrote) is answered when
+        the head reaches it, all entries before it being committed by then."""
+        old = self._table.get((term, last))
+        if old is not None:
+            self.entries -= old.count
         self._table[(term, last)] = p
         self.entries += p.count
 

@@ -12,6 +12,9 @@ The Raft rules live in node/core (docs/replication.md); this class does the I/O 
 * leader side: appends, the term's NOOP and GET act as leader only while the block says LEADER
   *and* the lease holds (`node.core.lease`); pending replies are a `node.core.pending.PendingTable`;
   a linearizable GET waits for a heartbeat round that started after it arrived (contract C4);
+* client sessions (exactly-once appends): a leader rebuilds its `node.core.sessions.SessionTable`
+  from its log's newest entries when it starts leading, stamps every session append with its
+  (session, seq), and answers a retried one with the original index instead of writing it again;
 * a leader-side store write that fails with DISK_FULL / DISK_ERROR sets `store_unwritable_ms`
   in the block (the elector steps down), and the NOOP is retried with a backoff — never a hot loop.
 
@@ -31,6 +34,7 @@ supervisor stops the node with that message instead of restarting it.
 from __future__ import annotations
 
 import errno
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,6 +66,7 @@ from node.core.follower import (
 )
 from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
+from node.core.sessions import MAX_SESSION_COUNTER, SEQ_MASK, SessionTable, Verdict, session_id
 from node.member_lock import MemberLock
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
@@ -70,6 +75,7 @@ from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import LOCK_FILE
 from node.store.segment_store import SegmentStore, disk_usage_ratio
+from node.store.stamps import session_stamps
 
 MAX_GET_BYTES = 4 << 20
 DISK_CHECK_MS = 1000
@@ -154,6 +160,8 @@ class Handler:
         self.unwritable = False  # mirrors store_unwritable_ms != 0 (we are its only writer)
         self.next_room_probe_ms = 0  # while unwritable: when to ask the store whether it has room
         self.pending = PendingTable(self.cfg.max_pending_requests)
+        self.sessions = SessionTable(self.cfg.max_sessions, self.cfg.session_window)
+        self.session_counter = 0  # session ids opened in leader_term
         self.reads: list[ParkedRead] = []
         # follower side
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
@@ -485,11 +493,14 @@ class Handler:
         refused = self._refuse_append(n, m, now)
         if refused is None and batch and n == 0:
             refused = RC.REQUEST_WITH_EMPTY_BODYS, ""
+        session, seq = req.session, (req.first_seq if batch else req.seq)
+        if refused is None and session and not self._session_admits(ident, req, session, seq, n, m, now):
+            return
         if refused is None:
             store = self.store
             done, refused = self._write_as_leader(
-                (lambda t: store.append_batch_raw(req.bodies, t)) if batch else
-                (lambda t: store.append_leader(req.body, t)))
+                (lambda t: store.append_batch_raw(req.bodies, t, session, seq)) if batch else
+                (lambda t: store.append_leader(req.body, t, session=session, seq=seq)))
         if refused is not None:
             self._error(ident, req, *refused, m=m)
             return
@@ -500,29 +511,128 @@ class Handler:
         else:
             first = last = r.index
             positions, pos = None, r.pos
+        self.sessions.record(session, seq, first, n)
         self.pending.register(term, last, Pending(ident, req.request_id, first, positions, pos,
                                                   now + self.cfg.max_wait_ack_ms))
         self._register_appended(1, n)
 
     def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
-        """Several single APPENDs from one MULTI: one store write, one reply each."""
-        n = len(reqs)
+        """Several single APPENDs from one MULTI: one store write per run of one session (one
+        in all for a client's MULTI), one reply each."""
         now = self.now()
         m = self.state.read_member()
-        refused = self._refuse_append(n, m, now)
-        if refused is None:
-            done, refused = self._write_as_leader(
-                lambda t: self.store.append_batch_raw([r.body for r in reqs], t))
+        refused = self._refuse_append(len(reqs), m, now)
+        if refused is not None:
+            for r in reqs:
+                self._error(ident, r, *refused, m=m)
+            return
+        admitted = self._session_admits_singles(ident, reqs, m, now)
+        start = 0
+        for k in range(1, len(admitted) + 1):  # runs of consecutive requests of one session
+            if k == len(admitted) or admitted[k].session != admitted[start].session:
+                self._write_singles(ident, admitted[start:k], m, now)
+                start = k
+
+    def _write_singles(self, ident: bytes, reqs: list[P.AppendRequest], m: MemberView, now: int) -> None:
+        n, session = len(reqs), reqs[0].session
+        seqs = [r.seq for r in reqs] if session else 0
+        done, refused = self._write_as_leader(
+            lambda t: self.store.append_batch_raw([r.body for r in reqs], t, session, seqs))
         if refused is not None:
             for r in reqs:
                 self._error(ident, r, *refused, m=m)
             return
         term, (first, positions) = done
+        self.sessions.record(session, reqs[0].seq, first, n)
         deadline = now + self.cfg.max_wait_ack_ms
         for i, r in enumerate(reqs):
             self.pending.register(term, first + i, Pending(ident, r.request_id, first + i, None, positions[i],
                                                            deadline))
         self._register_appended(n, n)
+
+    # ------------------------------------------------------------------ client sessions
+    def on_open_session(self, ident: bytes, req: P.OpenSessionRequest) -> None:
+        """A new session id: (term mod 2**16, counter), unique among this leader's (only one
+        leader opens sessions in a term) and skipping ids its table still holds."""
+        now = self.now()
+        m = self.state.read_member()
+        if not self._leading(m, now):
+            self._error(ident, req, RC.NOT_LEADER, m=m)
+            return
+        while True:
+            self.session_counter += 1
+            if self.session_counter > MAX_SESSION_COUNTER:
+                self._error(ident, req, RC.SESSION_LIMIT, f"{MAX_SESSION_COUNTER} sessions opened in "
+                            f"term {self.leader_term}: retry after the next election", m=m)
+                return
+            sid = session_id(self.leader_term, self.session_counter)
+            if sid not in self.sessions:
+                break
+        self._reply(ident, P.OpenSessionResponse(RC.SUCCESS, self.cfg.group, self.leader_term, self.cfg.id,
+                                                 sid, req.request_id))
+
+    def _session_admits(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest, session: int,
+                        seq: int, n: int, m: MemberView, now: int) -> bool:
+        """True when the request is new and must be written; otherwise it is answered here: a
+        retry with its original index (at once if committed, else when it commits), anything
+        else with a SESSION_* code naming the session's last seq."""
+        d = self.sessions.decide(session, seq, n)
+        if d.verdict is Verdict.APPEND:
+            return True
+        if d.verdict is Verdict.DUPLICATE:
+            self._answer_duplicate(ident, req, d.index, n, m, now)
+            return False
+        code = {Verdict.EXPIRED: RC.SESSION_EXPIRED, Verdict.GAP: RC.SESSION_SEQ_GAP,
+                Verdict.OVERLAP: RC.SESSION_SEQ_INVALID, Verdict.TOO_OLD: RC.SESSION_SEQ_TOO_OLD}[d.verdict]
+        reason = (f"session {session:#x} unknown to this leader" if d.verdict is Verdict.EXPIRED else
+                  f"session {session:#x}: seq {seq} x {n}, last seq {d.last_seq}")
+        self._error(ident, req, code, reason, m=m)
+        return False
+
+    def _session_admits_singles(self, ident: bytes, reqs: list[P.AppendRequest], m: MemberView,
+                                now: int) -> list[P.AppendRequest]:
+        """`_session_admits` over a MULTI's single appends: one that follows a request admitted
+        earlier in the same MULTI (seq + 1, not recorded yet) is admitted too."""
+        admitted: list[P.AppendRequest] = []
+        follows: dict[int, int] = {}
+        for r in reqs:
+            if r.session and (follows.get(r.session) == r.seq
+                              or self._session_admits(ident, r, r.session, r.seq, 1, m, now)):
+                follows[r.session] = (r.seq + 1) & SEQ_MASK
+            elif r.session:
+                continue
+            admitted.append(r)
+        return admitted
+
+    def _answer_duplicate(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest, first: int,
+                          n: int, m: MemberView, now: int) -> None:
+        """Answer a retry with where its entries already are, as the first attempt would have
+        been answered: once they are committed."""
+        try:
+            positions = [self.store.get(i, verify_crc=False).pos for i in range(first, first + n)]
+        except (StoreError, OSError) as e:
+            self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: {e}"[:200], m=m)
+            return
+        batch = isinstance(req, P.BatchAppendRequest)
+        last = first + n - 1
+        p = Pending(ident, req.request_id, first, positions if batch else None, positions[0],
+                    now + self.cfg.max_wait_ack_ms)
+        if last <= self.store.committed_index:
+            self._complete(self.leader_term, last, p, RC.SUCCESS)
+        else:
+            self.pending.register(self.leader_term, last, p)
+
+    def _rebuild_sessions(self) -> None:
+        """A new leader's session table, from the newest `session_scan_entries` entries."""
+        t0 = self.now()
+        try:
+            self.sessions.rebuild(session_stamps(self.store, self.cfg.session_scan_entries))
+        except (StoreError, OSError, struct.error) as e:  # retries then get SESSION_EXPIRED: indeterminate
+            self.log.error("cannot rebuild the client sessions from the log: %s", e)
+            self.sessions = SessionTable(self.cfg.max_sessions, self.cfg.session_window)
+        self.session_counter = 0
+        self.log.info("client sessions: %d known from the newest %d entries (%d ms)", len(self.sessions),
+                      min(self.cfg.session_scan_entries, self.store.ledger_end_index + 1), self.now() - t0)
 
     # ------------------------------------------------------------------ commit / pending
     def _commit_to(self, index: int) -> None:
@@ -611,6 +721,7 @@ class Handler:
         self.leader_term = term
         self.noop_index = r.index
         self.log.info("leading term %d from index %d (NOOP)", term, r.index)
+        self._rebuild_sessions()
         self._wake_dispatchers()
         if self.single:
             self._commit_to(r.index)
@@ -735,6 +846,7 @@ class Handler:
         P.AppendRequest: "on_append",
         P.BatchAppendRequest: "on_append",
         P.PushRequest: "on_push",
+        P.OpenSessionRequest: "on_open_session",
     }
 
     # ------------------------------------------------------------------ loop

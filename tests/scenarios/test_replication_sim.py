@@ -94,8 +94,8 @@ class TrackedStore(MemoryStore):
         TrackedStore.changes += 1
         super().set_committed_index(index)
 
-    def append_leader(self, body: bytes, term: int, magic: int = codec.MAGIC_NORMAL):  # noqa: ANN201
-        r = super().append_leader(body, term, magic)
+    def append_leader(self, body: bytes, term: int, magic: int = codec.MAGIC_NORMAL, **stamp):  # noqa: ANN003, ANN201
+        r = super().append_leader(body, term, magic, **stamp)
         TrackedStore.changes += 1
         self.mirror.append((term, magic, bytes(body)))
         return r

@@ -19,8 +19,14 @@ SPEC_TABLE = {
 }
 
 
-def test_response_codes_are_exactly_the_spec_table():
-    assert {c.value: c.name for c in ResponseCode} == SPEC_TABLE
+# Ours, beyond DLedger's (client sessions, issue 12): numbers DLedger does not use.
+OUR_CODES = {430: "SESSION_EXPIRED", 431: "SESSION_SEQ_GAP", 432: "SESSION_SEQ_INVALID",
+             433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT"}
+
+
+def test_response_codes_are_exactly_the_spec_table_plus_ours():
+    assert not SPEC_TABLE.keys() & OUR_CODES.keys()
+    assert {c.value: c.name for c in ResponseCode} == SPEC_TABLE | OUR_CODES
 
 
 @pytest.mark.parametrize("number,name", sorted(SPEC_TABLE.items()), ids=lambda x: str(x))

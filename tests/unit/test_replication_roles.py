@@ -377,14 +377,14 @@ class FailingStore(MemoryStore):
         if self.error is not None:
             raise self.error
 
-    def append_leader(self, body: bytes, term: int, magic: int = codec.MAGIC_NORMAL):  # noqa: ANN201
+    def append_leader(self, body: bytes, term: int, magic: int = codec.MAGIC_NORMAL, **stamp):  # noqa: ANN003, ANN201
         self.leader_writes += 1
         self._check()
-        return super().append_leader(body, term, magic)
+        return super().append_leader(body, term, magic, **stamp)
 
-    def append_batch_raw(self, bodies, term):  # noqa: ANN001, ANN201
+    def append_batch_raw(self, bodies, term, *stamp):  # noqa: ANN001, ANN002, ANN201
         self._check()
-        return super().append_batch_raw(bodies, term)
+        return super().append_batch_raw(bodies, term, *stamp)
 
     def append_follower(self, blob, index_records=b"", run_crc=None):  # noqa: ANN001, ANN201
         self._check()

@@ -1,0 +1,136 @@
+"""The real Handler with client sessions: a retried append is answered, not written twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
+from ipc.codes import Role
+from node.core.sessions import session_id
+from node.store.stamps import session_stamps
+from tests.unit.test_replication_roles import (
+    Clock,
+    FakeState,
+    commit_all,
+    leader_handler,
+    make_handler,
+    member,
+    store_of,
+)
+
+
+def open_session(h, wire, rid: int) -> int:  # noqa: ANN001
+    h.handle_frame(b"c", P.encode(P.OpenSessionRequest("g", "n1", rid)))
+    r = wire.answer(rid)
+    assert isinstance(r, P.OpenSessionResponse) and r.code == RC.SUCCESS, r
+    return r.session
+
+
+def append(h, rid: int, session: int, seq: int, body: bytes = b"x") -> None:  # noqa: ANN001
+    h.handle_frame(b"c", P.encode(P.AppendRequest("g", "n1", body, rid, session, seq)))
+
+
+def batch(h, rid: int, session: int, first_seq: int, bodies: list[bytes]) -> None:  # noqa: ANN001
+    h.handle_frame(b"c", P.encode(P.BatchAppendRequest("g", "n1", bodies, rid, session, first_seq)))
+
+
+def test_a_leader_opens_distinct_sessions_of_its_term(tmp_path: Path) -> None:
+    h, wire, _state = leader_handler(tmp_path, Clock())
+    a, b = open_session(h, wire, 1), open_session(h, wire, 2)
+    assert (a, b) == (session_id(3, 1), session_id(3, 2))
+
+
+def test_a_retry_of_a_committed_append_gets_its_index_and_nothing_is_written(tmp_path: Path) -> None:
+    h, wire, state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    append(h, 10, s, 1, b"first")
+    commit_all(h, state)
+    first = wire.answer(10)
+    assert first.code == RC.SUCCESS
+    end = h.store.ledger_end_index
+    append(h, 11, s, 1, b"first")  # the client never saw answer 10 and resends
+    again = wire.answer(11)
+    assert (again.code, again.index, again.pos) == (RC.SUCCESS, first.index, first.pos)
+    assert h.store.ledger_end_index == end
+    append(h, 12, s, 2, b"second")
+    commit_all(h, state)
+    assert wire.answer(12).index == end + 1
+    assert bytes(h.store.get(end + 1).body) == b"second"
+
+
+def test_a_retry_of_a_pending_append_is_answered_when_it_commits(tmp_path: Path) -> None:
+    h, wire, state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    batch(h, 10, s, 1, [b"a", b"b", b"c"])
+    batch(h, 11, s, 1, [b"a", b"b", b"c"])  # resent before the first was answered
+    assert wire.answer(10) is None and wire.answer(11) is None
+    assert h.pending.entries == 3  # the retry replaced the first attempt's reply
+    end = h.store.ledger_end_index
+    commit_all(h, state)
+    got = wire.answer(11)
+    assert isinstance(got, P.BatchAppendResponse) and got.code == RC.SUCCESS
+    assert (got.first_index, len(got.positions)) == (end - 2, 3)
+    assert wire.answer(10) is None and h.store.ledger_end_index == end
+
+
+def test_gaps_straddles_and_unknown_sessions_get_their_codes(tmp_path: Path) -> None:
+    h, wire, state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    batch(h, 10, s, 1, [b"a", b"b"])
+    append(h, 11, s, 5)
+    assert wire.answer(11).code == RC.SESSION_SEQ_GAP
+    batch(h, 12, s, 2, [b"b", b"c"])
+    assert wire.answer(12).code == RC.SESSION_SEQ_INVALID
+    append(h, 13, session_id(2, 9), 4)  # a session this leader never heard of, mid-stream
+    assert wire.answer(13).code == RC.SESSION_EXPIRED
+    append(h, 14, session_id(2, 9), 1)  # ... but a first append just starts it
+    commit_all(h, state)
+    assert wire.answer(14).code == RC.SUCCESS
+
+
+def test_single_appends_of_one_multi_are_deduplicated_one_by_one(tmp_path: Path) -> None:
+    h, wire, state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    frames = [P.encode(P.AppendRequest("g", "n1", b"m%d" % k, 20 + k, s, 1 + k)) for k in range(3)]
+    h.handle_frame(b"c", P.encode_multi(frames))
+    end = h.store.ledger_end_index
+    resend = [P.encode(P.AppendRequest("g", "n1", b"m%d" % k, 30 + k, s, 1 + k)) for k in range(4)]
+    h.handle_frame(b"c", P.encode_multi(resend))  # the three again, and one new
+    assert h.store.ledger_end_index == end + 1
+    commit_all(h, state)
+    h.tick()  # flushes the coalesced replies
+    inner = {m.request_id: m for _i, multi in wire.replies if isinstance(multi, P.Multi)
+             for m in map(P.decode, multi.frames)}
+    assert [inner[30 + k].index for k in range(4)] == [end - 2, end - 1, end, end + 1]
+    assert [stamp[1:] for stamp in session_stamps(h.store, 4)] == [(s, 1), (s, 2), (s, 3), (s, 4)]
+
+
+def test_a_new_leader_rebuilds_the_sessions_from_its_log(tmp_path: Path) -> None:
+    """Leader n1 of term 3 writes a session's batch; n1 then leads term 4 (as a new leader
+    after a failover would, with the same log): the retry is recognised from the log."""
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    s = open_session(h, wire, 1)
+    batch(h, 10, s, 1, [b"a", b"b"])
+    commit_all(h, state)
+    first = wire.answer(10).first_index
+    state.member = member(Role.FOLLOWER, 4, 0)
+    h.tick()
+    assert h.leader_term == -1
+    state.member = member(Role.LEADER, 4, 1, quorum_ms=clock.now)
+    h.tick()  # the NOOP of term 4, and the table rebuilt from the log
+    assert h.leader_term == 4
+    batch(h, 11, s, 1, [b"a", b"b"])
+    commit_all(h, state)
+    got = wire.answer(11)
+    assert (got.code, got.first_index) == (RC.SUCCESS, first)
+    assert open_session(h, wire, 12) == session_id(4, 1)
+
+
+def test_a_follower_refuses_to_open_a_session(tmp_path: Path) -> None:
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 3, 0)
+    h, wire = make_handler(tmp_path, "n1", state, Clock(), store=store_of([1]))
+    h.handle_frame(b"c", P.encode(P.OpenSessionRequest("g", "n1", 5)))
+    assert wire.answer(5).code == RC.NOT_LEADER
