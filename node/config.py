@@ -6,11 +6,11 @@ underscores or dashes, in TOML (`[node]` table or top level) or INI (`[node]` se
 `validate()` returns one message per bad field so a user fixes them all in one go.
 
 Defaults and why (see docs/election.md and docs/replication.md for the full story):
-heartbeat 200 ms × leak 3 → a follower notices a dead leader after ~600 ms; randomized vote
-timers of 50–450 ms (and a 300 ms vote round) make one candidate usually win the first round.
-In the simulated cluster (tests/scenarios) 1000 leader crashes failed over in p50 750 ms, p99
-1.06 s, max 1.42 s, while a loaded 2-core machine (GC pauses, scheduler delays of tens of ms)
-still never misses three heartbeats in a row.
+heartbeat 100 ms × leak 4 → a follower notices a dead leader 300–400 ms after it died; the
+first vote round doubles as a pre-vote and the survivor with the best log stands at once
+(randomized vote timers of 50–450 ms only separate the rest). Measured with
+tools/bench_failover.py (docs/performance.md "Failover"); a loaded 2-core machine still never
+misses four heartbeats in a row (the elector logs any gap above two intervals).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class NodeConfig:
     group: str = "default"
     store_dir: str = ""
     # election (DLedger: heartBeatTimeIntervalMs, maxHeartBeatLeak, min/maxVoteIntervalMs)
-    heartbeat_interval_ms: int = 200
-    max_heartbeat_leak: int = 3
+    heartbeat_interval_ms: int = 100
+    max_heartbeat_leak: int = 4
     min_vote_interval_ms: int = 50
     max_vote_interval_ms: int = 450
     vote_round_timeout_ms: int = 300

@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import os
 import re
+import signal
 import statistics
 import threading
 import time
@@ -118,6 +119,10 @@ class Writer(threading.Thread):
         self.client.close()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=3)
@@ -128,6 +133,8 @@ def main() -> None:
     ap.add_argument("--quiet", action="store_true", help="no per-kill breakdown")
     ap.add_argument("server_args", nargs="*", help="extra `dledger server` options (after --)")
     args = ap.parse_args()
+    # SIGTERM runs the finally below (servers stopped, the killed node's segment removed).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     g = LocalGroup(args.nodes, args.server_args).start()
     w: Writer | None = None
     try:
@@ -196,6 +203,11 @@ def main() -> None:
         if w is not None:
             w.close()
         g.close()
+        # A node SIGKILLed and not restarted yet (interrupted run) leaves its shared-memory
+        # segment; the names are deterministic, so remove ours.
+        from node.shared_state import segment_name
+        for x in g.ids:
+            Path("/dev/shm", segment_name(g.group, x, g.root / x)).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ from node.core.vote import (
     VoteParse,
     VoteTally,
     decide_vote,
+    log_ahead,
     next_time_to_request_vote,
     parse_vote,
 )
@@ -166,6 +167,7 @@ class _VoteRound:
     tally: VoteTally
     started_ms: int
     deadline_ms: int
+    ledger: LedgerEnd = EMPTY_LEDGER  # mine when the round started (log_ahead compares)
 
 
 @dataclass(slots=True, eq=False)
@@ -274,6 +276,9 @@ class ElectorCore:
         self._next_rid = 1
         self._pending_take: _PendingTake | None = None
         self.last_vote_round: VoteRoundRecord | None = None  # observability only
+        # parse_vote's fast path (stand in the next term at once) is taken once per election;
+        # reset when a leader is known again (follower or leader).
+        self._fast_used = False
         self._persisted = (term, voted_for)
         self._published = (self.role, self.term, self.leader_id)
         self._out = _Outbox()
@@ -438,9 +443,15 @@ class ElectorCore:
                     if rnd.tally.done(self._n):
                         self._finish_heartbeat_round(now_ms)
             elif rnd is self._vote_round:
-                result = (resp.vote_result if isinstance(resp, VoteResponse)
-                          else VoteResult.UNKNOWN)
-                rnd.tally.add(result, resp.term)
+                ahead = False
+                if isinstance(resp, VoteResponse):
+                    result = resp.vote_result
+                    ahead = log_ahead(peer, (resp.ledger_end_term, resp.ledger_end_index),
+                                      self.self_id, (rnd.ledger.term, rnd.ledger.index),
+                                      self.members)
+                else:
+                    result = VoteResult.UNKNOWN
+                rnd.tally.add(result, resp.term, ahead)
                 if rnd.tally.done(self._n):
                     self._finish_vote_round(now_ms)
         return self._finish(now_ms)
@@ -548,7 +559,8 @@ class ElectorCore:
             self.group, self.self_id, self.self_id, term, ledger.term, ledger.index), is_self=True)
         if d.grant_to is not None:
             self.voted_for = d.grant_to  # persisted (Persist effect) before the Sends go out
-        rnd = _VoteRound(term, VoteTally(term), now_ms, now_ms + self.cfg.vote_round_timeout_ms)
+        rnd = _VoteRound(term, VoteTally(term), now_ms, now_ms + self.cfg.vote_round_timeout_ms,
+                         ledger)
         rnd.tally.add(d.result, d.reply_term)
         self._vote_round = rnd
         for peer in self.others:
@@ -572,8 +584,10 @@ class ElectorCore:
             return  # abandoned: we moved on (follower, or a new term) while it was in flight
         self.last_vote_cost_ms = now_ms - rnd.started_ms
         p: VoteParse = parse_vote(rnd.tally, self._n, now_ms, self.last_vote_cost_ms, self.cfg,
-                                  self.rng, self.taking_leadership)
+                                  self.rng, self.taking_leadership, fast_ok=not self._fast_used)
         self.last_parse = p.result
+        if p.fast:
+            self._fast_used = True
         if p.next_time_ms is not None:
             self.next_vote_ms = p.next_time_ms
         t = rnd.tally
@@ -676,6 +690,7 @@ class ElectorCore:
         # start (lease.py).
         self.last_succ_heartbeat_ms = round_started_ms
         self._beat_requested = False
+        self._fast_used = False
         self.peers_alive.clear()
         self._vote_round = None
         self._check_take_leadership(term, Role.LEADER)
@@ -685,6 +700,7 @@ class ElectorCore:
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
         self.last_leader_heartbeat_ms = now_ms
+        self._fast_used = False
         self._vote_round = None
         self._hb_round = None
         self._check_take_leadership(term, Role.FOLLOWER)

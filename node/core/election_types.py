@@ -18,9 +18,9 @@ class ElectionConfig:
     SPEC §3 asks for sub-second detection that still never flaps on a loaded 2-core box.
     """
 
-    heartbeat_interval_ms: int = 200
+    heartbeat_interval_ms: int = 100
     """(heartBeatTimeIntervalMs) leader -> follower heartbeat period."""
-    max_heartbeat_leak: int = 3
+    max_heartbeat_leak: int = 4
     """(maxHeartBeatLeak) missed periods before a follower / an unconfirmed leader gives up."""
     min_vote_interval_ms: int = 50
     """(minVoteIntervalMs) lower bound of the randomized candidate vote timer."""

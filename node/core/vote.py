@@ -10,6 +10,7 @@ term (unlike textbook Raft, which would step down first).
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ipc.codes import ParseResult, ResponseCode, VoteResult
@@ -106,18 +107,22 @@ class VoteTally:
     not_ready_term_num: int = 0
     bigger_ledger_num: int = 0
     already_has_leader: bool = False
+    ahead_num: int = 0  # valid answers from members that rank before me (log_ahead)
 
     def __post_init__(self) -> None:
         if self.known_max_term < self.term:
             self.known_max_term = self.term
 
-    def add(self, result: VoteResult | None, resp_term: int = -1) -> None:
-        """Count one answer; `None` = no answer (network error / peer unreachable)."""
+    def add(self, result: VoteResult | None, resp_term: int = -1, ahead: bool = False) -> None:
+        """Count one answer; `None` = no answer (network error / peer unreachable).
+        `ahead`: the answering member ranks before me for the next campaign (log_ahead)."""
         self.all_num += 1
         if result is None:
             return  # the future completed exceptionally: counted in allNum only
         if result != VoteResult.UNKNOWN:
             self.valid_num += 1
+            if ahead:
+                self.ahead_num += 1
         if result == VoteResult.ACCEPT:
             self.accepted_num += 1
         elif result == VoteResult.REJECT_ALREADY_HAS_LEADER:
@@ -140,6 +145,23 @@ class VoteTally:
                 or is_quorum(self.accepted_num, member_count)
                 or is_quorum(self.accepted_num + self.not_ready_term_num, member_count)
                 or self.all_num >= member_count)
+
+
+def log_ahead(peer: str, peer_end: tuple[int, int], me: str, my_end: tuple[int, int],
+              members: Sequence[str]) -> bool:
+    """True when `peer` should campaign before me: its ledger end (term, index) is more up to
+    date than mine, or the same and `peer` comes first in the member list.
+
+    Every member that answered a round computes this from the same ledger ends (the voters
+    put theirs in the VOTE answer), so after a leader dies the survivors agree on one member
+    to stand first: the best log (which the others will vote for; Raft §5.4.1), ties broken by
+    member order. A follower's ledger end does not move while there is no leader, so the views
+    agree; when they do not (an entry landing between two rounds) the cost is one split
+    vote, which the random timer then resolves."""
+    if peer_end != my_end:
+        return peer_end > my_end
+    order = {m: i for i, m in enumerate(members)}
+    return order.get(peer, len(order)) < order.get(me, len(order))
 
 
 def next_time_to_request_vote(now_ms: int, last_vote_cost_ms: int, cfg: ElectionConfig,
@@ -167,12 +189,27 @@ class VoteParse:
     result: ParseResult
     next_time_ms: int | None = None
     candidate_term: int | None = None
+    fast: bool = False  # rule 7 let me stand in the next term at once (I rank first)
 
 
 def parse_vote(tally: VoteTally, member_count: int, now_ms: int, last_vote_cost_ms: int,
                cfg: ElectionConfig, rng: random.Random,
-               taking_leadership: bool = False) -> VoteParse:
-    """The parse chain at the end of maintainAsCandidate, in SPEC §3's order."""
+               taking_leadership: bool = False, fast_ok: bool = False) -> VoteParse:
+    """The parse chain at the end of maintainAsCandidate, in SPEC §3's order, with two
+    changes for fast failover (docs/election.md "Failover timing"):
+
+    - rule 2 (a voter still has a leader) retries after one heartbeat interval instead of
+      timer + election timeout: a round in my current term cannot win (the voters voted for
+      the old leader) nor raise anyone's term, so it disturbs nobody; and when the leader is
+      dead the other followers time out a few ms after me, so a short retry is what finds them.
+    - rule 7 (no leader, nobody accepted enough) is the end of a *pre-vote*: a quorum answered,
+      nobody has a leader and nobody has a better log than mine. If no answering member ranks
+      before me (`ahead_num == 0`, see log_ahead) and `fast_ok`, the next round (new term)
+      starts at once; a member that ranks after someone waits the random timer plus one
+      heartbeat interval, so the first-ranked one wins without a split vote. `fast_ok` False
+      (the caller already took the fast path once in this election) falls back to the random
+      timer, so two members with diverging views cannot split votes in lockstep forever.
+    """
 
     def timer() -> int:
         return next_time_to_request_vote(now_ms, last_vote_cost_ms, cfg, rng, taking_leadership)
@@ -181,10 +218,12 @@ def parse_vote(tally: VoteTally, member_count: int, now_ms: int, last_vote_cost_
     #    (WAIT_TO_VOTE_NEXT makes the next round call nextTerm(), which jumps to knownMax).
     if tally.known_max_term > tally.term:
         return VoteParse(ParseResult.WAIT_TO_VOTE_NEXT, timer(), tally.known_max_term)
-    # 2. A leader exists in this term: wait long enough for its heartbeat to reach us
-    #    (heartbeat x leak extra) instead of disturbing it.
+    # 2. A voter still follows a leader in this term: if it is alive its next heartbeat makes
+    #    me a follower within an interval; if it is dead that voter times out within about
+    #    the same time. Ask again then (this term: the round cannot disturb a live leader).
     if tally.already_has_leader:
-        return VoteParse(ParseResult.WAIT_TO_REVOTE, timer() + cfg.election_timeout_ms)
+        return VoteParse(ParseResult.WAIT_TO_REVOTE,
+                         now_ms + max(0, last_vote_cost_ms) + cfg.heartbeat_interval_ms)
     # 3. Not even a quorum answered: retry in the same term (no term inflation while
     #    partitioned, which is what keeps an isolated node from disrupting the group later).
     if not is_quorum(tally.valid_num, member_count):
@@ -199,5 +238,10 @@ def parse_vote(tally: VoteTally, member_count: int, now_ms: int, last_vote_cost_
     # 6. Would be elected once the NOT_READY voters have entered my term: ask again now.
     if is_quorum(tally.accepted_num + tally.not_ready_term_num, member_count):
         return VoteParse(ParseResult.REVOTE_IMMEDIATELY, now_ms)
-    # 7. Split vote: next round in a new term after a random wait.
+    # 7. Split vote / pre-vote passed: next round in a new term, at once for the member that
+    #    ranks first, after a random wait (+ one interval) for the others.
+    if fast_ok and tally.ahead_num == 0:
+        return VoteParse(ParseResult.WAIT_TO_VOTE_NEXT, now_ms, fast=True)
+    if tally.ahead_num > 0:
+        return VoteParse(ParseResult.WAIT_TO_VOTE_NEXT, timer() + cfg.heartbeat_interval_ms)
     return VoteParse(ParseResult.WAIT_TO_VOTE_NEXT, timer())

@@ -61,8 +61,10 @@ def test_a_broken_raft_rule_is_caught(mutation: str) -> None:
     that leads on the role flag alone and ignores --linearizable, repro t5) shows up as
     divergent committed entries, a lost acknowledged append, a stale linearizable read, or a
     follower that can never catch up (its store refuses to cut committed entries)."""
-    seed, error = _first_failure(mutation, range(0, 300))
-    assert seed >= 0, f"{mutation} was not caught in 300 seeds"
+    # 500 seeds: with the faster failover of issue 12 t5-flag-leader is first caught at seed 388
+    # (a stale read needs a GET to the paused old leader after the new leader's first ack).
+    seed, error = _first_failure(mutation, range(0, 500))
+    assert seed >= 0, f"{mutation} was not caught in 500 seeds"
     assert any(w in error for w in ("committed", "acknowledged", "no convergence", "stale")), error
 
 

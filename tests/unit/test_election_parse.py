@@ -26,7 +26,7 @@ SMALLER_THAN_LEDGER = (V.REJECT_TERM_SMALL_THAN_LEDGER, 8)
 NOANSWER = (None, -1)
 UNKNOWN = (V.UNKNOWN, TERM)
 
-# Timer kinds: "base" = now + cost + [min, max); "+lease" adds heartbeat x leak; "+max" adds
+# Timer kinds: "base" = now + cost + [min, max); "+interval" = now + cost + heartbeat; "+max" adds
 # maxVoteInterval; "now" = revote at once; None = timer untouched (PASSED).
 ROWS = [
     # (id, members, answers, result, timer kind, candidate term)
@@ -37,9 +37,10 @@ ROWS = [
     # ... and it is checked before everything else, even an accepted quorum.
     ("max-term-beats-leader-and-quorum", 5, [SELF, ACC, ACC, LEADER, EXPIRED],
      P.WAIT_TO_VOTE_NEXT, "base", 9),
-    # 2. already has leader -> WAIT_TO_REVOTE, timer + heartbeat x leak (wait for its beat).
-    ("already-has-leader", 3, [SELF, LEADER, NOANSWER], P.WAIT_TO_REVOTE, "+lease", None),
-    ("already-has-leader-beats-quorum", 3, [SELF, ACC, LEADER], P.WAIT_TO_REVOTE, "+lease",
+    # 2. already has leader -> WAIT_TO_REVOTE, now + cost + one heartbeat interval (its next
+    #    beat makes me a follower; if it is dead, that voter times out about as soon).
+    ("already-has-leader", 3, [SELF, LEADER, NOANSWER], P.WAIT_TO_REVOTE, "+interval", None),
+    ("already-has-leader-beats-quorum", 3, [SELF, ACC, LEADER], P.WAIT_TO_REVOTE, "+interval",
      None),
     # 3. valid < quorum -> WAIT_TO_REVOTE (same term next time: no term inflation).
     ("valid-below-quorum", 3, [SELF, NOANSWER, NOANSWER], P.WAIT_TO_REVOTE, "base", None),
@@ -69,7 +70,7 @@ def _tally(answers):
 
 def _expected_timer(kind, rng):
     base = next_time_to_request_vote(NOW, COST, CFG, rng)
-    return {"base": base, "+lease": base + 600, "+max": base + 450}[kind]
+    return {"base": base, "+interval": NOW + COST + 200, "+max": base + 450}[kind]
 
 
 @pytest.mark.parametrize("n,answers,result,timer,cand_term", [r[1:] for r in ROWS],

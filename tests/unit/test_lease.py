@@ -16,8 +16,9 @@ def test_lease_is_shorter_than_the_election_timeout_by_half_an_interval(interval
     assert n > interval  # a healthy leader renews it every interval with room to spare
 
 
-def test_default_lease_is_500_ms():
-    assert lease_ms(ElectionConfig()) == 500
+def test_default_lease_is_350_ms():
+    # heartbeat 100 ms x leak 4: election timeout 400 ms, lease 400 - 50
+    assert lease_ms(ElectionConfig()) == 350 < ElectionConfig().election_timeout_ms
 
 
 @pytest.mark.parametrize("role, last, now, held", [
