@@ -35,6 +35,15 @@ resend to another node could store the body twice. A request that could not even
 a connected socket was not sent, so it is retried like a definite failure. Reads and metadata
 have no side effects and are retried on any retryable outcome, including timeouts.
 
+*Sessions (exactly-once appends).* By default the client opens a session with the leader
+(OPEN_SESSION) and stamps each append with (session, seq), seqs in submission order. Then an
+append without a definite answer (no answer within ``attempt_timeout``, WAIT_QUORUM_ACK_TIMEOUT,
+TERM_CHANGED) is *resent* under the same stamp, to whichever node leads: the leader answers a
+stamp its log already holds with the original index (node/core/sessions.py). Such an append is
+indeterminate only if its whole ``timeout`` passes. A session the leader no longer knows is
+replaced, and a write that cannot have been stored is resent under the new one; a write that
+gave up abandons its session (its seq may be a hole). docs/client.md "Sessions".
+
 *Leader discovery.* While no leader is known, calls wait and the I/O thread asks every node
 for METADATA in parallel; the first leader claim releases them, a higher-term claim in the same
 round replaces it. Appends are therefore never sent "to see what happens" to a node that might
@@ -204,9 +213,13 @@ class ClientClosedError(RuntimeError):
 # Internal call records (touched by the I/O thread only, after submission)
 # ---------------------------------------------------------------------------------------------
 
-_APPEND, _BATCH, _GET, _META, _TRANSFER = range(5)
+_APPEND, _BATCH, _GET, _META, _TRANSFER, _OPEN = range(6)
 _NEW, _INFLIGHT, _WAITING, _BACKOFF, _DONE = range(5)
-_KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER")
+_KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION")
+_SEQ_MASK = 0xFFFF_FFFF
+# Answers to a session append after which the same stamp may simply be sent again: the entry
+# is not in that leader's log (yet): its predecessors are missing, or the answer was lost.
+_SESSION_RESEND = frozenset({RC.SESSION_SEQ_GAP})
 
 
 class _Call:
@@ -214,7 +227,7 @@ class _Call:
     so a call can never be stored twice by this client."""
 
     __slots__ = ("kind", "payload", "future", "deadline", "pinned", "state", "rid", "node",
-                 "attempts", "redirects", "last", "timer_seq", "slot")
+                 "attempts", "redirects", "last", "timer_seq", "slot", "sid", "seq", "unsure")
 
     def __init__(self, kind: int, payload: Any, deadline: float, pinned: str | None = None) -> None:
         self.kind = kind
@@ -231,10 +244,17 @@ class _Call:
         self.last: tuple[int, str] | None = None  # the last definite failure, for the final error
         self.timer_seq = -1
         self.slot = False
+        self.sid = 0  # the session stamp (sid, seq) of an append, given at its first dispatch
+        self.seq = 0
+        self.unsure = False  # an attempt was sent and its outcome is unknown
 
     @property
     def may_write(self) -> bool:
         return self.kind == _APPEND or self.kind == _BATCH
+
+    @property
+    def count(self) -> int:
+        return len(self.payload) if self.kind == _BATCH else 1
 
 
 class _Node:
@@ -384,7 +404,7 @@ class DLedgerClient:
     def __init__(self, peers: str | Mapping[str, tuple[str, int]], group: str = "default",
                  timeout: float = DEFAULT_TIMEOUT, *, attempt_timeout: float | None = None,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 max_body_size: int = P.DEFAULT_MAX_BODY) -> None:
+                 max_body_size: int = P.DEFAULT_MAX_BODY, sessions: bool = True) -> None:
         peer_map = parse_peers(peers) if isinstance(peers, str) else dict(peers)
         if not peer_map:
             raise ValueError("no peers")
@@ -431,6 +451,12 @@ class DLedgerClient:
         self._disc_streak = 0
         self._suspects: set[_Node] = set()
         self._sock_node: dict[zmq.Socket, _Node] = {}
+        # Client session (exactly-once appends; docs/client.md "Sessions"): I/O thread only.
+        self._sessions = sessions
+        self._sid = 0  # 0: none open (yet, or abandoned)
+        self._next_seq = 1
+        self._opening: _Call | None = None
+        self._session_waiting: list[_Call] = []
 
         self._ctx = make_context()
         self._thread = threading.Thread(target=self._io_main, name="dledger-client-io", daemon=True)
@@ -862,9 +888,12 @@ class DLedgerClient:
             call.rid = 0
             node.inflight -= 1
             self._mark_suspect(node)
-            if not call.may_write and call.pinned is None and now < call.deadline:
+            if (not call.may_write or call.sid) and call.pinned is None and now < call.deadline:
                 call.last = (RC.TIMEOUT, f"no answer from {node.id}")
-                self._retry_later(call, now)  # reads are idempotent: try again elsewhere
+                # reads are idempotent, and a session write's resend is deduplicated by the
+                # leader: try again (elsewhere)
+                call.unsure = call.unsure or call.may_write
+                self._retry_later(call, now)
                 return
             what = _KIND_NAMES[call.kind]
             self._finish(call, exc=_make_error(
@@ -884,6 +913,8 @@ class DLedgerClient:
         encoded frame is collected there instead, for `_send_collected` to send many at once."""
         if now >= call.deadline:
             self._give_up(call)
+            return
+        if call.may_write and self._sessions and call.sid == 0 and not self._stamp(call, now):
             return
         node_id = call.pinned or self._leader
         if node_id is None:
@@ -908,6 +939,60 @@ class DLedgerClient:
             self._not_sent(call, node, now)
             return
         self._sent(call, node, rid, now)
+
+    # ------------------------------------------------------------------ sessions
+    def _stamp(self, call: _Call, now: float) -> bool:
+        """Give a write its (session, seq), in dispatch order; False when it must wait for a
+        session to be opened (it is parked and resumed by `_session_opened`)."""
+        if self._sid == 0:
+            call.state = _WAITING
+            self._session_waiting.append(call)
+            self._set_timer(call, call.deadline)
+            if self._opening is None:
+                self._opening = _Call(_OPEN, None, now + self.timeout)
+                self._live.add(self._opening)
+                self._dispatch(self._opening, now)
+            return False
+        call.sid, call.seq = self._sid, self._next_seq
+        self._next_seq = (self._next_seq + call.count) & _SEQ_MASK
+        return True
+
+    def _session_opened(self, sid: int, now: float) -> None:
+        self._sid, self._next_seq = sid, 1
+        log.debug("client session %#x opened", sid)
+        self._release_session_waiting(now)
+
+    def _session_refused(self, code: int, reason: str, now: float) -> None:
+        """OPEN_SESSION failed for good. A node too old to know it (UNSUPPORTED): go on
+        without sessions (appends as before). Anything else fails the writes that wait."""
+        if code == RC.UNSUPPORTED:
+            log.warning("the group does not offer client sessions (%s): appends are not "
+                        "deduplicated", reason)
+            self._sessions = False
+            self._release_session_waiting(now)
+            return
+        waiting, self._session_waiting = self._session_waiting, []
+        for call in waiting:
+            if call.state == _WAITING:
+                self._finish(call, exc=DLedgerError(code, f"cannot open a client session: {reason}"))
+
+    def _release_session_waiting(self, now: float) -> None:
+        waiting, self._session_waiting = self._session_waiting, []
+        for call in waiting:
+            if call.state == _WAITING:
+                self._dispatch(call, now)
+
+    def _abandon_session(self, call: _Call) -> None:
+        """A stamped write ended without a definite answer, or the leader forgot the session:
+        its seq may be a hole the leader waits for forever. Later writes get a new session."""
+        if call.sid and call.sid == self._sid:
+            log.debug("client session %#x abandoned at seq %d", self._sid, call.seq)
+            self._sid = 0
+
+    def _restamp(self, call: _Call, now: float) -> None:
+        """Send a write that was definitely not stored under a fresh session."""
+        call.sid = call.seq = 0
+        self._dispatch(call, now)
 
     def _send_collected(self, out: dict[_Node, list[tuple[_Call, int, bytes]]], now: float) -> None:
         """Send each node's collected requests as one MULTI frame (one frame if just one).
@@ -940,7 +1025,7 @@ class DLedgerClient:
         call.node = node
         node.inflight += 1
         self._pending[rid] = call
-        if call.may_write or call.pinned is not None:
+        if (call.may_write and not call.sid) or call.pinned is not None:
             self._set_timer(call, call.deadline)  # never resent: wait for the whole timeout
         else:
             self._set_timer(call, min(call.deadline, now + self.attempt_timeout))
@@ -948,9 +1033,11 @@ class DLedgerClient:
     def _encode(self, call: _Call, node_id: str, rid: int) -> bytes:
         k = call.kind
         if k == _APPEND:
-            return P.encode_append(self.group, node_id, call.payload, rid)
+            return P.encode_append(self.group, node_id, call.payload, rid, call.sid, call.seq)
         if k == _BATCH:
-            return P.encode(P.BatchAppendRequest(self.group, node_id, call.payload, rid))
+            return P.encode(P.BatchAppendRequest(self.group, node_id, call.payload, rid, call.sid, call.seq))
+        if k == _OPEN:
+            return P.encode(P.OpenSessionRequest(self.group, node_id, rid))
         if k == _GET:
             index, count, lin = call.payload
             return P.encode(P.GetRequest(self.group, node_id, index, count, lin, rid))
@@ -969,7 +1056,20 @@ class DLedgerClient:
         self._set_timer(call, at)
 
     def _give_up(self, call: _Call) -> None:
-        """The deadline passed with nothing outstanding: report the last definite outcome."""
+        """The deadline passed with nothing outstanding: report the last definite outcome (an
+        indeterminate one if an attempt of a session write may have been stored)."""
+        if call.kind == _OPEN:
+            self._finish(call, exc=DLedgerError(RC.TIMEOUT, "no leader answered OPEN_SESSION "
+                                                            "within the timeout"))
+            return
+        if call.sid:
+            self._abandon_session(call)
+        if call.unsure:
+            code, reason = call.last or (RC.TIMEOUT, "no answer")
+            self._finish(call, exc=_make_error(
+                code, f"{reason} (resent under its session for the whole timeout; it may "
+                      "still be committed)", indeterminate=True, node=call.node.id if call.node else None))
+            return
         if call.last is None:
             err = DLedgerError(RC.TIMEOUT, "no reachable leader found within the timeout "
                                            "(nothing was sent)")
@@ -985,6 +1085,8 @@ class DLedgerClient:
 
         `live=False` on caller threads: `_live` belongs to the I/O thread.
         """
+        if call.state == _DONE:  # e.g. closing: a write already failed with its session's opening
+            return
         call.state = _DONE
         call.timer_seq = -1
         if live:
@@ -996,6 +1098,13 @@ class DLedgerClient:
             call.future.set_result(result)
         else:
             call.future.set_exception(exc)
+        if call is self._opening:  # however OPEN_SESSION ended, the writes waiting for it move on
+            self._opening = None
+            if exc is None:
+                self._session_opened(result, time.monotonic())
+            else:
+                self._session_refused(getattr(exc, "code", RC.UNKNOWN), getattr(exc, "reason", str(exc)),
+                                      time.monotonic())
 
     def _recv_all(self, sock: zmq.Socket) -> None:
         node = self._sock_node.get(sock)
@@ -1054,6 +1163,9 @@ class DLedgerClient:
             if kind == _GET and type(msg) is P.GetResponse:
                 self._finish(call, msg)
                 return
+            if kind == _OPEN and type(msg) is P.OpenSessionResponse:
+                self._finish(call, msg.session)
+                return
             self._finish(call, exc=_make_error(
                 RC.UNKNOWN, f"unexpected {type(msg).__name__} to {_KIND_NAMES[kind]} from {node.id}",
                 indeterminate=call.may_write, node=node.id))
@@ -1062,6 +1174,11 @@ class DLedgerClient:
 
     def _on_failure(self, call: _Call, node: _Node, msg: P.Message, code: int, now: float) -> None:
         reason = getattr(msg, "reason", "") or f"from {node.id}"
+        if call.kind == _OPEN and not is_retryable(code):
+            self._finish(call, exc=DLedgerError(code, reason))
+            return
+        if call.may_write and call.sid and self._on_session_failure(call, code, reason, now):
+            return
         if call.may_write and is_indeterminate(code):
             # WAIT_QUORUM_ACK_TIMEOUT / TERM_CHANGED / TIMEOUT: stored on the leader, maybe on a
             # quorum. A resend could store it twice, so the caller decides.
@@ -1082,6 +1199,37 @@ class DLedgerClient:
             elif self._leader == node.id:
                 self._leader = None
         self._retry_later(call, now)
+
+    def _on_session_failure(self, call: _Call, code: int, reason: str, now: float) -> bool:
+        """A stamped write's failure; True if handled here. An answer that leaves the outcome
+        open is resent under the same stamp (the leader deduplicates); a session the leader
+        does not know (or one abandoned meanwhile) is left for a fresh one if this write was
+        never possibly stored."""
+        if is_indeterminate(code) or code in _SESSION_RESEND:
+            call.unsure = call.unsure or is_indeterminate(code)
+            call.last = (code, reason)
+            if code in _SESSION_RESEND and call.sid != self._sid and not call.unsure:
+                self._restamp(call, now)  # its session was abandoned: the hole stays open
+                return True
+            self._retry_later(call, now)
+            return True
+        if code == RC.SESSION_EXPIRED:
+            self._abandon_session(call)
+            if not call.unsure:
+                self._restamp(call, now)
+                return True
+            self._finish(call, exc=_make_error(code, f"{reason}; an earlier attempt may have been "
+                                                     "stored", indeterminate=True, node=call.node.id if call.node else None))
+            return True
+        if code == RC.SESSION_SEQ_TOO_OLD:
+            self._finish(call, exc=DLedgerError(code, f"{reason}: stored long ago, its index is no "
+                                                      "longer known"))
+            return True
+        if code == RC.SESSION_SEQ_INVALID:
+            self._abandon_session(call)
+            self._finish(call, exc=_make_error(code, reason, indeterminate=call.unsure))
+            return True
+        return False
 
     # ------------------------------------------------------------------ leader discovery
     def _need_leader(self, now: float) -> None:

@@ -221,6 +221,7 @@ def make_cluster():
 def client(cluster: FakeCluster, **kw) -> DLedgerClient:
     kw.setdefault("timeout", 3.0)
     kw.setdefault("attempt_timeout", 0.3)
+    kw.setdefault("sessions", False)  # sessions have their own tests (test_client_sessions.py)
     return DLedgerClient(cluster.peers, GROUP, **kw)
 
 

@@ -1,0 +1,130 @@
+"""The client's session (exactly-once appends): it opens one, stamps every append with
+consecutive seqs, resends an unanswered append under the same stamp, and the leader (here a
+fake node deciding with the real `node.core.sessions.SessionTable`) answers the resend with the
+original index."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipc import protocol as P
+from ipc.client import DLedgerClient, DLedgerError
+from ipc.codes import ResponseCode as RC
+from node.core.sessions import SessionTable, Verdict
+from tests.unit.test_client import GROUP, FakeCluster
+
+pytest.importorskip("zmq")
+
+
+class SessionLeader:
+    """Scripts a FakeCluster's leader to speak sessions, deciding with the real table."""
+
+    def __init__(self, cluster: FakeCluster, swallow_first: int = 0) -> None:
+        self.cluster = cluster
+        self.table = SessionTable()
+        self.opened = 0
+        self.swallow = swallow_first  # answers of the first N appends lost (written, not answered)
+        self.stamps: list[tuple[int, int, int]] = []  # (session, seq, count) as received
+        for node in cluster.nodes.values():
+            node.script = self.script
+
+    def script(self, node, msg):  # noqa: ANN001, ANN201
+        c = self.cluster
+        if node.id != c.leader or not isinstance(msg, (P.OpenSessionRequest, P.AppendRequest,
+                                                       P.BatchAppendRequest)):
+            return None
+        if isinstance(msg, P.OpenSessionRequest):
+            self.opened += 1
+            return [P.OpenSessionResponse(RC.SUCCESS, GROUP, c.term, node.id, 0x10000 + self.opened,
+                                          msg.request_id)]
+        batch = isinstance(msg, P.BatchAppendRequest)
+        bodies = list(msg.bodies) if batch else [msg.body]
+        seq = msg.first_seq if batch else msg.seq
+        self.stamps.append((msg.session, seq, len(bodies)))
+        d = self.table.decide(msg.session, seq, len(bodies))
+        if d.verdict is Verdict.DUPLICATE:
+            first = d.index
+        elif d.verdict is Verdict.APPEND:
+            first = c.store(bytes(bodies[0]))[0]
+            for b in bodies[1:]:
+                c.store(bytes(b))
+            self.table.record(msg.session, seq, first, len(bodies))
+        else:
+            return [c.error(msg, RC.SESSION_SEQ_GAP)]
+        if self.swallow > 0:
+            self.swallow -= 1
+            return []  # written (or found), but the answer never comes (the leader died, say)
+        if batch:
+            return [P.BatchAppendResponse(RC.SUCCESS, GROUP, c.term, node.id, first,
+                                          list(range(len(bodies))), msg.request_id)]
+        return [P.AppendResponse(RC.SUCCESS, GROUP, c.term, node.id, first, 0, msg.request_id)]
+
+
+@pytest.fixture
+def fake():
+    c = FakeCluster(["n0", "n1", "n2"])
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_one_session_consecutive_seqs_for_singles_and_batches(fake):
+    leader = SessionLeader(fake)
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        assert c.append(b"a").index == 0
+        assert [r.index for r in c.append_batch([b"b", b"c", b"d"])] == [1, 2, 3]
+        assert c.append(b"e").index == 4
+    assert leader.opened == 1
+    sid = leader.stamps[0][0]
+    assert leader.stamps == [(sid, 1, 1), (sid, 2, 3), (sid, 5, 1)]
+
+
+def test_an_unanswered_append_is_resent_and_answered_with_its_original_index(fake):
+    """The first attempt is written but its answer is lost: after the attempt timeout the
+    client resends the same stamp, and gets the index the first attempt was written at."""
+    leader = SessionLeader(fake, swallow_first=1)
+    with DLedgerClient(fake.peers, GROUP, timeout=5.0, attempt_timeout=0.3) as c:
+        r = c.append(b"once")
+        assert r.index == 0
+        assert c.append(b"next").index == 1
+    assert len(fake.entries) == 2  # written once, though sent twice
+    assert [s[:2] for s in leader.stamps[:2]] == [leader.stamps[0][:2]] * 2
+
+
+def test_a_group_without_sessions_gets_plain_appends(fake):
+    """A node that does not know OPEN_SESSION answers UNSUPPORTED: the client appends
+    without a stamp, as before."""
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        assert c.append(b"x").index == 0
+        assert c.append(b"y").index == 1
+    appends = [m for m in fake.nodes["n0"].received if isinstance(m, P.AppendRequest)]
+    assert [m.session for m in appends] == [0, 0]
+
+
+def test_a_session_the_leader_forgot_is_replaced_for_a_write_never_possibly_stored(fake):
+    leader = SessionLeader(fake)
+    forgotten = [True]
+
+    def forget_once(node, msg):  # noqa: ANN001, ANN202
+        if isinstance(msg, P.AppendRequest) and forgotten[0] and node.id == fake.leader:
+            forgotten[0] = False
+            return [fake.error(msg, RC.SESSION_EXPIRED)]
+        return leader.script(node, msg)
+
+    for node in fake.nodes.values():
+        node.script = forget_once
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        assert c.append(b"x").index == 0
+    assert leader.opened == 2  # a new session for the refused write
+    assert leader.stamps[-1][1] == 1
+
+
+def test_indeterminate_only_when_the_whole_timeout_passes_without_an_answer(fake):
+    """Every attempt is swallowed: the call ends, after its timeout, as indeterminate."""
+    SessionLeader(fake, swallow_first=1000)
+    with DLedgerClient(fake.peers, GROUP, timeout=1.0, attempt_timeout=0.2) as c:
+        with pytest.raises(DLedgerError) as ei:
+            c.append(b"lost?")
+    assert ei.value.indeterminate
+    assert len(fake.entries) == 1  # resent several times, written once
