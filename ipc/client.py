@@ -983,8 +983,10 @@ class DLedgerClient:
                 self._dispatch(call, now)
 
     def _abandon_session(self, call: _Call) -> None:
-        """A stamped write ended without a definite answer, or the leader forgot the session:
-        its seq may be a hole the leader waits for forever. Later writes get a new session."""
+        """A stamped write failed (definitely or not), or the leader forgot the session: its
+        seq may be a hole the leader waits for forever. Later writes get a new session, and
+        writes of this one that meet the hole (SESSION_SEQ_GAP) move to it if they cannot
+        have been stored."""
         if call.sid and call.sid == self._sid:
             log.debug("client session %#x abandoned at seq %d", self._sid, call.seq)
             self._sid = 0
@@ -1062,8 +1064,6 @@ class DLedgerClient:
             self._finish(call, exc=DLedgerError(RC.TIMEOUT, "no leader answered OPEN_SESSION "
                                                             "within the timeout"))
             return
-        if call.sid:
-            self._abandon_session(call)
         if call.unsure:
             code, reason = call.last or (RC.TIMEOUT, "no answer")
             self._finish(call, exc=_make_error(
@@ -1098,6 +1098,8 @@ class DLedgerClient:
             call.future.set_result(result)
         else:
             call.future.set_exception(exc)
+            if call.sid:  # its seq was not (knowably) stored: a hole the leader would wait on
+                self._abandon_session(call)
         if call is self._opening:  # however OPEN_SESSION ended, the writes waiting for it move on
             self._opening = None
             if exc is None:
@@ -1226,7 +1228,6 @@ class DLedgerClient:
                                                       "longer known"))
             return True
         if code == RC.SESSION_SEQ_INVALID:
-            self._abandon_session(call)
             self._finish(call, exc=_make_error(code, reason, indeterminate=call.unsure))
             return True
         return False

@@ -53,14 +53,14 @@ def test_appends_survive_leader_kills_exactly_once(make_cluster):
     try:
         for _ in range(3):
             counts = [len(w.acked) for w in writers]
-            wait_for(lambda counts=counts: all(len(w.acked) > k + 30 for w, k in zip(writers, counts)),
+            wait_for(lambda counts=counts: all(len(w.acked) > k + 30 for w, k in zip(writers, counts, strict=True)),
                      30, "appends flowing")
             lead = c.wait_leader(timeout=15)
             c.nodes[lead].kill()
             c.wait_leader(timeout=15, among=[x for x in c.nodes if x != lead])
             c.nodes[lead].start()
         counts = [len(w.acked) for w in writers]
-        wait_for(lambda: all(len(w.acked) > k + 30 for w, k in zip(writers, counts)), 30,
+        wait_for(lambda: all(len(w.acked) > k + 30 for w, k in zip(writers, counts, strict=True)), 30,
                  "appends flowing after the last kill")
     finally:
         for w in writers:

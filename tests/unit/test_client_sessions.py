@@ -128,3 +128,27 @@ def test_indeterminate_only_when_the_whole_timeout_passes_without_an_answer(fake
             c.append(b"lost?")
     assert ei.value.indeterminate
     assert len(fake.entries) == 1  # resent several times, written once
+
+
+def test_a_refused_append_does_not_leave_a_hole_that_blocks_the_next_ones(fake):
+    """The leader refuses seq 2 for good (DISK_FULL: not stored). Seq 3 would wait forever
+    behind the hole (SESSION_SEQ_GAP); the client moves on to a new session instead."""
+    leader = SessionLeader(fake)
+    refused = [True]
+
+    def disk_full_once(node, msg):  # noqa: ANN001, ANN202
+        if (isinstance(msg, P.AppendRequest) and node.id == fake.leader and msg.seq == 2
+                and refused[0]):
+            refused[0] = False
+            return [fake.error(msg, RC.DISK_FULL)]
+        return leader.script(node, msg)
+
+    for node in fake.nodes.values():
+        node.script = disk_full_once
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        assert c.append(b"one").index == 0
+        with pytest.raises(DLedgerError) as ei:
+            c.append(b"two")
+        assert ei.value.code == RC.DISK_FULL and not ei.value.indeterminate
+        assert c.append(b"three").index == 1
+    assert leader.opened == 2 and leader.stamps[-1][1] == 1
