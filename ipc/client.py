@@ -982,11 +982,17 @@ class DLedgerClient:
             if call.state == _WAITING:
                 self._dispatch(call, now)
 
-    def _abandon_session(self, call: _Call) -> None:
+    def _abandon_session(self, call: _Call, forgotten: bool = False) -> None:
         """A stamped write failed (definitely or not), or the leader forgot the session: its
         seq may be a hole the leader waits for forever. Later writes get a new session, and
         writes of this one that meet the hole (SESSION_SEQ_GAP) move to it if they cannot
-        have been stored."""
+        have been stored. Except when it was the newest stamp handed out and it cannot have
+        been stored: then its seqs are simply handed out again (no hole, no new session) —
+        unless the leader has forgotten the session itself (`forgotten`)."""
+        if (not forgotten and call.sid and call.sid == self._sid and not call.unsure
+                and (call.seq + call.count) & _SEQ_MASK == self._next_seq):
+            self._next_seq = call.seq
+            return
         if call.sid and call.sid == self._sid:
             log.debug("client session %#x abandoned at seq %d", self._sid, call.seq)
             self._sid = 0
@@ -1100,6 +1106,10 @@ class DLedgerClient:
             call.future.set_exception(exc)
             if call.sid:  # its seq was not (knowably) stored: a hole the leader would wait on
                 self._abandon_session(call)
+        # A finished call may still sit in the timer FIFO until its deadline (lazy deletion):
+        # it must not keep its bodies alive there (a group refusing every append at the
+        # request rate made that hundreds of MB).
+        call.payload = None
         if call is self._opening:  # however OPEN_SESSION ended, the writes waiting for it move on
             self._opening = None
             if exc is None:
@@ -1216,7 +1226,7 @@ class DLedgerClient:
             self._retry_later(call, now)
             return True
         if code == RC.SESSION_EXPIRED:
-            self._abandon_session(call)
+            self._abandon_session(call, forgotten=True)
             if not call.unsure:
                 self._restamp(call, now)
                 return True

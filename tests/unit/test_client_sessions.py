@@ -132,7 +132,8 @@ def test_indeterminate_only_when_the_whole_timeout_passes_without_an_answer(fake
 
 def test_a_refused_append_does_not_leave_a_hole_that_blocks_the_next_ones(fake):
     """The leader refuses seq 2 for good (DISK_FULL: not stored). Seq 3 would wait forever
-    behind the hole (SESSION_SEQ_GAP); the client moves on to a new session instead."""
+    behind the hole (SESSION_SEQ_GAP); as seq 2 was the newest stamp, the client hands it
+    out again instead (no hole, no new session)."""
     leader = SessionLeader(fake)
     refused = [True]
 
@@ -151,4 +152,28 @@ def test_a_refused_append_does_not_leave_a_hole_that_blocks_the_next_ones(fake):
             c.append(b"two")
         assert ei.value.code == RC.DISK_FULL and not ei.value.indeterminate
         assert c.append(b"three").index == 1
-    assert leader.opened == 2 and leader.stamps[-1][1] == 1
+    assert leader.opened == 1 and leader.stamps[-1][1] == 2
+
+
+def test_a_refused_append_behind_later_ones_moves_them_to_a_new_session(fake):
+    """Pipelined: seq 1 is refused for good while seqs 2 and 3 are on their way; they meet
+    the hole (GAP) and, never possibly stored, are resent under a new session."""
+    leader = SessionLeader(fake)
+    refused = [True]
+
+    def disk_full_once(node, msg):  # noqa: ANN001, ANN202
+        if (isinstance(msg, P.AppendRequest) and node.id == fake.leader and msg.seq == 1
+                and refused[0]):
+            refused[0] = False
+            return [fake.error(msg, RC.DISK_FULL)]
+        return leader.script(node, msg)
+
+    for node in fake.nodes.values():
+        node.script = disk_full_once
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        futs = [c.append_async(b"p%d" % k) for k in range(3)]
+        with pytest.raises(DLedgerError):
+            futs[0].result(5)
+        assert sorted(f.result(5).index for f in futs[1:]) == [0, 1]
+    assert leader.opened == 2
+    assert len(fake.entries) == 2
