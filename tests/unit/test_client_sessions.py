@@ -28,6 +28,20 @@ class SessionLeader:
         for node in cluster.nodes.values():
             node.script = self.script
 
+    def refuse_once(self, seq: int, code: int) -> None:
+        """Answer `code` to the first append stamped `seq`, storing nothing."""
+        pending = [True]
+
+        def script(node, msg):  # noqa: ANN001, ANN202
+            if (isinstance(msg, P.AppendRequest) and node.id == self.cluster.leader
+                    and msg.seq == seq and pending[0]):
+                pending[0] = False
+                return [self.cluster.error(msg, code)]
+            return self.script(node, msg)
+
+        for node in self.cluster.nodes.values():
+            node.script = script
+
     def script(self, node, msg):  # noqa: ANN001, ANN201
         c = self.cluster
         if node.id != c.leader or not isinstance(msg, (P.OpenSessionRequest, P.AppendRequest,
@@ -104,16 +118,7 @@ def test_a_group_without_sessions_gets_plain_appends(fake):
 
 def test_a_session_the_leader_forgot_is_replaced_for_a_write_never_possibly_stored(fake):
     leader = SessionLeader(fake)
-    forgotten = [True]
-
-    def forget_once(node, msg):  # noqa: ANN001, ANN202
-        if isinstance(msg, P.AppendRequest) and forgotten[0] and node.id == fake.leader:
-            forgotten[0] = False
-            return [fake.error(msg, RC.SESSION_EXPIRED)]
-        return leader.script(node, msg)
-
-    for node in fake.nodes.values():
-        node.script = forget_once
+    leader.refuse_once(1, RC.SESSION_EXPIRED)
     with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
         assert c.append(b"x").index == 0
     assert leader.opened == 2  # a new session for the refused write
@@ -135,17 +140,7 @@ def test_a_refused_append_does_not_leave_a_hole_that_blocks_the_next_ones(fake):
     behind the hole (SESSION_SEQ_GAP); as seq 2 was the newest stamp, the client hands it
     out again instead (no hole, no new session)."""
     leader = SessionLeader(fake)
-    refused = [True]
-
-    def disk_full_once(node, msg):  # noqa: ANN001, ANN202
-        if (isinstance(msg, P.AppendRequest) and node.id == fake.leader and msg.seq == 2
-                and refused[0]):
-            refused[0] = False
-            return [fake.error(msg, RC.DISK_FULL)]
-        return leader.script(node, msg)
-
-    for node in fake.nodes.values():
-        node.script = disk_full_once
+    leader.refuse_once(2, RC.DISK_FULL)
     with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
         assert c.append(b"one").index == 0
         with pytest.raises(DLedgerError) as ei:
@@ -159,17 +154,7 @@ def test_a_refused_append_behind_later_ones_moves_them_to_a_new_session(fake):
     """Pipelined: seq 1 is refused for good while seqs 2 and 3 are on their way; they meet
     the hole (GAP) and, never possibly stored, are resent under a new session."""
     leader = SessionLeader(fake)
-    refused = [True]
-
-    def disk_full_once(node, msg):  # noqa: ANN001, ANN202
-        if (isinstance(msg, P.AppendRequest) and node.id == fake.leader and msg.seq == 1
-                and refused[0]):
-            refused[0] = False
-            return [fake.error(msg, RC.DISK_FULL)]
-        return leader.script(node, msg)
-
-    for node in fake.nodes.values():
-        node.script = disk_full_once
+    leader.refuse_once(1, RC.DISK_FULL)
     with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
         futs = [c.append_async(b"p%d" % k) for k in range(3)]
         with pytest.raises(DLedgerError):
