@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
@@ -258,13 +259,14 @@ class _Call:
 
 
 class _Node:
-    __slots__ = ("id", "address", "endpoint", "sock", "inflight", "suspect", "unresponsive")
+    __slots__ = ("id", "address", "endpoint", "sock", "mon", "inflight", "suspect", "unresponsive")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.id = node_id
         self.address = f"{host}:{port}"
         self.endpoint = data_address(host, port)
         self.sock: zmq.Socket | None = None
+        self.mon: zmq.Socket | None = None  # the DEALER's monitor: its connection dropped
         self.inflight = 0
         self.suspect = False  # its socket is to be recreated once nothing is in flight on it
         self.unresponsive = False  # let a deadline pass and has not answered anything since
@@ -451,6 +453,7 @@ class DLedgerClient:
         self._disc_streak = 0
         self._suspects: set[_Node] = set()
         self._sock_node: dict[zmq.Socket, _Node] = {}
+        self._mon_node: dict[zmq.Socket, _Node] = {}  # monitor socket -> its DEALER's node
         # Client session (exactly-once appends; docs/client.md "Sessions"): I/O thread only.
         self._sessions = sessions
         self._sid = 0  # 0: none open (yet, or abandoned)
@@ -758,7 +761,7 @@ class DLedgerClient:
             self._setup_error = e
             for node in self._node_order:
                 if node.sock is not None:
-                    node.sock.close(linger=0)
+                    self._close_socket(node)
             return
         finally:
             self._started.set()
@@ -778,6 +781,8 @@ class DLedgerClient:
                         # Cleared after draining the fd and before draining the inbox: a
                         # caller that appends after our drain sees False and wakes us again.
                         self._wake_armed = False
+                    elif sock in self._mon_node:
+                        self._on_monitor(sock)
                     else:
                         self._recv_all(sock)
                 if inbox:
@@ -803,13 +808,72 @@ class DLedgerClient:
             self._slots.kick()
             for node in self._node_order:
                 if node.sock is not None:
-                    node.sock.close(linger=0)
-                    node.sock = None
+                    self._close_socket(node)
 
     def _open_socket(self, node: _Node) -> None:
         node.sock = dealer(self._ctx, node.endpoint)
         self._sock_node[node.sock] = node
         self._poller.register(node.sock, zmq.POLLIN)
+        node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._mon_node[node.mon] = node
+        self._poller.register(node.mon, zmq.POLLIN)
+
+    def _close_socket(self, node: _Node) -> None:
+        if node.mon is not None:
+            self._poller.unregister(node.mon)
+            self._mon_node.pop(node.mon, None)
+            try:
+                node.sock.disable_monitor()
+            except zmq.ZMQError:  # pragma: no cover - already gone
+                pass
+            node.mon.close(linger=0)
+            node.mon = None
+        if node.sock is not None:
+            self._poller.unregister(node.sock)
+            self._sock_node.pop(node.sock, None)
+            node.sock.close(linger=0)
+            node.sock = None
+
+    def _on_monitor(self, mon: zmq.Socket) -> None:
+        """The connection to a node dropped (its process died, or it closed us): no answer to
+        what is in flight there can come any more (a DEALER's reconnection is a new peer to
+        the node's ROUTER). Reads and session writes are resent at once — the leader
+        deduplicates a write it already holds — and a write without a session fails now as
+        indeterminate instead of at its deadline. docs/client.md "Sessions"."""
+        node = self._mon_node.get(mon)
+        dropped = False
+        for _ in range(64):
+            try:
+                event = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                dropped = dropped or parse_monitor_message(event)["event"] == zmq.EVENT_DISCONNECTED
+            except (ValueError, KeyError, IndexError):  # pragma: no cover - a libzmq we do not know
+                continue
+        if node is None or not dropped:
+            return
+        now = time.monotonic()
+        lost = [c for c in self._pending.values() if c.node is node and c.state == _INFLIGHT]
+        if not lost:
+            return
+        log.debug("connection to %s lost with %d requests in flight", node.id, len(lost))
+        self._mark_suspect(node)
+        for call in lost:
+            self._pending.pop(call.rid, None)
+            call.rid = 0
+            node.inflight -= 1
+            call.last = (RC.NETWORK_ERROR, f"connection to {node.id} lost")
+            if call.may_write and not call.sid:
+                self._finish(call, exc=_make_error(
+                    RC.NETWORK_ERROR, f"{_KIND_NAMES[call.kind]} in flight to {node.id} when its "
+                    "connection dropped", indeterminate=True, node=node.id))
+                continue
+            if call.pinned is not None:
+                self._finish(call, None)  # a per-node METADATA: that node does not answer
+                continue
+            call.unsure = call.unsure or call.may_write
+            self._retry_later(call, now)
 
     def _reset_suspects(self) -> None:
         """Lazy Pirate: recreate the DEALER of a node that let a deadline pass, once nothing
@@ -818,11 +882,7 @@ class DLedgerClient:
             if node.inflight == 0:
                 self._suspects.discard(node)
                 node.suspect = False
-                old = node.sock
-                if old is not None:
-                    self._poller.unregister(old)
-                    self._sock_node.pop(old, None)
-                    old.close(linger=0)
+                self._close_socket(node)
                 self._open_socket(node)
                 log.debug("recreated the socket to %s after a timeout", node.id)
 

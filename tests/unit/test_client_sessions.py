@@ -5,6 +5,8 @@ original index."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ipc import protocol as P
@@ -161,4 +163,21 @@ def test_a_refused_append_behind_later_ones_moves_them_to_a_new_session(fake):
             futs[0].result(5)
         assert sorted(f.result(5).index for f in futs[1:]) == [0, 1]
     assert leader.opened == 2
+    assert len(fake.entries) == 2
+
+
+def test_a_dead_leaders_dropped_connection_resends_at_once(fake):
+    """n0 takes the append and dies before answering: the client sees the connection drop
+    (socket monitor) and resends to the new leader at once, long before `attempt_timeout`."""
+    leader = SessionLeader(fake)
+    with DLedgerClient(fake.peers, GROUP, timeout=10.0, attempt_timeout=5.0) as c:
+        assert c.append(b"warm").index == 0  # the session is open
+        leader.swallow = 1
+        t0 = time.monotonic()
+        fut = c.append_async(b"in flight")
+        fake.nodes["n0"].wait_for(lambda n: n.count(P.AppendRequest) >= 2)
+        fake.leader = "n1"
+        fake.nodes["n0"].stop()
+        assert fut.result(10).index == 1  # written once by n0, found again via n1
+        assert time.monotonic() - t0 < 2.5
     assert len(fake.entries) == 2
