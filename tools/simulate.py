@@ -36,6 +36,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mutate", default="", help="apply known-bad mutations (tools/sim/mutations.py)")
     ap.add_argument("--trace-len", type=int, default=60, help="events shown before a failure")
     ap.add_argument("--keep-going", action="store_true", help="run every seed even after a failure")
+    ap.add_argument("--sessions", action="store_true",
+                    help="about half the writers use client sessions: stamped appends resent after "
+                         "timeouts and failures, deduplicated by the leader")
     a = ap.parse_args(argv)
     faults = [] if a.faults in ("", "none") else [f.strip() for f in a.faults.split(",") if f.strip()]
     bad = [f for f in faults if f not in ALL_FAULTS + OPT_IN_FAULTS]
@@ -47,7 +50,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _config(a: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(seed=seed, nodes=a.nodes, faults=a.fault_list, steps=a.steps, store=a.store,
-                     trace_len=a.trace_len)
+                     trace_len=a.trace_len, sessions=a.sessions)
 
 
 def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result], float]:
@@ -77,6 +80,8 @@ def _report(r: Result, a: argparse.Namespace) -> None:
         opts.append(f"--faults {','.join(a.fault_list) or 'none'}")
     if a.mutate:
         opts.append(f"--mutate {a.mutate}")
+    if a.sessions:
+        opts.append("--sessions")
     print(f"replay: python -m tools.simulate {' '.join(opts)}")
 
 

@@ -34,6 +34,7 @@ supervisor stops the node with that message instead of restarting it.
 from __future__ import annotations
 
 import errno
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,10 @@ ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has roo
 READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
+
+SESSION_FILE = "sessions"
+"""`<term> <counter>`: session ids handed out in that term go up to counter (store dir)."""
+SESSION_ID_BLOCK = 256
 
 class HandlerTransport(Protocol):
     def reply(self, ident: bytes, frame: bytes) -> None: ...
@@ -162,6 +167,7 @@ class Handler:
         self.pending = PendingTable(self.cfg.max_pending_requests)
         self.sessions = SessionTable(self.cfg.max_sessions, self.cfg.session_window)
         self.session_counter = 0  # session ids opened in leader_term
+        self.session_reserved = 0  # ids up to this one are recorded in SESSION_FILE as handed out
         self.reads: list[ParkedRead] = []
         # follower side
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
@@ -560,6 +566,9 @@ class Handler:
             self._error(ident, req, RC.NOT_LEADER, m=m)
             return
         while True:
+            if self.session_counter >= self.session_reserved and not self._reserve_session_ids():
+                self._error(ident, req, RC.DISK_ERROR, f"cannot record session ids in {SESSION_FILE}", m=m)
+                return
             self.session_counter += 1
             if self.session_counter > MAX_SESSION_COUNTER:
                 self._error(ident, req, RC.SESSION_LIMIT, f"{MAX_SESSION_COUNTER} sessions opened in "
@@ -622,6 +631,34 @@ class Handler:
         else:
             self.pending.register(self.leader_term, last, p)
 
+    def _reserve_session_ids(self) -> bool:
+        """Record, before handing them out, that ids up to counter + SESSION_ID_BLOCK of this
+        term may be in use. Why: a handler that crashes and restarts while its node still
+        leads the term starts counting again; ids it handed out whose sessions have not
+        appended yet are in no log, so it would hand them out twice (the simulator found two
+        writers sharing one session, one answered with the other's index). A process crash
+        keeps the page cache, and a node restart starts a new term, so no fsync is needed."""
+        new = min(self.session_counter + SESSION_ID_BLOCK, MAX_SESSION_COUNTER)
+        path = os.path.join(self.cfg.store_dir, SESSION_FILE)
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{self.leader_term} {new}\n")
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            self.log.error("cannot record session ids in %s: %s", path, e)
+            return False
+        self.session_reserved = new
+        return True
+
+    def _handed_out_session_ids(self) -> int:
+        """The counter a handler (re)starting to lead `leader_term` continues from."""
+        try:
+            with open(os.path.join(self.cfg.store_dir, SESSION_FILE)) as f:
+                term, n = (int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            return 0
+        return n if term == self.leader_term else 0
+
     def _rebuild_sessions(self) -> None:
         """A new leader's session table, from the newest `session_scan_entries` entries."""
         t0 = self.now()
@@ -630,7 +667,7 @@ class Handler:
         except (StoreError, OSError, struct.error) as e:  # retries then get SESSION_EXPIRED: indeterminate
             self.log.error("cannot rebuild the client sessions from the log: %s", e)
             self.sessions = SessionTable(self.cfg.max_sessions, self.cfg.session_window)
-        self.session_counter = 0
+        self.session_counter = self.session_reserved = self._handed_out_session_ids()
         self.log.info("client sessions: %d known from the newest %d entries (%d ms)", len(self.sessions),
                       min(self.cfg.session_scan_entries, self.store.ledger_end_index + 1), self.now() - t0)
 

@@ -94,7 +94,7 @@ class MemoryStore:
         recs = list(codec.INDEX.iter_unpack(index_records[:len(index_records) // codec.INDEX_SIZE
                                                           * codec.INDEX_SIZE])) if index_records else None
         try:
-            for k, (_off, e) in enumerate(codec.iter_entries(blob, verify_crc=run_crc is None)):
+            for k, (off, e) in enumerate(codec.iter_entries(blob, verify_crc=run_crc is None)):
                 if e.index != expected or e.term < prev:
                     raise InconsistentAppend(f"push entry {e.index}/{e.term}, expected index {expected}")
                 if recs is not None:
@@ -104,16 +104,17 @@ class MemoryStore:
                     if (magic, size, index, term) != (e.magic, codec.HEADER_SIZE + len(e.body), e.index, e.term):
                         raise StoreError(f"push entry {e.index}: header disagrees with its index record",
                                          "UNEXPECTED_ARGUMENT")
-                staged.append(e)
+                staged.append((off, e))
                 expected, prev = e.index + 1, e.term
         except codec.CodecError as ex:
             raise StoreError(str(ex), "UNEXPECTED_ARGUMENT") from ex
         if recs is not None and len(recs) != len(staged):
             raise StoreError(f"push of {len(staged)} entries carries {len(recs)} index records",
                              "UNEXPECTED_ARGUMENT")
-        for e in staged:
-            pos = self._pos
-            self._push(codec.encode_entry(e.index, e.term, pos, bytes(e.body), e.magic), e.index, e.term)
+        for off, e in staged:  # the leader's bytes as they are (session stamp too), pos re-stamped
+            raw = bytearray(blob[off:off + codec.HEADER_SIZE + len(e.body)])
+            codec.restamp_pos(raw, 0, self._pos)
+            self._push(bytes(raw), e.index, e.term)
         return self.ledger_end_index
 
     def _check_range(self, index: int) -> None:

@@ -134,3 +134,18 @@ def test_a_follower_refuses_to_open_a_session(tmp_path: Path) -> None:
     h, wire = make_handler(tmp_path, "n1", state, Clock(), store=store_of([1]))
     h.handle_frame(b"c", P.encode(P.OpenSessionRequest("g", "n1", 5)))
     assert wire.answer(5).code == RC.NOT_LEADER
+
+
+def test_a_restarted_handler_never_hands_out_a_session_id_twice_in_a_term(tmp_path: Path) -> None:
+    """The handler crashes and restarts while its node still leads term 3 (found by the
+    simulator): ids handed out before, whose sessions have not appended yet, are in no log;
+    the restarted handler continues after them."""
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    first = {open_session(h, wire, k) for k in range(1, 4)}
+    store = h.store
+    h2, wire2 = make_handler(tmp_path, "n1", state, clock, store=store)
+    h2.tick()  # leads term 3 again: the NOOP, the table rebuilt from the log
+    assert h2.leader_term == 3
+    again = {open_session(h2, wire2, k) for k in range(10, 13)}
+    assert not first & again

@@ -85,6 +85,7 @@ class SimConfig:
     preempt: float = 0.25  # probability that a block read is a preemption point that runs others
     max_depth: int = 3
     tmp_root: str | None = None
+    sessions: bool = False  # about half the writers use client sessions and resend (exactly-once)
 
 
 @dataclass
@@ -118,19 +119,33 @@ class Writer:
     next_send: int = 0
     rid: int = 0
     out: dict[int, tuple[list[bytes], int, int]] = field(default_factory=dict)  # rid -> (bodies, node, deadline)
+    # client sessions (SimConfig.sessions): rid -> (session, seq, resends, unsure) of a stamped request
+    stamps: dict[int, tuple[int, int, int, bool]] = field(default_factory=dict)
+    session: bool = False
+    sid: int = 0
+    next_seq: int = 1
+    opening: int = 0  # rid of an OPEN_SESSION in flight (0: none)
     acks: dict[tuple[int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
     # (node, term) -> sorted [(rid, first index, last index)]: one leader appends one
     # connection's requests in the order they arrive
 
 
 class ClientActor(A.Actor):
-    """A writer: up to `window` APPEND / BATCH_APPEND requests in flight, unique bodies, no
-    retries of a payload (an indeterminate failure is simply abandoned)."""
+    """A writer: up to `window` APPEND / BATCH_APPEND requests in flight, unique bodies. Without
+    a session no payload is retried (an indeterminate failure is simply abandoned). With one
+    (SimConfig.sessions), as ipc/client.py does: every request is stamped (session, seq) and
+    resent under the same stamp after a timeout or any failure but a gap's end, so the leader's
+    deduplication (node/core/sessions.py) is what keeps a body from being committed twice (the
+    history check) or acknowledged at an index holding something else (`on_ack`)."""
+
+    MAX_RESENDS = 12
 
     def __init__(self, sim: Sim, wid: int) -> None:
         super().__init__(sim, None, f"client{wid}")
         r = sim.rng
         self.w = Writer(wid, window=r.choice((1, 2, 4, 8, 16, 32)), target=r.randrange(sim.cfg.nodes))
+        if sim.cfg.sessions:  # drawn only then: seeds without sessions keep their histories
+            self.w.session = r.random() < 0.5
         self.ident = b"c:%d" % wid
 
     def step(self) -> None:
@@ -141,9 +156,17 @@ class ClientActor(A.Actor):
         now = sim.now
         for rid in [rid for rid, o in w.out.items() if now >= o[2]]:
             sim.trace_event(self.key, "timeout", rid)
-            del w.out[rid]
+            bodies, _node, _d = w.out.pop(rid)
             w.target = sim.rng.randrange(sim.cfg.nodes)
+            if rid == w.opening:
+                w.opening = 0
+            elif rid in w.stamps:
+                self._resend(rid, bodies, unsure=True)
         while sim.writing and len(w.out) < w.window and now >= w.next_send:
+            if w.session and not w.sid:
+                if not w.opening:
+                    self._open()
+                break
             self._send()
             w.next_send = now + sim.rng.choice((0, 1, 5, 10, 30))
         due = [now + 1000]
@@ -163,14 +186,42 @@ class ClientActor(A.Actor):
             b = b"w%d.r%d.%d|" % (w.wid, w.rid, i) + b"x" * pad
             sim.sent[b] = (w.wid, w.rid)
             bodies.append(b)
+        if w.session:
+            w.stamps[w.rid] = (w.sid, w.next_seq, 0, False)
+            w.next_seq = (w.next_seq + n) & 0xFFFF_FFFF
+        self._transmit(w.rid, bodies)
+
+    def _transmit(self, rid: int, bodies: list[bytes]) -> None:
+        sim, w = self.sim, self.w
         node = sim.nodes[w.target]
-        if n == 1:
-            msg: Any = P.AppendRequest(sim.group, node.id, bodies[0], w.rid)
+        sid, seq, _k, _u = w.stamps.get(rid, (0, 0, 0, False))
+        if len(bodies) == 1:
+            msg: Any = P.AppendRequest(sim.group, node.id, bodies[0], rid, sid, seq)
         else:
-            msg = P.BatchAppendRequest(sim.group, node.id, bodies, w.rid)
-        w.out[w.rid] = (bodies, w.target, sim.now + 3000)
-        sim.trace_event(self.key, "send", (node.id, w.rid, [b[:12] for b in bodies]))
+            msg = P.BatchAppendRequest(sim.group, node.id, bodies, rid, sid, seq)
+        w.out[rid] = (bodies, w.target, sim.now + 3000)
+        sim.trace_event(self.key, "send", (node.id, rid, sid, seq, [b[:12] for b in bodies]))
         sim.client_send(self, w.target, P.encode(msg))
+
+    def _open(self) -> None:
+        sim, w = self.sim, self.w
+        w.rid += 1
+        w.opening = w.rid
+        w.out[w.rid] = ([], w.target, sim.now + 3000)
+        sim.client_send(self, w.target, P.encode(P.OpenSessionRequest(sim.group, sim.nodes[w.target].id, w.rid)))
+
+    def _resend(self, rid: int, bodies: list[bytes], unsure: bool) -> None:
+        """A stamped request again, under a new request id and the same stamp; after
+        MAX_RESENDS it is abandoned (indeterminate) and so is its session (a possible hole)."""
+        w = self.w
+        sid, seq, k, was_unsure = w.stamps.pop(rid)
+        if k >= self.MAX_RESENDS:
+            if w.sid == sid:
+                w.sid = 0
+            return
+        w.rid += 1
+        w.stamps[w.rid] = (sid, seq, k + 1, was_unsure or unsure)
+        self._transmit(w.rid, bodies)
 
     def _on_reply(self, frame: bytes) -> None:
         sim, w = self.sim, self.w
@@ -183,6 +234,14 @@ class ClientActor(A.Actor):
         if o is None:
             return  # it timed out here already: a late answer tells nothing the checks need
         bodies, node, _deadline = o
+        if msg.request_id == w.opening:
+            w.opening = 0
+            if isinstance(msg, P.OpenSessionResponse) and msg.code == RC.SUCCESS:
+                w.sid, w.next_seq = msg.session, 1
+            else:
+                self._retarget(msg)
+            return
+        stamp = w.stamps.pop(msg.request_id, None)
         if msg.code == RC.SUCCESS:
             if isinstance(msg, P.AppendResponse):
                 first = msg.index
@@ -195,8 +254,21 @@ class ClientActor(A.Actor):
                 raise Violation(f"{self.key}: SUCCESS reply of type {type(msg).__name__}")
             for i, b in enumerate(bodies):
                 sim.on_ack(first + i, b)
-            self._check_order(node, msg.term, msg.request_id, first, first + len(bodies) - 1)
+            if stamp is None or stamp[2] == 0:  # a resend may be answered with an earlier index
+                self._check_order(node, msg.term, msg.request_id, first, first + len(bodies) - 1)
             return
+        self._retarget(msg)
+        if stamp is None:
+            return
+        if msg.code in (RC.SESSION_EXPIRED, RC.SESSION_SEQ_INVALID, RC.SESSION_SEQ_TOO_OLD):
+            if w.sid == stamp[0]:  # given up (its outcome is what the code says)
+                w.sid = 0
+            return
+        w.stamps[msg.request_id] = stamp
+        self._resend(msg.request_id, bodies, unsure=msg.code in (RC.WAIT_QUORUM_ACK_TIMEOUT, RC.TERM_CHANGED))
+
+    def _retarget(self, msg: Any) -> None:
+        sim, w = self.sim, self.w
         leader = getattr(msg, "leader_id", "")
         ids = [n.id for n in sim.nodes]
         if msg.code == RC.NOT_LEADER and leader in ids:
