@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from tools.sim.world import ALL_FAULTS, OPT_IN_FAULTS, Result, SimConfig, run_seed
+from tools.sim.world import ALL_FAULTS, OPT_IN_FAULTS, Result, SimConfig, _tmp_root, run_seed
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -72,6 +75,20 @@ def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result],
     return ran, fails, time.perf_counter() - t0
 
 
+def _remove_leftovers(since: float, lo: int, hi: int) -> None:
+    """Workers stopped by `terminate()` (the first failure ends the run) cannot remove the
+    temporary directory of the seed they were in: remove this run's ones (seed in range,
+    made after it started), so /dev/shm does not fill up over many runs."""
+    root = Path(_tmp_root() or tempfile.gettempdir())
+    for p in root.glob("dlsim-*-*"):
+        try:
+            seed = int(p.name.split("-")[1])
+            if lo <= seed < hi and p.stat().st_mtime >= since - 1:
+                shutil.rmtree(p, ignore_errors=True)
+        except (ValueError, IndexError, OSError):
+            continue
+
+
 def _report(r: Result, a: argparse.Namespace) -> None:
     print(f"\nFAILED seed {r.seed} after {r.steps} steps, {r.virtual_ms} virtual ms: {r.error}")
     print(f"--- last events (time ms, actor, event) ---\n{r.trace}\n---")
@@ -101,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {a.seed}: ok ({dt * 1000:.0f} ms)")
         return 0
     lo, hi = a.first, a.first + a.seeds
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     if a.jobs <= 1:
         ran, fails, _dt = _chunk((a, lo, hi))
     else:
@@ -114,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 fails += f
                 if fails and not a.keep_going:
                     pool.terminate()
+                    _remove_leftovers(wall0, lo, hi)
                     break
     dt = time.perf_counter() - t0
     for r in sorted(fails, key=lambda r: r.seed)[:3]:

@@ -153,3 +153,22 @@ def test_a_second_leadership_of_one_term_is_caught(mutation: str) -> None:
     seed, error = _first_failure(mutation, range(0, 300))
     assert seed >= 0, f"{mutation} was not caught in 300 seeds"
     assert "a second time" in error, error
+
+
+def test_a_run_stopped_by_a_failure_leaves_no_temporary_directories() -> None:
+    """The first failure terminates the worker pool mid-seed; the run removes what the
+    killed workers left (one per worker seen before the fix, in /dev/shm)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tools.sim.world import _tmp_root
+
+    root = Path(_tmp_root() or "/tmp")
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "tools.simulate", "--seeds", "400", "--jobs", "2",
+                        "--mutate", "quorum-max"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-500:]
+    left = [p for p in root.glob("dlsim-*-*") if p.stat().st_mtime >= t0 - 1]
+    assert not left, left
