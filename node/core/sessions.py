@@ -22,8 +22,8 @@ The decision for a request ``(session, first seq, count)``, given the session's 
 * ``GAP``: first > L + 1: entries before it are missing (lost with an uncommitted tail):
   the client must resend from L + 1;
 * ``OVERLAP``: the request straddles L (part written, part not): not a retry of one request;
-* ``EXPIRED``: the session is unknown and first != 1: its history is older than the table
-  (evicted, or beyond the rebuild scan). The client's unanswered appends of that session are
+* ``EXPIRED``: the session is unknown and first != 1 (or it was opened in an earlier term):
+  its history is older than the table (evicted, or beyond the rebuild scan). The client's unanswered appends of that session are
   indeterminate; it opens a new session.
 
 Bounds (documented in docs/client.md): at most `max_sessions` sessions, the least recently
@@ -122,13 +122,16 @@ class SessionTable:
         s = self._sessions.get(session)
         return None if s is None else s.last_seq
 
-    def decide(self, session: int, first_seq: int, count: int = 1) -> Decision:
-        """What to do with an append of `count` entries from `session` starting at `first_seq`."""
+    def decide(self, session: int, first_seq: int, count: int = 1, may_start: bool = True) -> Decision:
+        """What to do with an append of `count` entries from `session` starting at `first_seq`.
+        `may_start`: an unknown session's seq 1 may begin it. The leader passes False for a
+        session an earlier term opened: its first entry may be in the log beyond what the
+        table was rebuilt from, and appending it again would store it twice."""
         if session == NO_SESSION:
             return _APPEND
         s = self._sessions.get(session)
         if s is None:
-            return _APPEND if first_seq == 1 else _EXPIRED
+            return _APPEND if first_seq == 1 and may_start else _EXPIRED
         ahead = seq_after(s.last_seq, first_seq)
         if ahead == 1:
             return _APPEND

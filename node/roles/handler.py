@@ -585,7 +585,7 @@ class Handler:
         """True when the request is new and must be written; otherwise it is answered here: a
         retry with its original index (at once if committed, else when it commits), anything
         else with a SESSION_* code naming the session's last seq."""
-        d = self.sessions.decide(session, seq, n)
+        d = self.sessions.decide(session, seq, n, may_start=(session >> 16) == (self.leader_term & 0xFFFF))
         if d.verdict is Verdict.APPEND:
             return True
         if d.verdict is Verdict.DUPLICATE:

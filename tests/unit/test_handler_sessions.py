@@ -84,9 +84,11 @@ def test_gaps_straddles_and_unknown_sessions_get_their_codes(tmp_path: Path) -> 
     assert wire.answer(12).code == RC.SESSION_SEQ_INVALID
     append(h, 13, session_id(2, 9), 4)  # a session this leader never heard of, mid-stream
     assert wire.answer(13).code == RC.SESSION_EXPIRED
-    append(h, 14, session_id(2, 9), 1)  # ... but a first append just starts it
+    append(h, 14, session_id(2, 9), 1)  # an earlier term's: its seq 1 may be beyond the scan
+    assert wire.answer(14).code == RC.SESSION_EXPIRED
+    append(h, 15, session_id(3, 9), 1)  # one of this term's: a first append just starts it
     commit_all(h, state)
-    assert wire.answer(14).code == RC.SUCCESS
+    assert wire.answer(15).code == RC.SUCCESS
 
 
 def test_single_appends_of_one_multi_are_deduplicated_one_by_one(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ def test_a_new_session_starts_at_seq_1_and_an_unknown_later_seq_is_expired():
     assert t.decide(9, 1).verdict is Verdict.APPEND
     assert t.decide(9, 2).verdict is Verdict.EXPIRED
     assert t.decide(NO_SESSION, 77).verdict is Verdict.APPEND  # no session: never deduplicated
+    assert t.decide(9, 1, may_start=False).verdict is Verdict.EXPIRED  # an earlier term's session
 
 
 def test_a_retried_single_append_is_answered_with_its_index():
