@@ -78,6 +78,7 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role, is_indeterminate, is_retryable
 from ipc.sockets import data_address, dealer, make_context, parse_peers
+from node.core.sessions import seq_add
 from node.store import codec
 
 log = logging.getLogger("dledger.client")
@@ -217,7 +218,6 @@ class ClientClosedError(RuntimeError):
 _APPEND, _BATCH, _GET, _META, _TRANSFER, _OPEN = range(6)
 _NEW, _INFLIGHT, _WAITING, _BACKOFF, _DONE = range(5)
 _KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION")
-_SEQ_MASK = 0xFFFF_FFFF
 # Answers to a session append after which the same stamp may simply be sent again: the entry
 # is not in that leader's log (yet): its predecessors are missing, or the answer was lost.
 _SESSION_RESEND = frozenset({RC.SESSION_SEQ_GAP})
@@ -1014,7 +1014,7 @@ class DLedgerClient:
                 self._dispatch(self._opening, now)
             return False
         call.sid, call.seq = self._sid, self._next_seq
-        self._next_seq = (self._next_seq + call.count) & _SEQ_MASK
+        self._next_seq = seq_add(self._next_seq, call.count)
         return True
 
     def _session_opened(self, sid: int, now: float) -> None:
@@ -1050,7 +1050,7 @@ class DLedgerClient:
         been stored: then its seqs are simply handed out again (no hole, no new session) —
         unless the leader has forgotten the session itself (`forgotten`)."""
         if (not forgotten and call.sid and call.sid == self._sid and not call.unsure
-                and (call.seq + call.count) & _SEQ_MASK == self._next_seq):
+                and seq_add(call.seq, call.count) == self._next_seq):
             self._next_seq = call.seq
             return
         if call.sid and call.sid == self._sid:

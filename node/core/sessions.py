@@ -34,6 +34,7 @@ session the last `window` seqs' indices.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -47,6 +48,19 @@ MAX_SESSION_COUNTER = 0xFFFF
 def seq_add(seq: int, k: int) -> int:
     """`seq` + `k` in the 32-bit sequence space."""
     return (seq + k) & SEQ_MASK
+
+
+def entry_seqs(session: int, first_seq: int | list[int], n: int) -> Iterable[int]:
+    """The seq stamped on each of `n` entries written in one go: 0 without a session, else
+    `first_seq` + k mod 2**32, or the given list (single appends of one MULTI). A C-level
+    iterable, so a store's batch loop stays one zip."""
+    if not session:
+        return itertools.repeat(0, n)
+    if isinstance(first_seq, list):
+        return first_seq
+    if first_seq + n - 1 <= SEQ_MASK:
+        return range(first_seq, first_seq + n)
+    return [seq_add(first_seq, k) for k in range(n)]
 
 
 def seq_after(a: int, b: int) -> int:

@@ -67,7 +67,7 @@ from node.core.follower import (
 )
 from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
-from node.core.sessions import MAX_SESSION_COUNTER, SEQ_MASK, SessionTable, Verdict, session_id
+from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
 from node.member_lock import MemberLock
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
@@ -607,7 +607,7 @@ class Handler:
         for r in reqs:
             if r.session and (follows.get(r.session) == r.seq
                               or self._session_admits(ident, r, r.session, r.seq, 1, m, now)):
-                follows[r.session] = (r.seq + 1) & SEQ_MASK
+                follows[r.session] = seq_add(r.seq, 1)
             elif r.session:
                 continue
             admitted.append(r)

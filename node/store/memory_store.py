@@ -5,6 +5,7 @@ Entries are kept encoded exactly as on disk, so raw reads and follower appends b
 
 from __future__ import annotations
 
+from node.core.sessions import entry_seqs
 from node.store import codec, push_check
 from node.store.base import (
     AppendResult,
@@ -75,8 +76,7 @@ class MemoryStore:
             raise StoreError("empty batch", "REQUEST_WITH_EMPTY_BODYS")
         if any(len(b) > self.max_body_size for b in bodies):
             raise StoreError("body too large", "UNEXPECTED_ARGUMENT")
-        seqs = first_seq if isinstance(first_seq, list) else [
-            (first_seq + k) & 0xFFFF_FFFF if session else 0 for k in range(len(bodies))]
+        seqs = entry_seqs(session, first_seq, len(bodies))
         rs = [self.append_leader(b, term, session=session, seq=s) for b, s in zip(bodies, seqs, strict=True)]
         return rs[0].index, [r.pos for r in rs]
 

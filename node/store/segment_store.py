@@ -23,14 +23,13 @@ until it is reopened, because after it the page cache no longer tells what is on
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
+from node.core.sessions import entry_seqs
 from node.store import codec, push_check
 from node.store.base import (
     AppendResult,
@@ -81,19 +80,6 @@ def disk_usage_ratio(path: str | os.PathLike[str]) -> float:
     return used / usable if usable > 0 else 0.0
 
 
-_SEQ_MASK = 0xFFFF_FFFF
-
-
-def _session_seqs(session: int, first_seq: int | list[int], n: int) -> Iterable[int]:
-    """The chainCrc (seq) of each of `n` entries: 0 without a session, else `first_seq` + k
-    mod 2**32, or the given list. A C-level iterable: the batch loop stays one zip."""
-    if not session:
-        return itertools.repeat(0, n)
-    if isinstance(first_seq, list):
-        return first_seq
-    if first_seq + n - 1 <= _SEQ_MASK:
-        return range(first_seq, first_seq + n)
-    return [(first_seq + k) & _SEQ_MASK for k in range(n)]
 
 class SegmentStore:
     """A node's log on disk. Not thread-safe for writers: the handler is the one writer;
@@ -464,7 +450,7 @@ class SegmentStore:
         f = self.data.files[-1] if self.data.files else None
         parts: list = []
         base = f.wrote if f is not None else 0
-        for body, seq in zip(bodies, _session_seqs(session, first_seq, len(bodies)), strict=True):
+        for body, seq in zip(bodies, entry_seqs(session, first_seq, len(bodies)), strict=True):
             n = len(body)
             size = HEADER_SIZE + n
             if f is None or size + BLANK_SIZE > f.size - f.wrote:

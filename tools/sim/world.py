@@ -37,6 +37,7 @@ from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from node import channels
 from node.config import NodeConfig
+from node.core.sessions import seq_add
 from node.store import codec
 from node.store.base import StoreError
 from tools.sim import actors as A
@@ -188,7 +189,7 @@ class ClientActor(A.Actor):
             bodies.append(b)
         if w.session:
             w.stamps[w.rid] = (w.sid, w.next_seq, 0, False)
-            w.next_seq = (w.next_seq + n) & 0xFFFF_FFFF
+            w.next_seq = seq_add(w.next_seq, n)
         self._transmit(w.rid, bodies)
 
     def _transmit(self, rid: int, bodies: list[bytes]) -> None:
