@@ -10,8 +10,9 @@ entries after it. That is why ``apply`` must be deterministic and ``snapshot`` m
 exactly the state after the last applied entry: a replica that restored a snapshot and a
 replica that replayed the whole log must end equal.
 
-This module is pure: the applier role, snapshot files on disk and the wire come elsewhere.
-docs/statemachine.md has the contract with an example.
+This module is pure and only states the contract: the applier role, snapshot files on disk
+and the wire come elsewhere (the applier is not written yet). docs/statemachine.md has the
+contract with an example.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class StateMachine(abc.ABC):
     class's own options (``key=value`` pairs from the command line or the config file, see
     ``loader.parse_options``; empty when none are given). Strings, because they come from a
     command line or a file: the class parses and validates them and raises (any exception) on
-    a bad one, which stops the node at start with a one-line message naming the class. Options must be the same on every replica, or at
+    a bad one; the loader turns that into a one-line error naming the class, so a node can
+    refuse to start instead of failing on its first entry. Options must be the same on every replica, or at
     least must not change what ``apply`` computes.
 
     The applier calls the methods from one thread, never concurrently.
