@@ -109,9 +109,10 @@ class SnapshotReceiver:
         self._received = 0
         self._crc = 0
         self._state = "receiving"
-        existing = store.dir / meta.name
-        if store._intact(existing) and store.load(existing).meta == meta:
-            raise SnapshotExists(f"snapshot {meta.name} is already installed in {store.dir}")
+        # Same index and term is the same committed prefix, hence the same state, even if the
+        # bytes differ (a local snapshot, another leader's): refuse now, not after the transfer.
+        if store._intact(store.dir / meta.name):
+            raise SnapshotExists(f"snapshot {meta.name} is already in {store.dir}")
         previous = store._receiver
         if previous is not None:
             previous._end("superseded by a newer receive()")
@@ -237,7 +238,8 @@ class SnapshotReceiver:
         except OSError as e:  # .install stays: a new receive() of this meta resumes at the end
             self._state = "failed"
             raise io_error(e, f"installing snapshot {self.meta.name}") from e
-        except SnapshotExists:
+        except SnapshotExists:  # a valid copy appeared meanwhile: ours is redundant
+            self._state = "aborted"
             remove_tree(self.path)
             raise
         log.info("installed snapshot %s from a leader", self.meta.name)

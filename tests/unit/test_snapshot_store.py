@@ -604,3 +604,11 @@ def test_random_chunk_sizes_and_restarts_reassemble_exactly(data, cuts, restarts
         snap = rx.install()
         assert snap.data_path.read_bytes() == data and snap.meta == src.meta
         store.close()
+
+
+def test_receiving_a_position_the_node_already_has_locally_is_refused_up_front(store,
+                                                                               leader_snap):
+    take(store, leader_snap.last_index, leader_snap.last_term, b"same state, other bytes")
+    with pytest.raises(SnapshotExists, match=leader_snap.path.name):
+        store.receive(leader_snap.meta)
+    assert not (store.dir / ".install").exists()
