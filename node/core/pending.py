@@ -27,6 +27,9 @@ class Pending:
     positions: list[int] | None  # None for a single APPEND
     pos: int
     deadline_ms: int
+    # The term the entries were written in, when it is not the term the reply is registered
+    # under: a retry recognised by a later leader is answered with where its entries are.
+    entry_term: int = -1
 
     @property
     def count(self) -> int:

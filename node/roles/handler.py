@@ -618,14 +618,15 @@ class Handler:
         """Answer a retry with where its entries already are, as the first attempt would have
         been answered: once they are committed."""
         try:
-            positions = [self.store.get(i, verify_crc=False).pos for i in range(first, first + n)]
+            entries = [self.store.get(i, verify_crc=False) for i in range(first, first + n)]
         except (StoreError, OSError) as e:
             self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: {e}"[:200], m=m)
             return
+        positions = [e.pos for e in entries]
         batch = isinstance(req, P.BatchAppendRequest)
         last = first + n - 1
         p = Pending(ident, req.request_id, first, positions if batch else None, positions[0],
-                    now + self.cfg.max_wait_ack_ms)
+                    now + self.cfg.max_wait_ack_ms, entry_term=entries[0].term)
         if last <= self.store.committed_index:
             self._complete(self.leader_term, last, p, RC.SUCCESS)
         else:
@@ -683,6 +684,8 @@ class Handler:
 
     def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
         leader = self.cfg.id if code == RC.SUCCESS else ""
+        if code == RC.SUCCESS and p.entry_term >= 0:
+            term = p.entry_term  # a recognised retry: the term its entries were written in
         if code != RC.SUCCESS:
             msg = P.ErrorResponse(code, self.cfg.group, term, leader, "", int(
                 P.MsgType.BATCH_APPEND if p.positions is not None else P.MsgType.APPEND), p.request_id)

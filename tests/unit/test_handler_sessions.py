@@ -130,6 +130,32 @@ def test_a_new_leader_rebuilds_the_sessions_from_its_log(tmp_path: Path) -> None
     assert open_session(h, wire, 12) == session_id(4, 1)
 
 
+def test_a_retry_across_a_term_change_is_answered_with_the_entry_term(tmp_path: Path) -> None:
+    """The answer to a retry says where the entry is: its index and *its* term (written in
+    term 3), not the term of the leader that recognised the retry (found by `dledger chaos`:
+    an acknowledgement whose (index, term) named no entry of the log)."""
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    s = open_session(h, wire, 1)
+    append(h, 10, s, 1, b"one")
+    batch(h, 11, s, 2, [b"two", b"three"])
+    commit_all(h, state)
+    single, pair = wire.answer(10), wire.answer(11)
+    assert single.term == pair.term == 3
+    state.member = member(Role.FOLLOWER, 4, 0)
+    h.tick()
+    state.member = member(Role.LEADER, 4, 1, quorum_ms=clock.now)
+    h.tick()
+    assert h.leader_term == 4
+    append(h, 12, s, 1, b"one")
+    batch(h, 13, s, 2, [b"two", b"three"])
+    commit_all(h, state)
+    again, again_pair = wire.answer(12), wire.answer(13)
+    assert (again.code, again.index, again.term) == (RC.SUCCESS, single.index, 3)
+    assert (again_pair.code, again_pair.first_index, again_pair.term) == (RC.SUCCESS, pair.first_index, 3)
+    assert h.store.get(single.index).term == 3
+
+
 def test_a_follower_refuses_to_open_a_session(tmp_path: Path) -> None:
     state = FakeState()
     state.member = member(Role.FOLLOWER, 3, 0)

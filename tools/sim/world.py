@@ -254,7 +254,7 @@ class ClientActor(A.Actor):
             else:
                 raise Violation(f"{self.key}: SUCCESS reply of type {type(msg).__name__}")
             for i, b in enumerate(bodies):
-                sim.on_ack(first + i, b)
+                sim.on_ack(first + i, b, msg.term)
             if stamp is None or stamp[2] == 0:  # a resend may be answered with an earlier index
                 self._check_order(node, msg.term, msg.request_id, first, first + len(bodies) - 1)
             return
@@ -416,7 +416,7 @@ class Sim:
         self.led: set[tuple[str, int]] = set()  # (node, term) leaderships
         self.chist: list[tuple[int, int, bytes]] = []  # committed history: (term, magic, body)
         self.chist_where: dict[bytes, int] = {}
-        self.acked: dict[int, bytes] = {}
+        self.acked: dict[int, tuple[bytes, int]] = {}  # index -> (body, term) acknowledged
         self.acked_max = -1
         self.last_ack_at = -1
         self.sent: dict[bytes, tuple[int, int]] = {}
@@ -995,17 +995,19 @@ class Sim:
             self.trace_event(n.id, "ledger", f"begin={new.ledger_begin_index} end={new.ledger_end_index} "
                              f"term={new.ledger_end_term} committed={new.committed_index}")
 
-    def on_ack(self, index: int, body: bytes) -> None:
+    def on_ack(self, index: int, body: bytes, term: int) -> None:
+        """An acknowledgement names an entry by (index, term): both must be where the body is."""
         self.stats["acked"] += 1
         self.last_ack_at = self.now
         prev = self.acked.get(index)
-        if prev is not None and prev != body:
-            self.fail(f"index {index} acknowledged twice with different bodies: {prev[:24]!r} / {body[:24]!r}")
-        self.acked[index] = body
+        if prev is not None and prev != (body, term):
+            self.fail(f"index {index} acknowledged twice differently: {prev[0][:24]!r} term {prev[1]} / "
+                      f"{body[:24]!r} term {term}")
+        self.acked[index] = (body, term)
         self.acked_max = max(self.acked_max, index)
-        if index < len(self.chist) and self.chist[index][2] != body:
-            self.fail(f"acknowledged append {body[:24]!r} at {index}, but the committed entry there is "
-                      f"{self.chist[index][2][:24]!r}")
+        if index < len(self.chist) and self.chist[index][::2] != (term, body):
+            self.fail(f"acknowledged append {body[:24]!r} at {index} term {term}, but the committed entry "
+                      f"there is {self.chist[index][2][:24]!r} term {self.chist[index][0]}")
 
     def check(self) -> None:
         for n in self.nodes:
@@ -1048,8 +1050,9 @@ class Sim:
                 self.fail(f"{n.id}: committed term goes back at {i}")
             h.append(got)
             a = self.acked.get(i)
-            if a is not None and a != got[2]:
-                self.fail(f"acknowledged append {a[:24]!r} at {i}, but {got[2][:24]!r} was committed there")
+            if a is not None and a != (got[2], got[0]):
+                self.fail(f"acknowledged append {a[0][:24]!r} at {i} term {a[1]}, but {got[2][:24]!r} term "
+                          f"{got[0]} was committed there")
 
     def converged(self) -> str | None:
         """None when the group is settled: one leader everyone follows, identical logs, every
