@@ -210,6 +210,15 @@ def tcp_endpoint(host: str, port: int) -> str:
     return f"tcp://{_host(host)}:{port}"
 
 
+def from_source(endpoint: str, source_host: str | None) -> str:
+    """`endpoint` (``tcp://host:port``) connected from `source_host` (any free port) when one
+    is given: ZeroMQ's ``tcp://source;endpoint`` form. Used for peer connections of a node
+    configured with `connect_from_own_host`."""
+    if source_host is None:
+        return endpoint
+    return f"tcp://{_host(source_host)}:0;{endpoint.removeprefix('tcp://')}"
+
+
 def data_address(host: str, port: int) -> str:
     """The node's data port endpoint (handler: clients and pushes), CONTRACT "Ports"."""
     return tcp_endpoint(host, port)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import ipaddress
 import json
 import os
 import tomllib
@@ -69,6 +70,10 @@ class NodeConfig:
     peer_push_throttle_point: int = 100_000  # entries not yet pushed that make a peer "far behind"
     max_body_size: int = 4 << 20
     max_frame_size: int = 64 << 20  # ZMQ_MAXMSGSIZE on network-facing sockets
+    # Connect to the other nodes from this node's own peers-string host (an IP literal), not
+    # from whatever source address the kernel picks: per-address routing or firewall rules can
+    # then tell one node's peer traffic from another's (`dledger chaos` partitions use it).
+    connect_from_own_host: bool = False
     # client sessions (exactly-once appends; node/core/sessions.py, docs/client.md)
     max_sessions: int = 10_000  # sessions a leader remembers; the least recently appending go first
     session_window: int = 4_096  # per session, how many of its newest seqs keep their index
@@ -152,6 +157,11 @@ class NodeConfig:
         for name in ("disk_full_ratio", "disk_space_ratio_to_clean"):
             if not 0 < getattr(self, name) <= 1:
                 p.append(f"{name}: must be in (0, 1]")
+        if self.connect_from_own_host and peers and self.id in peers:
+            try:
+                ipaddress.ip_address(peers[self.id][0])
+            except ValueError:
+                p.append(f"connect_from_own_host: this node's host {peers[self.id][0]!r} must be an IP address")
         for pid in filter(None, self.preferred_leader_ids.split(",")):
             if peers and pid.strip() not in peers:
                 p.append(f"preferred_leader_ids: {pid.strip()!r} is not a peer")

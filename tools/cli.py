@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "tools.cmd_bench",
     "export": "tools.cmd_export",
     "verify": "tools.cmd_verify",
+    "chaos": "tools.cmd_chaos",
 }
 
 
@@ -46,6 +47,7 @@ HELP: dict[str, str] = {
     "bench": "throughput/latency benchmark",
     "export": "committed entries to Parquet (PySpark)",
     "verify": "cross-replica check of committed prefixes (PySpark)",
+    "chaos": "seeded fault injection with a history check",
 }
 
 

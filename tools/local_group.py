@@ -30,13 +30,16 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 class LocalGroup:
     def __init__(self, n: int, extra_args: list[str] | None = None, root: str | None = None,
-                 group: str = "default") -> None:
+                 group: str = "default", hosts: list[str] | None = None) -> None:
+        """`hosts`: one loopback address per node (default 127.0.0.1 for all); distinct ones
+        let routing rules cut one node off (`dledger chaos` partitions)."""
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="dledger-local-"))
         self._own_root = root is None
         self.group = group
         self.ports = free_port_pairs(n)
         self.ids = [f"n{i}" for i in range(n)]
-        self.peers = ";".join(f"{i}-127.0.0.1:{p}" for i, p in zip(self.ids, self.ports, strict=True))
+        self.hosts = dict(zip(self.ids, hosts or ["127.0.0.1"] * n, strict=True))
+        self.peers = ";".join(f"{i}-{self.hosts[i]}:{p}" for i, p in zip(self.ids, self.ports, strict=True))
         self.extra = list(extra_args or [])
         self.procs: dict[str, subprocess.Popen] = {}
         self.ctx = zmq.Context()
@@ -105,7 +108,7 @@ class LocalGroup:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         try:
-            s.connect(f"tcp://127.0.0.1:{self.ports[self.ids.index(nid)]}")
+            s.connect(f"tcp://{self.hosts[nid]}:{self.ports[self.ids.index(nid)]}")
             s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
             if s.poll(timeout_ms):
                 m = P.decode(s.recv())

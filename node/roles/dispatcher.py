@@ -37,7 +37,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, dealer, drain, push, sub
+from ipc.sockets import data_address, dealer, drain, from_source, push, sub
 from node import channels
 from node.core.lease import holds_lease, lease_ms
 from node.core.replication import (
@@ -314,7 +314,8 @@ class Dispatcher:
     def run(self) -> None:
         rc = self.rc
         host, port = self.cfg.peer_map[self.peer]
-        sock = dealer(rc.zctx, data_address(host, port))
+        source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
+        sock = dealer(rc.zctx, from_source(data_address(host, port), source))
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
         roles = sub(rc.zctx, rc.channel(channels.ROLE))
         appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)

@@ -35,7 +35,7 @@ import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
-from ipc.sockets import dealer, elector_address, pub, recv_routed, router, send_routed
+from ipc.sockets import dealer, elector_address, from_source, pub, recv_routed, router, send_routed
 from node import channels
 from node.core.election import ElectorCore, LedgerEnd, Persist, Reply, RoleChanged, Send, Step
 from node.core.transfer import (
@@ -85,9 +85,10 @@ class ZmqElectorTransport:
         self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
         self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
         self.dealers: dict[str, zmq.Socket] = {}
+        source = host if cfg.connect_from_own_host else None
         for peer in peers:
             h, p = cfg.peer_map[peer]
-            self.dealers[peer] = dealer(rc.zctx, elector_address(h, p))
+            self.dealers[peer] = dealer(rc.zctx, from_source(elector_address(h, p), source))
 
     def send(self, peer: str, frame: bytes) -> bool:
         """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""

@@ -1,0 +1,308 @@
+"""One chaos run, start to verdict: a local group, writers and readers on it, a seeded fault
+at a time with its election time and write outage measured, then every replica's store
+decoded and the recorded history checked (history.py).
+
+Per fault:
+- *election*: if the fault took the leader out, the time from the fault to the moment the
+  other nodes agree on a leader in a higher term (polled every 10 ms); "unchanged" if the
+  leader kept its term.
+- *write outage*: the longest stretch, from the fault to the group's recovery, with no
+  acknowledged append from any writer (the first stretch starts at the fault).
+- *recovered*: the fault has been healed, every node answers and agrees on one leader, and the
+  writers have had appends acknowledged since. A group that does not recover within
+  `recovery_timeout` is a violation (liveness): the run stops there and is judged.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from node.store.decoder import StoreDecoder
+from tools.chaos.faults import Fault, Injector, Schedule, enter_private_network, node_hosts
+from tools.chaos.history import History, LogEntry, Replica, Verdict, check
+from tools.chaos.workload import Clock, LeaderMonitor, Reader, Writer, leader_claims_from_logs
+from tools.local_group import LocalGroup
+
+
+@dataclass
+class Options:
+    nodes: int = 3
+    duration: float = 120.0  # seconds of faults (the run also has a start and a final check)
+    max_faults: int | None = None  # stop after this many faults, whatever the duration
+    faults: list[str] = field(default_factory=lambda: ["kill", "pause", "role-kill", "partition"])
+    seed: int = 1
+    sequential_writers: int = 1  # one append at a time each
+    pipelined_writers: int = 1
+    depth: int = 16  # appends in flight per pipelined writer
+    readers: int = 1
+    size: int = 64  # body bytes
+    client_timeout: float = 10.0
+    recovery_timeout: float = 30.0
+    leader_share: float = 0.6  # the share of faults aimed at the leader
+    max_duration: float = 2.5  # the longest a node stays down / paused / cut off
+    min_gap: float = 1.0
+    max_gap: float = 3.0
+    server_args: list[str] = field(default_factory=list)
+    keep: bool = False  # keep the stores and logs (their directory is reported)
+
+
+@dataclass
+class FaultResult:
+    number: int
+    kind: str
+    node: str
+    was_leader: bool
+    term_before: int
+    started_s: float
+    healed_s: float
+    description: str
+    detail: str = ""
+    new_leader: str | None = None
+    new_term: int | None = None
+    election_s: float | None = None  # None: the leader kept its term
+    write_outage_s: float | None = None
+    recovered_s: float | None = None  # from the fault to recovery; None: never recovered
+
+    def line(self) -> str:
+        who = f"{self.node} ({'leader' if self.was_leader else 'follower'}, term {self.term_before})"
+        desc = self.description.replace(self.node, who, 1)
+        if self.election_s is not None:
+            el = f"new leader {self.new_leader} (term {self.new_term}) after {self.election_s:.2f} s"
+        else:
+            el = "leader unchanged"
+        wo = "n/a" if self.write_outage_s is None else f"{self.write_outage_s:.2f} s"
+        rec = "NOT RECOVERED" if self.recovered_s is None else f"recovered after {self.recovered_s:.2f} s"
+        return (f"[{self.started_s:7.1f} s] #{self.number} {desc}{' (' + self.detail + ')' if self.detail else ''}: "
+                f"{el}; write outage {wo}; {rec}")
+
+
+@dataclass
+class Report:
+    options: Options
+    faults: list[FaultResult]
+    verdict: Verdict
+    notes: list[str]
+    timeline: list[tuple[float, str | None, int]]
+    ack_times: list[float]
+    elapsed_s: float
+    store_root: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "ok": self.ok, "seed": o.seed, "nodes": o.nodes, "duration_s": o.duration,
+            "faults_requested": o.faults, "notes": self.notes, "elapsed_s": round(self.elapsed_s, 2),
+            "faults": [vars(f) for f in self.faults],
+            "violations": self.verdict.violations, "stats": self.verdict.stats,
+            "leader_timeline": self.timeline, "store_root": self.store_root,
+        }
+
+
+class ChaosRun:
+    def __init__(self, opts: Options, emit: Callable[[str], None] = print) -> None:
+        self.o = opts
+        self.emit = emit
+        self.notes: list[str] = []
+        self.violations: list[str] = []
+        self.clock = Clock()
+        self.history = History()
+        self.converged_at: int | None = None  # the committed index every node agreed on at the end
+
+    # ------------------------------------------------------------------ setup
+    def _group(self, root: Path) -> LocalGroup:
+        kinds = list(self.o.faults)
+        hosts = None
+        extra = list(self.o.server_args)
+        if "partition" in kinds:
+            why = enter_private_network()
+            if why is None:
+                hosts = node_hosts(self.o.nodes)
+                extra += ["--connect-from-own-host", "true"]
+            else:
+                kinds.remove("partition")
+                self.notes.append(f"partition skipped: {why}")
+        if not kinds:
+            raise ValueError("no fault kind left to inject")
+        self.kinds = kinds
+        # Small segment files: a chaos run writes little and should not reserve gigabytes.
+        return LocalGroup(self.o.nodes, ["--data-file-size", str(64 << 20),
+                                         "--index-file-size", str(8 << 20), *extra],
+                          root=str(root), hosts=hosts)
+
+    def run(self) -> Report:
+        o = self.o
+        root = Path(tempfile.mkdtemp(prefix="dledger-chaos-"))
+        g = self._group(root)
+        sched = Schedule(o.seed, self.kinds, leader_share=o.leader_share, max_duration=o.max_duration,
+                         min_gap=o.min_gap, max_gap=o.max_gap)
+        inj = Injector(g)
+        writers: list[Writer] = []
+        readers: list[Reader] = []
+        monitor = LeaderMonitor(g, self.history, self.clock)
+        results: list[FaultResult] = []
+        replicas: dict[str, Replica] = {}
+        try:
+            g.start()
+            g.wait_leader(timeout=60)
+            for i in range(o.sequential_writers + o.pipelined_writers):
+                depth = 1 if i < o.sequential_writers else o.depth
+                writers.append(Writer(f"w{i}", g.peers, g.group, self.history, self.clock,
+                                      depth=depth, size=o.size, timeout=o.client_timeout))
+            readers = [Reader(f"r{i}", g.peers, g.group, self.history, self.clock, seed=o.seed * 1000 + i,
+                              timeout=o.client_timeout) for i in range(o.readers)]
+            monitor.start()
+            for t in (*writers, *readers):
+                t.start()
+            if not self._wait_acks(writers, self.clock.now(), o.recovery_timeout):
+                self.violations.append("liveness: no append was acknowledged within "
+                                       f"{o.recovery_timeout:.0f} s of the start")
+            end = self.clock.now() + o.duration
+            while not self.violations and (o.max_faults is None or len(results) < o.max_faults):
+                fault = sched.next()
+                if self.clock.now() + fault.gap + fault.duration > end:
+                    break
+                time.sleep(fault.gap)
+                res = self._one(g, inj, writers, fault)
+                results.append(res)
+                self.emit(res.line())
+                if res.recovered_s is None:
+                    self.violations.append(f"liveness: the group did not recover within "
+                                           f"{o.recovery_timeout:.0f} s of fault #{res.number} "
+                                           f"({res.description}); logs in {root}")
+                    o.keep = True
+            inj.heal_all()
+            for w in writers:
+                w.stop()  # all at once: each drains its appends in flight
+            for w in writers:
+                w.close()
+            for r in readers:
+                r.close()
+            monitor.close()
+            if not self.violations:
+                self._wait_converged(g, o.recovery_timeout)
+        finally:
+            inj.heal_all()
+            for w in writers:
+                w.close()
+            for r in readers:
+                r.close()
+            monitor.close()
+            g.close()  # SIGTERM: a clean stop writes each node's checkpoint
+            _remove_segments(g)
+        try:
+            replicas = {nid: read_replica(root / nid, self.converged_at) for nid in g.ids}
+            claims = leader_claims_from_logs(root, g.ids)
+            verdict = check(self.history, replicas, claims)
+        finally:
+            if not (o.keep or self.violations):
+                shutil.rmtree(root, ignore_errors=True)
+        verdict.violations[:0] = self.violations
+        if not verdict.ok:
+            o.keep = True
+        acks = sorted(t for w in writers for t in w.ack_times)
+        return Report(o, results, verdict, self.notes, monitor.timeline, acks, self.clock.now(),
+                      str(root) if (o.keep or not verdict.ok) else None)
+
+    # ------------------------------------------------------------------ one fault
+    def _one(self, g: LocalGroup, inj: Injector, writers: list[Writer], fault: Fault) -> FaultResult:
+        lead, term = self._agreed(g, self.o.recovery_timeout) or (None, -1)
+        followers = [x for x in g.ids if x != lead]
+        node = lead if (fault.on_leader and lead) else followers[int(fault.pick * len(followers))]
+        was_leader = node == lead
+        others = [x for x in g.ids if x != node]
+        t0 = self.clock.now()
+        detail = inj.start(fault, node)
+        res = FaultResult(fault.number, fault.kind, node, was_leader, term, t0, t0,
+                          fault.describe(node), detail)
+        heal_at = t0 + fault.duration
+        while self.clock.now() < heal_at:
+            self._note_election(g, others, term, t0, res)
+            time.sleep(0.01)
+        inj.heal(fault, node)
+        res.healed_s = self.clock.now()
+        deadline = res.healed_s + self.o.recovery_timeout
+        while self.clock.now() < deadline:
+            self._note_election(g, others, term, t0, res)
+            if g.leader() and self._wait_acks(writers, res.healed_s, 0):
+                res.recovered_s = self.clock.now() - t0
+                break
+            time.sleep(0.01)
+        t1 = self.clock.now()
+        acks = sorted(t for w in writers for t in w.acks_between(t0, t1))
+        edges = [t0, *acks, t1]
+        res.write_outage_s = max(b - a for a, b in pairwise(edges))
+        return res
+
+    def _note_election(self, g: LocalGroup, among: list[str], term: int, t0: float, res: FaultResult) -> None:
+        if res.election_s is not None or term < 0:
+            return
+        got = g.leader(among)
+        if got and got[1] > term:
+            res.election_s = self.clock.now() - t0
+            res.new_leader, res.new_term = got
+
+    # ------------------------------------------------------------------ waiting
+    def _agreed(self, g: LocalGroup, timeout: float) -> tuple[str, int] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = g.leader()
+            if got:
+                return got
+            time.sleep(0.01)
+        return None
+
+    def _wait_acks(self, writers: list[Writer], since: float, timeout: float) -> bool:
+        """True once every writer has had an append acknowledged after `since`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if all(w.acks_between(since, float("inf")) for w in writers):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def _wait_converged(self, g: LocalGroup, timeout: float) -> None:
+        """Every node has committed everything the leader holds (so the stores compare)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            views = [g.meta(x) for x in g.ids]
+            if all(views):
+                ends = {v.ledger_end_index for v in views} | {v.committed_index for v in views}
+                if len(ends) == 1:
+                    self.converged_at = ends.pop()
+                    return
+            time.sleep(0.05)
+        self.violations.append(f"liveness: the replicas did not converge within {timeout:.0f} s "
+                               "after the last fault")
+
+
+def read_replica(store_dir: Path, converged_at: int | None = None) -> Replica:
+    """A stopped node's store, decoded read-only (damage shows as crc_ok False). Its committed
+    index is the checkpoint's, or `converged_at` when every node reported that index as
+    committed (and as its end) before the stop: the checkpoint is written on a timer and may
+    lag."""
+    with StoreDecoder(store_dir) as d:
+        entries = [LogEntry(e.index, e.term if e.term is not None else -1, e.type or "?",
+                            e.body or b"", bool(e.crc_ok))
+                   for e in d.iter_entries()]
+        committed = max(d.committed_index, converged_at if converged_at is not None else -1)
+        return Replica(store_dir.name, committed, entries)
+
+
+def _remove_segments(g: LocalGroup) -> None:
+    """A node SIGKILLed at the very end leaves its shared-memory segment; names are
+    deterministic, so remove ours."""
+    from node.shared_state import segment_name
+    for x in g.ids:
+        Path("/dev/shm", segment_name(g.group, x, g.root / x)).unlink(missing_ok=True)
