@@ -103,6 +103,14 @@ class AppendResult(NamedTuple):
     index: int
     term: int
     pos: int
+    result: bytes | None = None  # a group with a state machine: what its `apply` returned
+
+
+class QueryResult(NamedTuple):
+    """A state machine's answer to `query`, and the applied index it reflects."""
+
+    answer: bytes
+    applied_index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +223,10 @@ class ClientClosedError(RuntimeError):
 # Internal call records (touched by the I/O thread only, after submission)
 # ---------------------------------------------------------------------------------------------
 
-_APPEND, _BATCH, _GET, _META, _TRANSFER, _OPEN = range(6)
+_APPEND, _BATCH, _GET, _META, _TRANSFER, _OPEN, _QUERY = range(7)
 _NEW, _INFLIGHT, _WAITING, _BACKOFF, _DONE = range(5)
-_KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION")
+_KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION",
+               "QUERY")
 # Answers to a session append after which the same stamp may simply be sent again: the entry
 # is not in that leader's log (yet): its predecessors are missing, or the answer was lost.
 _SESSION_RESEND = frozenset({RC.SESSION_SEQ_GAP})
@@ -598,6 +607,17 @@ class DLedgerClient:
                 break
             out.extend(got)
         return out
+
+    def query(self, request: bytes | bytearray | memoryview, timeout: float | None = None) -> QueryResult:
+        """A linearizable read of the group's state machine (its `query`): the leader confirms
+        its leadership with a heartbeat round, waits until its state machine has applied
+        everything committed when the read arrived, and answers from it. Idempotent: retried
+        on other nodes and after timeouts within ``timeout``. UNSUPPORTED for a group without a
+        state machine."""
+        if not isinstance(request, bytes | bytearray | memoryview):
+            raise TypeError(f"query request must be bytes, not {type(request).__name__}")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        return self._wait(self._submit(_Call(_QUERY, bytes(request), deadline)), deadline - time.monotonic())
 
     def metadata(self, timeout: float | None = None) -> Metadata:
         """Ask every node in parallel. Silent nodes get alive=False and None fields.
@@ -1111,6 +1131,8 @@ class DLedgerClient:
             return P.encode(P.GetRequest(self.group, node_id, index, count, lin, rid))
         if k == _META:
             return P.encode(P.MetadataRequest(self.group, node_id, rid))
+        if k == _QUERY:
+            return P.encode(P.QueryRequest(self.group, node_id, call.payload, rid))
         target, term = call.payload
         return P.encode(P.LeadershipTransferRequest(self.group, node_id, target, term, rid))
 
@@ -1223,15 +1245,24 @@ class DLedgerClient:
         if code == RC.SUCCESS:
             self._disc_streak = 0
             if kind == _APPEND and type(msg) is P.AppendResponse:
-                self._finish(call, AppendResult(msg.index, msg.term, msg.pos))
+                r = msg.result
+                self._finish(call, AppendResult(msg.index, msg.term, msg.pos, None if r is None else bytes(r)))
                 return
             if kind == _BATCH and type(msg) is P.BatchAppendResponse:
                 n = len(call.payload)
                 if len(msg.positions) == n:
                     first, term = msg.first_index, msg.term
-                    self._finish(call, [AppendResult(first + i, term, p)
-                                        for i, p in enumerate(msg.positions)])
+                    if msg.results is None:
+                        self._finish(call, [AppendResult(first + i, term, p)
+                                            for i, p in enumerate(msg.positions)])
+                    else:
+                        self._finish(call, [AppendResult(first + i, term, p, None if r is None else bytes(r))
+                                            for i, (p, r) in enumerate(zip(msg.positions, msg.results,
+                                                                           strict=True))])
                     return
+            if kind == _QUERY and type(msg) is P.QueryResponse:
+                self._finish(call, QueryResult(bytes(msg.answer), msg.applied_index))
+                return
             if kind == _GET and type(msg) is P.GetResponse:
                 self._finish(call, msg)
                 return
@@ -1417,8 +1448,13 @@ def _decode_entries(blob: P.Buffer, start: int, limit: int) -> list[Entry]:
     return out
 
 
+from ipc.kv_client import KVClient, KVError  # noqa: E402 - built on DLedgerClient above
+
 __all__ = [
     "AppendResult",
+    "KVClient",
+    "KVError",
+    "QueryResult",
     "ClientClosedError",
     "DLedgerClient",
     "DLedgerError",

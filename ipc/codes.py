@@ -56,6 +56,7 @@ class ResponseCode(IntEnum):
     SESSION_SEQ_INVALID = 432  # a request that straddles the session's last seq
     SESSION_SEQ_TOO_OLD = 433  # already written, but too long ago for its index to be known
     SESSION_LIMIT = 434  # this leader opened all the session ids its term allows
+    STATE_MACHINE_ERROR = 440  # the state machine raised while answering a query
 
     @classmethod
     def name_of(cls, code: int) -> str:

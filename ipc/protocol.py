@@ -37,9 +37,14 @@ TAKE_LEADERSHIP (9)    group, remote_id, leader_id (= current leader), i64 term
 MULTI (10) / (0x8A)    u32 count, count x (u32 n, one complete inner frame): several requests
                        (10) or responses (0x8A) in one frame; request id 0; never nested
 OPEN_SESSION (11)      group, remote_id: ask the leader for a client session id
+QUERY (12)             group, remote_id, u32 n, request: a read of the group's state machine
+                       (docs/statemachine.md), answered at a read index (linearizable)
 responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
-  APPEND (0x81)          i64 index, i64 pos             (the entry's term is ``term``)
-  BATCH_APPEND (0x82)    i64 first_index, u32 count, count x i64 positions
+  APPEND (0x81)          i64 index, i64 pos             (the entry's term is ``term``),
+                         [i32 n, result]  (a group with a state machine: what apply returned;
+                         n = -1 for None; present iff bytes follow)
+  BATCH_APPEND (0x82)    i64 first_index, u32 count, count x i64 positions,
+                         [count x (i32 n, result)]  (likewise, one per entry)
   GET (0x83)             u32 n, entries blob (store format)
   METADATA (0x84)        self_id, u8 role, i64 begin, i64 end, i64 committed,
                          u8 peer count, per peer: id, address (<=255), i64 match_index
@@ -49,6 +54,7 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   HEARTBEAT (0x88)       -
   TAKE_LEADERSHIP(0x89)  -
   OPEN_SESSION (0x8B)    u32 session
+  QUERY (0x8C)           i64 applied_index (the state the answer reflects), u32 n, answer
   ERROR (0xFF)           u8 request_type, reason (<=255 bytes)
 =====================  =====================================================================
 
@@ -118,6 +124,7 @@ class MsgType(IntEnum):
     TAKE_LEADERSHIP = 9
     MULTI = 10
     OPEN_SESSION = 11
+    QUERY = 12
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82
     GET_RESPONSE = 0x83
@@ -129,6 +136,7 @@ class MsgType(IntEnum):
     TAKE_LEADERSHIP_RESPONSE = 0x89
     MULTI_RESPONSE = 0x8A
     OPEN_SESSION_RESPONSE = 0x8B
+    QUERY_RESPONSE = 0x8C
     ERROR_RESPONSE = 0xFF
 
 
@@ -199,6 +207,30 @@ class OpenSessionResponse:
     term: int
     leader_id: str = ""
     session: int = 0
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class QueryRequest:
+    """A read-only request to the group's state machine (its `query`), served by the leader
+    once it has confirmed its leadership and applied everything committed when it arrived."""
+
+    TYPE: ClassVar[MsgType] = MsgType.QUERY
+    group: str
+    remote_id: str
+    request: Buffer
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class QueryResponse:
+    TYPE: ClassVar[MsgType] = MsgType.QUERY_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    applied_index: int = -1
+    answer: Buffer = b""
     request_id: int = 0
 
 
@@ -290,6 +322,7 @@ class AppendResponse:
     index: int = -1
     pos: int = -1
     request_id: int = 0
+    result: Buffer | None = None  # a group with a state machine: what apply returned
 
 
 @dataclass(slots=True)
@@ -304,6 +337,7 @@ class BatchAppendResponse:
     first_index: int = -1
     positions: Sequence[int] = field(default_factory=list)
     request_id: int = 0
+    results: Sequence[Buffer | None] | None = None  # with a state machine: one per entry
 
 
 @dataclass(slots=True)
@@ -440,10 +474,10 @@ class Multi:
 
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
-           | TakeLeadershipRequest | OpenSessionRequest)
+           | TakeLeadershipRequest | OpenSessionRequest | QueryRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
-            | TakeLeadershipResponse | OpenSessionResponse | ErrorResponse)
+            | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -545,13 +579,34 @@ def _resp(m: Response) -> bytes:
     return b"".join((_hdr(m), _RESP.pack(m.code, m.term), _s(m.group), _s(m.leader_id)))
 
 
+_RESULT_LEN = struct.Struct(">i")
+
+
+def _enc_result(r: Buffer | None) -> bytes:
+    return _RESULT_LEN.pack(-1) if r is None else _RESULT_LEN.pack(len(r)) + bytes(r)
+
+
 def _enc_append_resp(m: AppendResponse) -> bytes:
-    return _resp(m) + _APPEND_RESP.pack(m.index, m.pos)
+    head = _resp(m) + _APPEND_RESP.pack(m.index, m.pos)
+    return head if m.result is None else head + _enc_result(m.result)
 
 
 def _enc_batch_resp(m: BatchAppendResponse) -> bytes:
     n = len(m.positions)
-    return _resp(m) + _BATCH_RESP.pack(m.first_index, n) + struct.pack(f">{n}q", *m.positions)
+    out = _resp(m) + _BATCH_RESP.pack(m.first_index, n) + struct.pack(f">{n}q", *m.positions)
+    if m.results is None:
+        return out
+    if len(m.results) != n:
+        raise ProtocolError(f"{len(m.results)} results for {n} entries")
+    return out + b"".join(_enc_result(r) for r in m.results)
+
+
+def _enc_query(m: QueryRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _U32.pack(len(m.request)), m.request))
+
+
+def _enc_query_resp(m: QueryResponse) -> bytes:
+    return b"".join((_resp(m), _TERM.pack(m.applied_index), _U32.pack(len(m.answer)), m.answer))
 
 
 def _enc_get_resp(m: GetResponse) -> bytes:
@@ -606,6 +661,8 @@ _ENCODERS = {
     BatchAppendRequest: _enc_batch,
     OpenSessionRequest: _enc_open_session,
     OpenSessionResponse: _enc_open_session_resp,
+    QueryRequest: _enc_query,
+    QueryResponse: _enc_query_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -832,12 +889,45 @@ def _dec_plain_resp(cls):
     return dec
 
 
+def _dec_result(mv: memoryview, off: int, max_body: int) -> tuple[memoryview | None, int]:
+    _need(mv, off, 4, "result length")
+    (n,) = _RESULT_LEN.unpack_from(mv, off)
+    off += 4
+    if n < -1 or n > max_body:
+        raise ProtocolError(f"result length {n} out of range")
+    if n == -1:
+        return None, off
+    _need(mv, off, n, "result")
+    return mv[off:off + n], off + n
+
+
 def _dec_append_resp(mv: memoryview, off: int, rid: int, max_body: int) -> AppendResponse:
     code, term, group, leader, off = _dec_resp_common(mv, off)
     _need(mv, off, _APPEND_RESP.size, "APPEND response fields")
     index, pos = _APPEND_RESP.unpack_from(mv, off)
-    _end(mv, off + _APPEND_RESP.size)
-    return AppendResponse(code, group, term, leader, index, pos, rid)
+    off += _APPEND_RESP.size
+    result = None
+    if off < len(mv):
+        result, off = _dec_result(mv, off, max_body)
+    _end(mv, off)
+    return AppendResponse(code, group, term, leader, index, pos, rid, result)
+
+
+def _dec_query(mv: memoryview, off: int, rid: int, max_body: int) -> QueryRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    request, off = _blob(mv, off, max_body, "query")
+    _end(mv, off)
+    return QueryRequest(group, remote, request, rid)
+
+
+def _dec_query_resp(mv: memoryview, off: int, rid: int, max_body: int) -> QueryResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 8, "applied index")
+    (applied,) = _TERM.unpack_from(mv, off)
+    answer, off = _blob(mv, off + 8, len(mv), "query answer")
+    _end(mv, off)
+    return QueryResponse(code, group, term, leader, applied, answer, rid)
 
 
 def _dec_batch_resp(mv: memoryview, off: int, rid: int, max_body: int) -> BatchAppendResponse:
@@ -845,10 +935,18 @@ def _dec_batch_resp(mv: memoryview, off: int, rid: int, max_body: int) -> BatchA
     _need(mv, off, _BATCH_RESP.size, "BATCH_APPEND response fields")
     first, n = _BATCH_RESP.unpack_from(mv, off)
     off += _BATCH_RESP.size
-    if 8 * n != len(mv) - off:
+    if 8 * n > len(mv) - off:
         raise ProtocolError(f"position count {n} disagrees with the {len(mv) - off} bytes left")
     positions = list(struct.unpack_from(f">{n}q", mv, off))
-    return BatchAppendResponse(code, group, term, leader, first, positions, rid)
+    off += 8 * n
+    results = None
+    if off < len(mv):
+        results = []
+        for _ in range(n):
+            r, off = _dec_result(mv, off, max_body)
+            results.append(r)
+    _end(mv, off)
+    return BatchAppendResponse(code, group, term, leader, first, positions, rid, results)
 
 
 def _dec_get_resp(mv: memoryview, off: int, rid: int, max_body: int) -> GetResponse:
@@ -935,6 +1033,8 @@ _DECODERS = {
     MsgType.BATCH_APPEND: _dec_batch,
     MsgType.OPEN_SESSION: _dec_open_session,
     MsgType.OPEN_SESSION_RESPONSE: _dec_open_session_resp,
+    MsgType.QUERY: _dec_query,
+    MsgType.QUERY_RESPONSE: _dec_query_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,

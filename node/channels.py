@@ -16,6 +16,11 @@ duplicated wake-up costs latency, never correctness (SPEC §2).
 | appended | ipc appended.pub | handler (PUB) | dispatchers, ack checker (SUB, conflated) | ASCII ledger end index |
 | ack | ipc ack.pull | ack checker (PULL) | dispatchers (PUSH) | `ACK_MSG`: peer slot, match index |
 | commit | ipc commit.pull | handler (PULL) | ack checker (PUSH) | `COMMIT_MSG` |
+| apply | ipc apply.pull | applier (PULL) | handler (PUSH) | `APPLY_MSG`: the committed index moved |
+| results | ipc results.pull | handler (PULL) | applier (PUSH) | `encode_results`: what `apply` returned for a run of indexes |
+| query | ipc query.router | applier (ROUTER) | handler (DEALER) | `encode_query` / `encode_query_reply`: a read of the state machine at a read index |
+
+The last three exist only on a node with a state machine (docs/statemachine.md).
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ CONTROL = Channel("elector.ctl", "elector", "ROUTER", "DEALER")
 APPENDED = Channel("appended.pub", "handler", "PUB", "SUB")
 ACK = Channel("ack.pull", "ack_checker", "PULL", "PUSH")
 COMMIT = Channel("commit.pull", "handler", "PULL", "PUSH")
-ALL = (ROLE, CONTROL, APPENDED, ACK, COMMIT)
+APPLY = Channel("apply.pull", "applier", "PULL", "PUSH")
+RESULTS = Channel("results.pull", "handler", "PULL", "PUSH")
+QUERY = Channel("query.router", "applier", "ROUTER", "DEALER")
+ALL = (ROLE, CONTROL, APPENDED, ACK, COMMIT, APPLY, RESULTS, QUERY)
 
 
 def endpoint(run_dir: str | Path, channel: Channel) -> str:
@@ -83,3 +91,70 @@ COMMIT_MSG = b"c"
 
 def encode_appended(ledger_end_index: int) -> bytes:
     return b"%d" % ledger_end_index
+
+
+# ---- apply / results / query (a node with a state machine) ----------------------------------
+APPLY_MSG = b"a"
+_RESULTS_HEAD = struct.Struct(">qI")  # first index, count
+_RESULT_LEN = struct.Struct(">i")  # -1: None (a NOOP, or apply returned None)
+
+
+def encode_results(first_index: int, results: list[bytes | None]) -> bytes:
+    """What the state machine returned for indexes first_index .. first_index + len - 1."""
+    parts = [_RESULTS_HEAD.pack(first_index, len(results))]
+    for r in results:
+        if r is None:
+            parts.append(_RESULT_LEN.pack(-1))
+        else:
+            parts.append(_RESULT_LEN.pack(len(r)))
+            parts.append(r)
+    return b"".join(parts)
+
+
+def decode_results(frame: bytes) -> tuple[int, list[bytes | None]] | None:
+    """(first index, results), or None for a frame that is not a results message."""
+    try:
+        first, n = _RESULTS_HEAD.unpack_from(frame, 0)
+        off, out = _RESULTS_HEAD.size, []
+        for _ in range(n):
+            (k,) = _RESULT_LEN.unpack_from(frame, off)
+            off += _RESULT_LEN.size
+            if k < 0:
+                out.append(None)
+            else:
+                if off + k > len(frame):
+                    return None
+                out.append(bytes(frame[off:off + k]))
+                off += k
+    except struct.error:
+        return None
+    return (first, out) if off == len(frame) else None
+
+
+_QUERY = struct.Struct(">Qq")  # tag, read index
+_QUERY_REPLY = struct.Struct(">QBq")  # tag, status, applied index the answer reflects
+QUERY_OK = 0
+QUERY_UNSUPPORTED = 1  # the state machine serves no queries
+QUERY_FAILED = 2  # query() raised: the answer is the one-line reason
+
+
+def encode_query(tag: int, read_index: int, request: bytes) -> bytes:
+    return _QUERY.pack(tag, read_index) + request
+
+
+def decode_query(frame: bytes) -> tuple[int, int, bytes] | None:
+    if len(frame) < _QUERY.size:
+        return None
+    tag, read_index = _QUERY.unpack_from(frame, 0)
+    return tag, read_index, bytes(frame[_QUERY.size:])
+
+
+def encode_query_reply(tag: int, status: int, applied_index: int, answer: bytes) -> bytes:
+    return _QUERY_REPLY.pack(tag, status, applied_index) + answer
+
+
+def decode_query_reply(frame: bytes) -> tuple[int, int, int, bytes] | None:
+    if len(frame) < _QUERY_REPLY.size:
+        return None
+    tag, status, applied = _QUERY_REPLY.unpack_from(frame, 0)
+    return tag, status, applied, bytes(frame[_QUERY_REPLY.size:])

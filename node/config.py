@@ -78,6 +78,11 @@ class NodeConfig:
     max_sessions: int = 10_000  # sessions a leader remembers; the least recently appending go first
     session_window: int = 4_096  # per session, how many of its newest seqs keep their index
     session_scan_entries: int = 100_000  # a new leader rebuilds its sessions from this many newest entries (~0.8 us each)
+    # state machine (docs/statemachine.md): "" = none, a plain commit log
+    state_machine: str = ""  # "kv" or package.module:Class, applied by the applier role
+    state_machine_options: str = ""  # "key=value,key=value": the class's own options
+    snapshot_threshold: int = 100_000  # applied entries between two snapshots
+    max_snapshots_kept: int = 3
     # store
     data_file_size: int = DEFAULT_DATA_FILE_SIZE
     index_file_size: int = DEFAULT_INDEX_FILE_SIZE
@@ -109,6 +114,11 @@ class NodeConfig:
     @property
     def address(self) -> tuple[str, int]:
         return self.peer_map[self.id]
+
+    def state_machine_option_map(self) -> dict[str, str]:
+        """`state_machine_options` ("k=v,k=v") as a dict; StateMachineSpecError if malformed."""
+        from node.statemachine.loader import parse_options
+        return parse_options(x for x in self.state_machine_options.split(",") if x.strip())
 
     def election_config(self) -> ElectionConfig:
         return ElectionConfig(
@@ -162,6 +172,16 @@ class NodeConfig:
                 ipaddress.ip_address(peers[self.id][0])
             except ValueError:
                 p.append(f"connect_from_own_host: this node's host {peers[self.id][0]!r} must be an IP address")
+        if self.state_machine:
+            from node.statemachine.loader import StateMachineSpecError, resolve_state_machine
+            try:
+                resolve_state_machine(self.state_machine)
+                self.state_machine_option_map()
+            except StateMachineSpecError as e:
+                p.append(f"state_machine: {e}")
+        for name in ("snapshot_threshold", "max_snapshots_kept"):
+            if getattr(self, name) < 1:
+                p.append(f"{name}: must be >= 1")
         for pid in filter(None, self.preferred_leader_ids.split(",")):
             if peers and pid.strip() not in peers:
                 p.append(f"preferred_leader_ids: {pid.strip()!r} is not a peer")

@@ -18,7 +18,7 @@ Peers are named by *slot*: the position of the peer id in the configured peers l
 (:func:`monotonic_ms`), which Linux keeps system-wide, so they are comparable across processes
 (not across reboots or hosts). Indices are -1 when the ledger is empty.
 
-Layout (``P = 384 + 128*p`` is the base of peer slot ``p``; records are 128 bytes so two
+Layout (``P = 512 + 128*p`` is the base of peer slot ``p``; records are 128 bytes so two
 dispatchers never write the same cache line; sections of different writers start on 64-byte
 boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 :func:`render_layout_table`; a test keeps this copy and docs/shared_state.md in sync:
@@ -69,6 +69,14 @@ boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 | 344 | int64 | ack_checker_beat_ms | ack_checker | - |
 | 352 | int64 | quorum_advances | ack_checker | - |
 | 360 | int64 | ack_timeouts | ack_checker | - |
+| 384 | int64 | snapshot_seq | applier | snapshot (seq) |
+| 392 | int64 | snapshot_index | applier | snapshot |
+| 400 | int64 | snapshot_term | applier | snapshot |
+| 408 | int64 | applier_beat_ms | applier | - |
+| 416 | int64 | applied_index | applier | - |
+| 424 | int64 | entries_applied | applier | - |
+| 432 | int64 | snapshots_taken | applier | - |
+| 440 | int64 | queries_served | applier | - |
 | P+0 | int64 | peer[p].seq | dispatcher[p] | peer[p] (seq) |
 | P+8 | int64 | peer[p].match_index | dispatcher[p] | peer[p] |
 | P+16 | int64 | peer[p].match_term | dispatcher[p] | peer[p] |
@@ -79,7 +87,7 @@ boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 | P+56 | int64 | peer[p].entries_pushed | dispatcher[p] | - |
 | P+64 | int64 | peer[p].bytes_pushed | dispatcher[p] | - |
 
-Total size: ``384 + 128 * n_peers`` bytes. The record of ``self_slot`` is never written (no
+Total size: ``512 + 128 * n_peers`` bytes. The record of ``self_slot`` is never written (no
 dispatcher pushes to itself; the ack checker takes this node's own watermark from the ledger
 group).
 
@@ -161,7 +169,7 @@ from ipc.codes import Role  # canonical Role; re-exported here for the block's u
 log = logging.getLogger("dledger.shared_state")
 
 MAGIC: Final = int.from_bytes(b"DLedgSB1", "little")
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3
 NO_SLOT: Final = -1
 NO_INDEX: Final = -1
 
@@ -171,7 +179,7 @@ _SPIN_TRIES: Final = 200  # ~0.2 ms of tight retries before backing off
 _MAX_BACKOFF_S: Final = 0.001
 _MAX_NAME_LEN: Final = 30
 
-FIXED_ROLES: Final = ("supervisor", "elector", "handler", "ack_checker")
+FIXED_ROLES: Final = ("supervisor", "elector", "handler", "ack_checker", "applier")
 _DISPATCHER_RE: Final = re.compile(r"dispatcher\[(\d+)\]")
 
 
@@ -299,6 +307,16 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
     f, end = _section(end, "ack_checker", None,
                       ("ack_checker_beat_ms", "quorum_advances", "ack_timeouts"), None)
     out += f
+    # applier (only with a state machine): the newest snapshot's position is a pair; what has
+    # been applied is one word, read on its own (a lower bound that only grows)
+    f, end = _section(
+        _align(end), "applier", "snapshot", ("snapshot_index", "snapshot_term"), "snapshot_seq"
+    )
+    out += f
+    f, end = _section(end, "applier", None,
+                      ("applier_beat_ms", "applied_index", "entries_applied", "snapshots_taken",
+                       "queries_served"), None)
+    out += f
     return tuple(out), _align(end, 128)
 
 
@@ -392,6 +410,12 @@ class LedgerView:
 class QuorumView:
     quorum_index: int
     quorum_term: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotView:
+    snapshot_index: int
+    snapshot_term: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,19 +542,22 @@ def _struct_for(fields: tuple[FieldSpec, ...]) -> struct.Struct:
 _MEMBER_BODY: Final = tuple(f for f in LAYOUT if f.group == "member" and not f.is_seq)
 _LEDGER_BODY: Final = tuple(f for f in LAYOUT if f.group == "ledger" and not f.is_seq)
 _QUORUM_BODY: Final = tuple(f for f in LAYOUT if f.group == "quorum" and not f.is_seq)
+_SNAPSHOT_BODY: Final = tuple(f for f in LAYOUT if f.group == "snapshot" and not f.is_seq)
 _PEER_BODY: Final = tuple(f for f in PEER_LAYOUT if f.group == "peer" and not f.is_seq)
 _PEER_WORDS: Final = tuple(f for f in PEER_LAYOUT if f.group is None)
 _MEMBER_S: Final = _struct_for(_MEMBER_BODY)
 _LEDGER_S: Final = _struct_for(_LEDGER_BODY)
 _QUORUM_S: Final = _struct_for(_QUORUM_BODY)
+_SNAPSHOT_S: Final = _struct_for(_SNAPSHOT_BODY)
 _PEER_S: Final = _struct_for(_PEER_BODY)
 _PEER_WORDS_S: Final = _struct_for(_PEER_WORDS)
 _HEADER_S: Final = _struct_for(tuple(f for f in LAYOUT if f.writer == "supervisor"))
-_SEQ_OF_GROUP: Final = {"member": "member_seq", "ledger": "ledger_seq", "quorum": "quorum_seq"}
+_SEQ_OF_GROUP: Final = {"member": "member_seq", "ledger": "ledger_seq", "quorum": "quorum_seq",
+                         "snapshot": "snapshot_seq"}
 _OWNED_GROUPS: Final = {"elector": ("member",), "handler": ("ledger",),
-                        "ack_checker": ("quorum",), "supervisor": ()}
+                        "ack_checker": ("quorum",), "applier": ("snapshot",), "supervisor": ()}
 _BEAT_FIELD: Final = {"elector": "elector_beat_ms", "handler": "handler_beat_ms",
-                      "ack_checker": "ack_checker_beat_ms"}
+                      "ack_checker": "ack_checker_beat_ms", "applier": "applier_beat_ms"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -621,6 +648,8 @@ class SharedState:
         _LEDGER_S.pack_into(self._buf, _LEDGER_BODY[0].offset,
                             NO_INDEX, NO_INDEX, NO_INDEX, NO_INDEX, 0)
         _QUORUM_S.pack_into(self._buf, _QUORUM_BODY[0].offset, NO_INDEX, NO_INDEX)
+        _SNAPSHOT_S.pack_into(self._buf, _SNAPSHOT_BODY[0].offset, NO_INDEX, NO_INDEX)
+        w[idx["applied_index"].offset // 8] = NO_INDEX
         for p in range(self.n_peers):
             base = PEERS_OFFSET + p * PEER_STRIDE
             _PEER_S.pack_into(self._buf, base + _PEER_BODY[0].offset, NO_INDEX, NO_INDEX, 0, 0)
@@ -969,6 +998,26 @@ class SharedState:
         finally:
             self._w[seq_idx] = end
         return QuorumView(quorum_index, quorum_term)
+
+    # ---- snapshot group (applier) -------------------------------------------------------------
+
+    def read_snapshot(self, timeout_s: float | None = None) -> SnapshotView:
+        """Consistent (snapshot_index, snapshot_term) of the newest snapshot (-1, -1: none)."""
+        return SnapshotView(*self._read_group(FIELDS["snapshot_seq"].offset // 8, _SNAPSHOT_S,
+                                              _SNAPSHOT_BODY[0].offset, "snapshot", timeout_s))
+
+    def write_snapshot(self, *, snapshot_index: int, snapshot_term: int) -> SnapshotView:
+        """Applier: publish the position of the newest snapshot on disk."""
+        self._check_writer("applier")
+        seq_idx = FIELDS["snapshot_seq"].offset // 8
+        data = _SNAPSHOT_S.pack(snapshot_index, snapshot_term)
+        off = _SNAPSHOT_BODY[0].offset
+        end = self._seq_begin(seq_idx)
+        try:
+            self._buf[off:off + len(data)] = data
+        finally:
+            self._w[seq_idx] = end
+        return SnapshotView(snapshot_index, snapshot_term)
 
     # ---- peer records (dispatcher[p]) ---------------------------------------------------------
 

@@ -17,6 +17,9 @@ The rules, in DLedger's terms:
   whatever a lagging peer still needs, and those peers are named so the operator knows to
   re-seed them. A group that stays writable beats history nobody reserved room for.
 - Never the file being written, never an uncommitted entry, and never a gap: only a prefix.
+- On a node with a state machine, never an entry after its newest snapshot
+  (`compaction_floor`, node.core.apply): a restarted applier restores that snapshot and
+  replays the log after it, so those entries are its state. Not even forced.
 - At most `max_files` per pass, so one pass never stalls the handler for long.
 """
 
@@ -54,6 +57,7 @@ class RetentionPlan:
     forced: bool = False
     strands: tuple[str, ...] = ()  # peers that will need entries this deletes (forced only)
     held_by: tuple[str, ...] = ()  # peers whose lag kept a file that was otherwise due
+    held_by_snapshot: bool = False  # the state machine's newest snapshot kept a file that was due
 
 
 NOTHING = RetentionPlan()
@@ -61,17 +65,22 @@ NOTHING = RetentionPlan()
 
 def plan_retention(files: Sequence[DataFile], *, now_s: float, disk_usage_ratio: float,
                    committed_index: int, peer_next_index: Mapping[str, int],
-                   policy: RetentionPolicy) -> RetentionPlan:
+                   policy: RetentionPolicy, compaction_floor: int | None = None) -> RetentionPlan:
     """What to delete now. `peer_next_index` is, on a leader, each other peer's match index + 1
-    (the first entry it still needs); empty on a follower, which serves no one."""
+    (the first entry it still needs); empty on a follower, which serves no one.
+    `compaction_floor`: with a state machine, the newest snapshot's index (-1: none): nothing
+    after it may go."""
     if disk_usage_ratio < policy.disk_space_ratio_to_clean or len(files) < 2:
         return NOTHING
     forced = disk_usage_ratio >= policy.disk_full_ratio
     expired_before = now_s - policy.file_reserved_hours * HOUR_S
     needed_from = min(peer_next_index.values(), default=None)
-    count, held = 0, set()
+    count, held, by_snapshot = 0, set(), False
     for f in files[:-1]:  # never the file being written
         if count >= policy.max_files or f.last_index > committed_index:
+            break
+        if compaction_floor is not None and f.last_index > compaction_floor:
+            by_snapshot = True
             break
         if not forced:
             if f.modified_s > expired_before:
@@ -81,7 +90,7 @@ def plan_retention(files: Sequence[DataFile], *, now_s: float, disk_usage_ratio:
                 break
         count += 1
     if count == 0:
-        return RetentionPlan(held_by=tuple(sorted(held)))
+        return RetentionPlan(held_by=tuple(sorted(held)), held_by_snapshot=by_snapshot)
     before = files[count - 1].last_index + 1
     strands = tuple(sorted(p for p, nxt in peer_next_index.items() if nxt < before)) if forced else ()
-    return RetentionPlan(before, count, forced, strands, tuple(sorted(held)))
+    return RetentionPlan(before, count, forced, strands, tuple(sorted(held)), by_snapshot)

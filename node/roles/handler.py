@@ -51,6 +51,7 @@ from ipc.sockets import (
     drain,
     pub,
     pull,
+    push,
     recv_routed,
     router,
     send_routed,
@@ -67,6 +68,7 @@ from node.core.follower import (
 )
 from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
+from node.core.results import AwaitingResults, ResultCache
 from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
 from node.member_lock import MemberLock
 from node.roles.retention import RetentionService
@@ -84,6 +86,7 @@ MAX_MULTI_PEERS = 4096
 NOOP_RETRY_MIN_MS = 50
 NOOP_RETRY_MAX_MS = 1000
 ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has room again
+QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by then: TIMEOUT
 READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
@@ -96,6 +99,27 @@ class HandlerTransport(Protocol):
     def reply(self, ident: bytes, frame: bytes) -> None: ...
     def appended(self, end: int) -> None: ...
     def control(self, frame: bytes) -> bool: ...
+
+
+class StateMachineLink:
+    """The handler's sockets to its node's applier (a node with a state machine only): wake-ups
+    when the committed index moves, the results of applied entries, and reads at a read index."""
+
+    def __init__(self, hint: zmq.Socket, results: zmq.Socket, query: zmq.Socket) -> None:
+        self.hint, self.results, self.query = hint, results, query
+
+    def committed_moved(self) -> None:
+        try:
+            self.hint.send(channels.APPLY_MSG, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the applier also looks at the block on its own timer
+
+    def send_query(self, frame: bytes) -> bool:
+        try:
+            self.query.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
 
 class ZmqHandlerTransport:
@@ -126,7 +150,7 @@ class ParkedRead:
     """A linearizable GET waiting for a quorum heartbeat round that started after it arrived."""
 
     ident: bytes
-    req: P.GetRequest
+    req: P.GetRequest | P.QueryRequest
     arrived_ms: int
     term: int
     deadline_ms: int
@@ -169,6 +193,14 @@ class Handler:
         self.session_counter = 0  # session ids opened in leader_term
         self.session_reserved = 0  # ids up to this one are recorded in SESSION_FILE as handed out
         self.reads: list[ParkedRead] = []
+        # state machine (cfg.state_machine): results of applied entries, replies waiting for
+        # them, reads forwarded to the applier (tag -> client ident, request, deadline)
+        self.sm_link: StateMachineLink | None = None
+        self.results = ResultCache()
+        self.awaiting = AwaitingResults()
+        self.queries: dict[int, tuple[bytes, P.QueryRequest, int]] = {}
+        self.next_query_tag = 1
+        self._hinted_commit = -1
         # follower side
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
         self.disk_ratio = 0.0  # disk_usage_ratio(store dir), measured at most once a second
@@ -208,6 +240,9 @@ class Handler:
         self.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
                                 ledger_end_term=s.ledger_end_term, committed_index=s.committed_index,
                                 store_generation=s.generation)
+        if self.sm_link is not None and s.committed_index != self._hinted_commit:
+            self._hinted_commit = s.committed_index
+            self.sm_link.committed_moved()
 
     def _mark_unwritable(self, failed: bool) -> None:
         """Contract C2/C5: tell the elector whether this leader can write (it steps down if not)."""
@@ -426,7 +461,10 @@ class Handler:
             if m.role != Role.LEADER or m.current_term != r.term or self.leader_term != r.term:
                 self._error(r.ident, r.req, RC.NOT_LEADER, m=m)
             elif m.last_quorum_heartbeat_ms >= r.arrived_ms and self.store.committed_index >= self.noop_index:
-                self._serve_get(r.ident, r.req, m)
+                if isinstance(r.req, P.QueryRequest):
+                    self._forward_query(r.ident, r.req, m)
+                else:
+                    self._serve_get(r.ident, r.req, m)
             elif now >= r.deadline_ms:
                 self._error(r.ident, r.req, RC.TIMEOUT, "leadership not confirmed in time", m=m)
             else:
@@ -683,6 +721,22 @@ class Handler:
             self._complete(term, last, p, RC.SUCCESS)
 
     def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
+        """Answer a pending append. With a state machine, SUCCESS waits for the results of its
+        entries (parked in `awaiting` until the applier sends them)."""
+        results = None
+        if code == RC.SUCCESS and self.sm_link is not None:
+            got = self.results.lookup(p.first_index, last)
+            if got is None:  # committed, not applied yet: answered with its results later
+                self.awaiting.park(term, last, p)
+                return
+            if isinstance(got, list):
+                results = got
+            else:
+                self.log.debug("results of %d..%d no longer known: answered without them", p.first_index, last)
+        self._send_completion(term, last, p, code, results)
+
+    def _send_completion(self, term: int, last: int, p: Pending, code: RC,
+                         results: list[bytes | None] | None) -> None:
         leader = self.cfg.id if code == RC.SUCCESS else ""
         if code == RC.SUCCESS and p.entry_term >= 0:
             term = p.entry_term  # a recognised retry: the term its entries were written in
@@ -691,10 +745,70 @@ class Handler:
                 P.MsgType.BATCH_APPEND if p.positions is not None else P.MsgType.APPEND), p.request_id)
         elif p.positions is not None:
             msg = P.BatchAppendResponse(code, self.cfg.group, term, leader, p.first_index, p.positions,
-                                        p.request_id)
+                                        p.request_id, results)
         else:
-            msg = P.AppendResponse(code, self.cfg.group, term, leader, last, p.pos, p.request_id)
+            msg = P.AppendResponse(code, self.cfg.group, term, leader, last, p.pos, p.request_id,
+                                   results[0] if results else None)
         self._reply(p.ident, msg)
+
+    # ------------------------------------------------------------------ state machine
+    def on_results(self, frame: bytes) -> None:
+        """Input: the applier's results of a run of applied entries."""
+        got = channels.decode_results(frame)
+        if got is None:
+            self.log.warning("malformed results frame (%d bytes) ignored", len(frame))
+            return
+        self.results.put(*got)
+        for term, last, p, results in self.awaiting.release(self.results):
+            self._send_completion(term, last, p, RC.SUCCESS, results)
+
+    def on_query(self, ident: bytes, req: P.QueryRequest) -> None:
+        """A read of the state machine: parked like a linearizable GET until a quorum heartbeat
+        round that started after it arrived confirms this leader; then forwarded to the applier
+        with the committed index as its read index (`_forward_query`)."""
+        now = self.now()
+        m = self.state.read_member()
+        if self.sm_link is None:
+            self._error(ident, req, RC.UNSUPPORTED, "this group has no state machine", m=m)
+            return
+        if not self._leading(m, now):
+            self._error(ident, req, RC.NOT_LEADER, m=m)
+            return
+        self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
+        self.transport.control(channels.CONFIRM_LEADERSHIP)
+
+    def _forward_query(self, ident: bytes, req: P.QueryRequest, m: MemberView) -> None:
+        tag = self.next_query_tag
+        self.next_query_tag += 1
+        if not self.sm_link.send_query(channels.encode_query(tag, self.store.committed_index, bytes(req.request))):
+            self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking reads", m=m)
+            return
+        self.queries[tag] = (ident, req, self.now() + QUERY_TIMEOUT_MS)
+
+    def on_query_reply(self, frame: bytes) -> None:
+        got = channels.decode_query_reply(frame)
+        if got is None:
+            return
+        tag, status, applied, answer = got
+        q = self.queries.pop(tag, None)
+        if q is None:
+            return  # timed out already
+        ident, req, _deadline = q
+        m = self.state.read_member()
+        if status == channels.QUERY_OK:
+            self._reply(ident, P.QueryResponse(RC.SUCCESS, self.cfg.group, m.current_term,
+                                               self._slot_id(m.leader_slot), applied, answer, req.request_id))
+        elif status == channels.QUERY_UNSUPPORTED:
+            self._error(ident, req, RC.UNSUPPORTED, answer.decode(errors="replace")[:200], m=m)
+        else:
+            self._error(ident, req, RC.STATE_MACHINE_ERROR, answer.decode(errors="replace")[:200], m=m)
+
+    def _expire_queries(self, now: int) -> None:
+        if not self.queries:
+            return
+        for tag in [t for t, (_i, _r, d) in self.queries.items() if now >= d]:
+            ident, req, _d = self.queries.pop(tag)
+            self._error(ident, req, RC.TIMEOUT, "the state machine did not answer in time")
 
     def _apply_quorum(self) -> None:
         if self.leader_term < 0:
@@ -887,6 +1001,7 @@ class Handler:
         P.BatchAppendRequest: "on_append",
         P.PushRequest: "on_push",
         P.OpenSessionRequest: "on_open_session",
+        P.QueryRequest: "on_query",
     }
 
     # ------------------------------------------------------------------ loop
@@ -914,6 +1029,7 @@ class Handler:
         self._execute(self.follower.check_abnormal(m, now, self.store), m)
         self._drain(m)
         self._serve_reads(m, now)
+        self._expire_queries(now)
         self._probe_room(now)
         if self.retention.due(now):
             self._run_retention(now)
@@ -953,12 +1069,19 @@ class Handler:
             commits = pull(rc.zctx, rc.channel(channels.COMMIT))
             ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
             self.transport = ZmqHandlerTransport(sock, appended_pub, ctl)
+            sm_in: list[zmq.Socket] = []
+            if self.cfg.state_machine:
+                self.sm_link = StateMachineLink(push(rc.zctx, rc.channel(channels.APPLY)),
+                                                pull(rc.zctx, rc.channel(channels.RESULTS)),
+                                                dealer(rc.zctx, rc.channel(channels.QUERY)))
+                sm_in = [self.sm_link.results, self.sm_link.query]
+                self.publish_ledger()  # the applier's first wake-up
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (sock, roles, commits, ctl, rc.wake_fd):
+            for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in):
                 poller.register(s, zmq.POLLIN)
             self.tick()
             while not rc.should_stop():
@@ -980,6 +1103,13 @@ class Handler:
                             self.on_control_reply(ctl.recv(zmq.NOBLOCK))
                         except zmq.Again:
                             break
+                for s, on in ((sm_in[0], self.on_results), (sm_in[1], self.on_query_reply)) if sm_in else ():
+                    if s in events:
+                        while True:
+                            try:
+                                on(s.recv(zmq.NOBLOCK))
+                            except zmq.Again:
+                                break
                 if sock in events:
                     for _ in range(512):  # a burst, then timers and the stop flag
                         try:

@@ -14,6 +14,7 @@ import logging
 import time
 
 from node.config import NodeConfig
+from node.core.apply import compaction_floor
 from node.core.retention import DataFile, RetentionPlan, RetentionPolicy, plan_retention
 from node.shared_state import SharedState
 from node.store.segment_store import SegmentStore
@@ -30,6 +31,7 @@ class RetentionService:
                                       cfg.disk_full_ratio)
         self.next_check_ms = 0
         self._last_held: tuple[str, ...] = ()
+        self._held_by_snapshot = False
 
     def due(self, now_ms: int) -> bool:
         return now_ms >= self.next_check_ms
@@ -46,9 +48,17 @@ class RetentionService:
         if leading:
             ids = self.cfg.peer_ids
             peers = {ids[p.slot]: p.match_index + 1 for p in self.state.read_peers()}
+        floor = None
+        if self.cfg.state_machine:  # entries after the newest snapshot are the state machine's state
+            floor = compaction_floor(self.state.read_snapshot().snapshot_index)
         plan = plan_retention(files, now_s=time.time(), disk_usage_ratio=ratio,
                               committed_index=self.store.committed_index, peer_next_index=peers,
-                              policy=self.policy)
+                              policy=self.policy, compaction_floor=floor)
+        if plan.held_by_snapshot and not self._held_by_snapshot:
+            self.log.warning("retention: disk %.0f%% full, but the oldest file holds entries after "
+                             "the state machine's newest snapshot (index %d); keeping it until the "
+                             "next snapshot", ratio * 100, floor)
+        self._held_by_snapshot = plan.held_by_snapshot
         if plan.held_by != self._last_held and plan.held_by:
             self.log.warning("retention: disk %.0f%% full, but %s still need(s) the oldest file; "
                              "keeping it", ratio * 100, ", ".join(plan.held_by))

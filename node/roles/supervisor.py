@@ -155,6 +155,8 @@ class Supervisor:
         plan = [("handler", "node.roles.handler", "handler", []),
                 ("elector", "node.roles.elector", "elector", []),
                 ("ack_checker", "node.roles.ack_checker", "ack_checker", [])]
+        if self.cfg.state_machine:
+            plan.append(("applier", "node.roles.applier", "applier", []))
         for slot, peer in enumerate(self.cfg.peer_ids):
             if peer != self.node:
                 plan.append((f"dispatcher-{peer}", "node.roles.dispatcher", f"dispatcher[{slot}]",

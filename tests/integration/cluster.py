@@ -69,7 +69,9 @@ class Node:
         assert self.proc is None or self.proc.poll() is not None
         cmd = [sys.executable, "-m", "tools.cli", "server", "--id", self.id, "--peers", self.cluster.peers,
                "--store-dir", str(self.store_dir), *self.cluster.flags]
-        env = {**os.environ, **self.cluster.env, "PYTHONPATH": str(ROOT)}
+        extra_path = self.cluster.env.get("PYTHONPATH")  # e.g. a test's own state machine module
+        env = {**os.environ, **self.cluster.env,
+               "PYTHONPATH": str(ROOT) + (os.pathsep + extra_path if extra_path else "")}
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,

@@ -21,7 +21,7 @@ SPEC_TABLE = {
 
 # Ours, beyond DLedger's (client sessions, issue 12): numbers DLedger does not use.
 OUR_CODES = {430: "SESSION_EXPIRED", 431: "SESSION_SEQ_GAP", 432: "SESSION_SEQ_INVALID",
-             433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT"}
+             433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT", 440: "STATE_MACHINE_ERROR"}
 
 
 def test_response_codes_are_exactly_the_spec_table_plus_ours():

@@ -109,7 +109,7 @@ def test_every_field_has_one_known_writer_and_groups_have_one_seq() -> None:
     for f in LAYOUT + PEER_LAYOUT:
         if f.group is not None:
             groups.setdefault(f.group, []).append(f)
-    assert set(groups) == {"member", "ledger", "quorum", "peer"}
+    assert set(groups) == {"member", "ledger", "quorum", "snapshot", "peer"}
     for name, fields in groups.items():
         assert len({f.writer for f in fields}) == 1, f"group {name} has several writers"
         assert sum(f.is_seq for f in fields) == 1, f"group {name} needs exactly one seq word"

@@ -1,0 +1,131 @@
+"""`KVClient`: the replicated KV store of a group started with `--state-machine kv`.
+
+Every write is an append of a KV command (node/statemachine/kv.py) through a `DLedgerClient`
+with a session, so a write resent after a failover is applied once; its answer is what the
+state machine returned when it applied it. Every read is a `query`: the leader confirms its
+leadership with a heartbeat round and answers once its state machine has applied everything
+committed when the read arrived (read-index), so reads are linearizable.
+
+Revisions are log indexes (docs/statemachine.md): a key's `revision` is the index of the
+entry that last changed it, and `put` returns the index its entry was committed at.
+
+Bad input (empty key, a key over 4 KiB, a value over 1 MiB, not bytes) raises before anything
+is sent: `TypeError` or `KVInputError` (a ValueError) with one line. What the group refuses or
+cannot answer raises `DLedgerError` (see ipc/client.py); a result that cannot be known (its
+entry was applied so long ago that the leader no longer holds its result) raises `KVError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ipc.client import DLedgerClient
+from node.statemachine import kv as K
+from node.statemachine.kv import KeyValue, KVInputError
+
+__all__ = ["KVClient", "KVError", "KVInputError", "KeyValue"]
+
+
+class KVError(Exception):
+    """The store refused an operation, or its outcome cannot be known. `status` is the KV
+    status (node.statemachine.kv.Status) when the store answered, else None."""
+
+    def __init__(self, message: str, status: K.Status | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class KVClient:
+    """A thread-safe client of one group's KV store. Arguments as `DLedgerClient`'s."""
+
+    def __init__(self, peers: str | Mapping[str, tuple[str, int]], group: str = "default",
+                 timeout: float = 3.0, **options: Any) -> None:
+        self.client = DLedgerClient(peers, group, timeout, **options)
+
+    def __enter__(self) -> KVClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ------------------------------------------------------------------ writes
+    def _write(self, command: bytes, timeout: float | None) -> tuple[K.KVResult | None, int]:
+        r = self.client.append(command, timeout)
+        if r.result is None:
+            return None, r.index
+        try:
+            return K.decode_result(r.result), r.index
+        except ValueError as e:
+            raise KVError(f"the group's state machine is not the KV store: {e}") from None
+
+    @staticmethod
+    def _refused(res: K.KVResult) -> KVError:
+        return KVError(f"{res.status.name}: {res.message}" if res.message else res.status.name, res.status)
+
+    def put(self, key: bytes, value: bytes, timeout: float | None = None) -> int:
+        """Set `key` to `value`; returns the new revision (the index of the entry)."""
+        res, index = self._write(K.encode_put(key, value), timeout)
+        if res is None:
+            return index  # a put always changes the key: its revision is its index
+        if res.status != K.Status.OK:
+            raise self._refused(res)
+        return res.revision
+
+    def delete(self, key: bytes, timeout: float | None = None) -> bool:
+        """Remove `key`; True if it was there."""
+        res, index = self._write(K.encode_delete(key), timeout)
+        if res is None:
+            raise KVError(f"delete committed at index {index}, but whether the key existed is no longer known")
+        if res.status == K.Status.NOT_FOUND:
+            return False
+        if res.status != K.Status.OK:
+            raise self._refused(res)
+        return True
+
+    def cas(self, key: bytes, expected: bytes | None, value: bytes, timeout: float | None = None) -> bool:
+        """Compare-and-set: set `key` to `value` only if its value is `expected` (None: only if
+        the key is absent). True when it swapped."""
+        res, index = self._write(K.encode_cas(key, expected, value), timeout)
+        if res is None:
+            raise KVError(f"cas committed at index {index}, but whether it swapped is no longer known")
+        if res.status == K.Status.CAS_FAILED:
+            return False
+        if res.status != K.Status.OK:
+            raise self._refused(res)
+        return True
+
+    # ------------------------------------------------------------------ reads
+    def _read(self, request: bytes, timeout: float | None) -> K.QueryReply:
+        q = self.client.query(request, timeout)
+        try:
+            reply = K.decode_query_reply(q.answer)
+        except ValueError as e:
+            raise KVError(f"the group's state machine is not the KV store: {e}") from None
+        if reply.status not in (K.Status.OK, K.Status.NOT_FOUND):
+            raise KVError(f"{reply.status.name}: {reply.message}" if reply.message else reply.status.name,
+                          reply.status)
+        return reply
+
+    def get(self, key: bytes, timeout: float | None = None) -> KeyValue | None:
+        """The key's value and revision (`.value`, `.revision`), or None when it is absent.
+        Linearizable: it reflects every write acknowledged before the call."""
+        reply = self._read(K.encode_get(key), timeout)
+        return reply.items[0] if reply.status == K.Status.OK and reply.items else None
+
+    def scan(self, prefix: bytes = b"", limit: int | None = None, timeout: float | None = None) -> list[KeyValue]:
+        """Every key starting with `prefix`, in key order (at most `limit`), read in pages of up
+        to 10,000 keys; each page is linearizable on its own."""
+        out: list[KeyValue] = []
+        start = b""
+        while limit is None or len(out) < limit:
+            page = K.MAX_SCAN_LIMIT if limit is None else min(K.MAX_SCAN_LIMIT, limit - len(out))
+            reply = self._read(K.encode_scan(prefix, page, start), timeout)
+            out.extend(reply.items)
+            if not reply.more or not reply.items:
+                break
+            start = reply.items[-1].key + b"\0"
+        return out

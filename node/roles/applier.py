@@ -1,0 +1,243 @@
+"""The applier role: feeds committed entries to the node's state machine, takes its snapshots,
+and answers reads of it at a read index. Only a node started with `--state-machine` has one.
+
+Why a process of its own: a slow state machine must never stall replication. The applier
+reads the store like the dispatchers do (read-only mappings fenced by the store generation),
+never writes the log, and owns only the `snapshot` group and its counters in the shared block.
+A crash in user code stops this process with a one-line reason; the supervisor restarts it
+(and stops the node if it crash-loops): the log stays as it was.
+
+Start: restore the newest valid snapshot (an older one if the newest will not restore), then
+replay the log after it (node.core.apply.replay_start). Loop: apply what is committed in runs
+of at most MAX_APPLY_ENTRIES (NOOPs advance the applied index but are not passed to the user),
+publish `applied_index`, send the results to the handler (which answers the appends that were
+waiting for them), take a snapshot every `snapshot_threshold` entries, and answer parked
+queries whose read index is applied.
+
+Channels (node/channels.py): PULL `apply` (wake-ups from the handler when the committed index
+moves; lost ones cost at most IDLE_POLL_MS), PUSH `results`, ROUTER `query`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from ipc.sockets import drain, pull, push, recv_routed, router, send_routed
+from node import channels
+from node.core.apply import (
+    ParkedQuery,
+    ReplayGap,
+    due_queries,
+    next_run,
+    replay_start,
+    snapshot_due,
+)
+from node.roles.runtime import RoleContext, role_main
+from node.statemachine.api import CommittedEntry, StateMachine, check_results
+from node.statemachine.loader import StateMachineSpecError, load_state_machine
+from node.statemachine.snapshot_meta import SnapshotError
+from node.statemachine.snapshot_store import SnapshotStore
+from node.store import codec
+from node.store.reader import StaleRead, StoreReader
+
+IDLE_POLL_MS = 100
+SNAPSHOT_RETRY_S = 10.0  # after a failed snapshot (disk full...), wait this long before retrying
+MAX_READ_BYTES = 16 << 20
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class Applier:
+    def __init__(self, rc: RoleContext) -> None:
+        self.rc = rc
+        self.cfg = rc.cfg
+        self.log = rc.log
+        self.state = rc.state
+        try:
+            self.sm: StateMachine = load_state_machine(self.cfg.state_machine,
+                                                       self.cfg.state_machine_option_map())
+        except StateMachineSpecError as e:
+            rc.fatal(str(e))
+        try:
+            self.snaps = SnapshotStore(self.cfg.store_dir, max_snapshots_kept=self.cfg.max_snapshots_kept)
+        except SnapshotError as e:
+            rc.fatal(f"snapshots: {e}")
+        self.reader = StoreReader(self.cfg.store_dir)
+        self.applied = -1
+        self.applied_term = -1
+        self.snapshot_index = -1
+        self.snapshot_retry_at = 0.0
+        self.parked: list[ParkedQuery] = []
+        self.results_sock: zmq.Socket | None = None
+        self.query_sock: zmq.Socket | None = None
+
+    # ------------------------------------------------------------------ start
+    def restore(self) -> None:
+        """The newest snapshot that restores (damaged ones skipped with a warning), then the
+        position replay starts from; a log that no longer holds it stops the node."""
+        for snap in reversed(self.snaps.list()):
+            try:
+                self.snaps.verify(snap)
+                with self.snaps.open_data(snap) as f:
+                    self.sm.restore(f)
+            except Exception as e:  # noqa: BLE001 - a damaged or unreadable snapshot: try an older one
+                self.log.warning("snapshot at index %d (term %d) not restored, trying an older one: %s",
+                                 snap.last_index, snap.last_term, _one_line(e))
+                continue
+            self.applied, self.applied_term = snap.last_index, snap.last_term
+            self.snapshot_index = snap.last_index
+            self.log.info("restored the snapshot at index %d (term %d, %d bytes)", snap.last_index,
+                          snap.last_term, snap.size)
+            break
+        self.state.write_snapshot(snapshot_index=self.snapshot_index,
+                                  snapshot_term=self.applied_term if self.snapshot_index >= 0 else -1)
+        self.state.set("applied_index", self.applied)
+        led = self.state.read_ledger()
+        try:
+            replay_start(self.snapshot_index, led.ledger_begin_index, led.ledger_end_index)
+        except ReplayGap as e:
+            self.rc.fatal(f"state machine {self.cfg.state_machine}: {e}")
+
+    # ------------------------------------------------------------------ apply
+    def apply_some(self) -> bool:
+        """Apply one run of committed entries; True if anything was applied."""
+        led = self.state.read_ledger()
+        run = next_run(self.applied, led.committed_index)
+        if run is None:
+            return False
+        lo, hi = run
+        gen = led.store_generation
+        try:
+            self.reader.begin(gen)
+            entries: list[codec.Entry] = []
+            i = lo
+            while i <= hi:
+                blob, n = self.reader.get_raw(i, led.ledger_end_index, hi - i + 1, MAX_READ_BYTES)
+                entries.extend(e for _off, e in codec.iter_entries(blob))
+                i += n
+            self.reader.validate(gen)
+        except (StaleRead, codec.CodecError) as e:
+            self.log.debug("apply %d..%d: stale read, retrying: %s", lo, hi, e)
+            return False
+        user = [CommittedEntry(e.index, e.term, e.body) for e in entries if e.magic == codec.MAGIC_NORMAL]
+        try:
+            results = check_results(user, self.sm.apply(user)) if user else []
+        except Exception as e:
+            self.log.error("state machine %s failed applying entries %d..%d: %s (the log is untouched; "
+                           "the applier is restarted and replays from its last snapshot)",
+                           self.cfg.state_machine, lo, hi, _one_line(e))
+            raise
+        by_index = dict(zip((e.index for e in user), results, strict=True))
+        self.applied, self.applied_term = hi, entries[-1].term
+        self.state.set("applied_index", hi)
+        self.state.incr("entries_applied", len(entries))
+        if self.results_sock is not None:
+            frame = channels.encode_results(lo, [by_index.get(j) for j in range(lo, hi + 1)])
+            try:
+                self.results_sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                self.log.warning("results of %d..%d dropped: the handler is not reading them", lo, hi)
+        return True
+
+    # ------------------------------------------------------------------ snapshots
+    def maybe_snapshot(self, force: bool = False) -> None:
+        if self.applied < 0 or self.applied == self.snapshot_index:
+            return
+        if not force and (not snapshot_due(self.applied, self.snapshot_index, self.cfg.snapshot_threshold)
+                          or time.monotonic() < self.snapshot_retry_at):
+            return
+        t0 = time.monotonic()
+        try:
+            pending = self.snaps.begin(self.applied, self.applied_term, self.cfg.state_machine)
+            try:
+                self.sm.snapshot(pending.file)
+                snap = pending.commit()
+            except BaseException:
+                pending.abort()
+                raise
+        except SnapshotError as e:
+            self.snapshot_retry_at = time.monotonic() + SNAPSHOT_RETRY_S
+            self.log.error("snapshot at index %d failed, retrying in %.0f s: %s", self.applied,
+                           SNAPSHOT_RETRY_S, e)
+            return
+        self.snapshot_index = snap.last_index
+        self.state.write_snapshot(snapshot_index=snap.last_index, snapshot_term=snap.last_term)
+        self.state.incr("snapshots_taken")
+        self.log.info("snapshot at index %d (term %d): %d bytes in %.0f ms", snap.last_index, snap.last_term,
+                      snap.size, (time.monotonic() - t0) * 1000)
+
+    # ------------------------------------------------------------------ queries
+    def on_query(self, ident: bytes, frame: bytes) -> None:
+        q = channels.decode_query(frame)
+        if q is None:
+            self.log.warning("malformed query frame (%d bytes) ignored", len(frame))
+            return
+        tag, read_index, request = q
+        self.parked.append(ParkedQuery(tag, read_index, request, ident))
+
+    def answer_queries(self) -> None:
+        if not self.parked:
+            return
+        ready, self.parked = due_queries(self.parked, self.applied)
+        for q in ready:
+            try:
+                status, answer = channels.QUERY_OK, self.sm.query(q.request)
+                if not isinstance(answer, bytes | bytearray | memoryview):
+                    status, answer = channels.QUERY_FAILED, f"query returned {type(answer).__name__}".encode()
+            except NotImplementedError as e:
+                status, answer = channels.QUERY_UNSUPPORTED, _one_line(e).encode()[:255]
+            except Exception as e:  # noqa: BLE001 - a read must not stop the applier
+                status, answer = channels.QUERY_FAILED, _one_line(e).encode()[:255]
+            self.state.incr("queries_served")
+            send_routed(self.query_sock, q.reply_to,
+                        channels.encode_query_reply(q.tag, status, self.applied, bytes(answer)))
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        rc = self.rc
+        hints = pull(rc.zctx, rc.channel(channels.APPLY))
+        self.query_sock = router(rc.zctx, rc.channel(channels.QUERY))
+        self.results_sock = push(rc.zctx, rc.channel(channels.RESULTS))
+        poller = zmq.Poller()
+        for s in (hints, self.query_sock, rc.wake_fd):
+            poller.register(s, zmq.POLLIN)
+        self.restore()
+        try:
+            while not rc.should_stop():
+                busy = self.apply_some()
+                self.answer_queries()
+                self.maybe_snapshot()
+                rc.beat()
+                events = dict(poller.poll(0 if busy else IDLE_POLL_MS))
+                if rc.wake_fd in events:
+                    rc.drain_wake()
+                if hints in events:
+                    drain(hints)
+                if self.query_sock in events:
+                    while True:
+                        try:
+                            got = recv_routed(self.query_sock, zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if got is not None:
+                            self.on_query(*got)
+        finally:
+            self.reader.close()
+            self.snaps.close()
+            try:
+                self.sm.close()
+            except Exception as e:  # noqa: BLE001 - closing must not hide why we stopped
+                self.log.warning("state machine close failed: %s", _one_line(e))
+
+
+def main() -> int:
+    return role_main("applier", lambda rc: Applier(rc).run())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""State machines on real processes (issue 11): the KV store served by a 3-node group, results
+of applied entries returned to the appending client, snapshots taken and restored, the
+applier's crash and restart, and a user state machine that raises."""
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cluster import wait_for
+
+from ipc.client import DLedgerClient, DLedgerError, KVClient, KVError
+from node.statemachine.kv import KVInputError
+
+
+def kv_client(c, **kw) -> KVClient:
+    return KVClient(c.peers, group=c.group, timeout=kw.pop("timeout", 10.0), **kw)
+
+
+def role_pid(c, node: str, role: str) -> int | None:
+    sup = c.nodes[node].proc.pid
+    for child in Path(f"/proc/{sup}/task/{sup}/children").read_text().split():
+        try:
+            if f"node.roles.{role}".encode() in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                return int(child)
+        except OSError:
+            pass
+    return None
+
+
+def test_kv_operations_revisions_and_bad_input(make_cluster):
+    c = make_cluster(3, state_machine="kv")
+    c.wait_leader(timeout=15)
+    with kv_client(c) as kv:
+        r1 = kv.put(b"a", b"1")
+        got = kv.get(b"a")
+        assert (got.value, got.revision) == (b"1", r1)
+        assert kv.cas(b"a", b"nope", b"2") is False and kv.get(b"a").value == b"1"
+        assert kv.cas(b"a", b"1", b"2") is True and kv.get(b"a").value == b"2"
+        assert kv.cas(b"new", None, b"x") is True and kv.cas(b"new", None, b"y") is False
+        for i in range(30):
+            kv.put(b"p/%02d" % i, b"%d" % i)
+        page = kv.scan(b"p/")
+        assert [x.key for x in page] == [b"p/%02d" % i for i in range(30)]
+        assert len(kv.scan(b"p/", limit=7)) == 7
+        assert kv.delete(b"a") is True and kv.delete(b"a") is False and kv.get(b"a") is None
+        assert kv.get(b"never") is None
+        for bad, exc in (((b"", b"v"), KVInputError), ((b"k" * 5000, b"v"), KVInputError),
+                         ((b"k", b"v" * (1 << 20 + 1)), KVInputError), (("str", b"v"), TypeError)):
+            with pytest.raises(exc):
+                kv.put(*bad)
+    with DLedgerClient(c.peers, group=c.group, timeout=5.0) as plain:
+        r = plain.append(b"\x7fnot a kv command")  # a malformed command: an error *result*, no change
+        assert r.result is not None and r.result[0] != 0
+
+
+def test_cas_counter_is_exactly_once_through_leader_kills_and_state_survives_restarts(make_cluster):
+    """Four clients increment one counter with cas while the leader is killed twice: every
+    successful cas is one increment (a retried cas is answered with its original result, not
+    applied again), and the final value equals the number of successes."""
+    c = make_cluster(3, state_machine="kv", snapshot_threshold=100)
+    c.wait_leader(timeout=15)
+    with kv_client(c) as kv:
+        kv.put(b"counter", b"0")
+    wins = []
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def incrementer() -> None:
+        with kv_client(c, timeout=20.0) as kv:
+            n = 0
+            while not stop.is_set():
+                try:
+                    cur = kv.get(b"counter").value
+                    if kv.cas(b"counter", cur, b"%d" % (int(cur) + 1)):
+                        n += 1
+                except (DLedgerError, KVError) as e:
+                    errors.append(e)
+            wins.append(n)
+
+    threads = [threading.Thread(target=incrementer, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(2):
+            time.sleep(1.5)
+            lead = c.wait_leader(timeout=15)
+            c.nodes[lead].kill()
+            c.wait_leader(timeout=15, among=[x for x in c.nodes if x != lead])
+            c.nodes[lead].start()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[:3]
+    c.wait_converged(timeout=30)
+    with kv_client(c) as kv:
+        final = int(kv.get(b"counter").value)
+    assert final == sum(wins) and final > 20, (final, wins)
+    # Snapshots were taken and a restarted node restored one.
+    assert any(Path(n.store_dir, "snapshots").glob("0*-*") for n in c.nodes.values())
+    assert any("restored the snapshot at index" in n.log_text() for n in c.nodes.values())
+
+
+def test_a_killed_applier_is_restarted_and_rebuilds_the_same_state(make_cluster):
+    c = make_cluster(3, state_machine="kv", snapshot_threshold=40)
+    lead = c.wait_leader(timeout=15)
+    with kv_client(c) as kv:
+        for i in range(100):
+            kv.put(b"k%03d" % i, b"v%d" % i)
+        pid = role_pid(c, lead, "applier")
+        assert pid is not None
+        import os
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: role_pid(c, lead, "applier") not in (None, pid), 30, "the applier restarted")
+        kv.put(b"after", b"crash")
+        assert kv.get(b"k050").value == b"v50" and kv.get(b"after").value == b"crash"
+        assert len(kv.scan(b"k")) == 100
+
+
+BROKEN_SM = '''
+from node.statemachine.api import StateMachine
+
+class Poisoned(StateMachine):
+    def apply(self, entries):
+        out = []
+        for e in entries:
+            if bytes(e.body) == b"poison":
+                raise RuntimeError("cannot digest this entry")
+            out.append(b"ok")
+        return out
+
+    def snapshot(self, writer):
+        writer.write(b"")
+
+    def restore(self, reader):
+        reader.read()
+'''
+
+
+def test_a_state_machine_that_raises_stops_its_applier_with_a_clear_message_and_the_log_stays(make_cluster, tmp_path):
+    mod = tmp_path / "poisonsm"
+    mod.mkdir()
+    (mod / "__init__.py").write_text(BROKEN_SM)
+    c = make_cluster(3, start=False, state_machine="poisonsm:Poisoned")
+    c.env["PYTHONPATH"] = str(tmp_path)  # the user's module, importable by the nodes
+    c.start()
+    c.wait_leader(timeout=15)
+    with DLedgerClient(c.peers, group=c.group, timeout=5.0) as cl:
+        assert cl.append(b"fine").result == b"ok"
+        with pytest.raises(DLedgerError):
+            cl.append(b"poison", timeout=3.0)  # committed, but never applied: no answer
+        log = "".join(n.log_text() for n in c.nodes.values())
+        assert "state machine poisonsm:Poisoned failed applying entries" in log
+        assert "RuntimeError: cannot digest this entry" in log
+        # the entry is in the log, committed, exactly as written: the log is untouched
+        entries = cl.get_range(0, 10)
+        assert [e.body for e in entries if e.type == "NORMAL"] == [b"fine", b"poison"]
