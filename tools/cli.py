@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "tools.cmd_export",
     "verify": "tools.cmd_verify",
     "chaos": "tools.cmd_chaos",
+    "kv": "tools.cmd_kv",
 }
 
 
@@ -48,6 +49,7 @@ HELP: dict[str, str] = {
     "export": "committed entries to Parquet (PySpark)",
     "verify": "cross-replica check of committed prefixes (PySpark)",
     "chaos": "seeded fault injection with a history check",
+    "kv": "the replicated KV store (put, get, del, cas, scan)",
 }
 
 

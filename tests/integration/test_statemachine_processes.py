@@ -158,3 +158,34 @@ def test_a_state_machine_that_raises_stops_its_applier_with_a_clear_message_and_
         # the entry is in the log, committed, exactly as written: the log is untouched
         entries = cl.get_range(0, 10)
         assert [e.body for e in entries if e.type == "NORMAL"] == [b"fine", b"poison"]
+
+
+def test_the_kv_command_line(make_cluster):
+    import json
+    import subprocess
+    import sys
+
+    c = make_cluster(3, state_machine="kv")
+    c.wait_leader(timeout=15)
+    root = Path(__file__).resolve().parents[2]
+
+    def kv(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools.cli", "kv", args[0], "--peers", c.peers, *args[1:]],
+                              cwd=root, capture_output=True, text=True, timeout=60)
+
+    put = kv("put", "greeting", "hello")
+    assert put.returncode == 0 and int(put.stdout) > 0, put.stderr
+    assert kv("get", "greeting").stdout == "hello\n"
+    got = json.loads(kv("get", "greeting", "--json").stdout)
+    assert got["value"] == "hello" and got["revision"] == int(put.stdout) and got["version"] == 1
+    assert kv("cas", "greeting", "nope", "x").returncode == 1
+    ok = kv("cas", "greeting", "hello", "hi")
+    assert (ok.returncode, ok.stdout) == (0, "swapped\n")
+    assert kv("cas", "fresh", "v", "--absent").returncode == 0
+    assert [ln.split("\t")[:2] for ln in kv("scan").stdout.splitlines()] == [["fresh", "v"], ["greeting", "hi"]]
+    assert kv("del", "greeting").stdout == "1\n" and kv("del", "greeting").stdout == "0\n"
+    missing = kv("get", "greeting")
+    assert missing.returncode == 1 and "not found" in missing.stderr
+    for bad in (("put", "", "v"), ("get", "k" * 5000), ("cas", "k", "only-one")):
+        r = kv(*bad)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
