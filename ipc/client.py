@@ -223,10 +223,10 @@ class ClientClosedError(RuntimeError):
 # Internal call records (touched by the I/O thread only, after submission)
 # ---------------------------------------------------------------------------------------------
 
-_APPEND, _BATCH, _GET, _META, _TRANSFER, _OPEN, _QUERY = range(7)
+_APPEND, _BATCH, _GET, _META, _TRANSFER, _OPEN, _QUERY, _SNAPSHOT = range(8)
 _NEW, _INFLIGHT, _WAITING, _BACKOFF, _DONE = range(5)
 _KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION",
-               "QUERY")
+               "QUERY", "SNAPSHOT")
 # Answers to a session append after which the same stamp may simply be sent again: the entry
 # is not in that leader's log (yet): its predecessors are missing, or the answer was lost.
 _SESSION_RESEND = frozenset({RC.SESSION_SEQ_GAP})
@@ -618,6 +618,19 @@ class DLedgerClient:
             raise TypeError(f"query request must be bytes, not {type(request).__name__}")
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         return self._wait(self._submit(_Call(_QUERY, bytes(request), deadline)), deadline - time.monotonic())
+
+    def take_snapshot(self, node_id: str, timeout: float | None = None) -> tuple[int, int]:
+        """Ask node `node_id` (any role) to snapshot its state machine now; returns the (last
+        index, last term) the snapshot on disk covers. UNSUPPORTED without a state machine."""
+        if node_id not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{node_id!r} is not in the peers list")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        resp = self._wait(self._submit(_Call(_SNAPSHOT, None, deadline, pinned=node_id)),
+                          deadline - time.monotonic())
+        if isinstance(resp, P.SnapshotResponse) and resp.code == RC.SUCCESS:
+            return resp.last_index, resp.last_term
+        raise DLedgerError(getattr(resp, "code", RC.UNKNOWN), getattr(resp, "reason", "") or f"from {node_id}",
+                           node=node_id)
 
     def metadata(self, timeout: float | None = None) -> Metadata:
         """Ask every node in parallel. Silent nodes get alive=False and None fields.
@@ -1133,6 +1146,8 @@ class DLedgerClient:
             return P.encode(P.MetadataRequest(self.group, node_id, rid))
         if k == _QUERY:
             return P.encode(P.QueryRequest(self.group, node_id, call.payload, rid))
+        if k == _SNAPSHOT:
+            return P.encode(P.SnapshotRequest(self.group, node_id, rid))
         target, term = call.payload
         return P.encode(P.LeadershipTransferRequest(self.group, node_id, target, term, rid))
 

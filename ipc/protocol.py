@@ -39,6 +39,7 @@ MULTI (10) / (0x8A)    u32 count, count x (u32 n, one complete inner frame): sev
 OPEN_SESSION (11)      group, remote_id: ask the leader for a client session id
 QUERY (12)             group, remote_id, u32 n, request: a read of the group's state machine
                        (docs/statemachine.md), answered at a read index (linearizable)
+SNAPSHOT (13)          group, remote_id: the node takes a snapshot of its state machine now
 responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   APPEND (0x81)          i64 index, i64 pos             (the entry's term is ``term``),
                          [i32 n, result]  (a group with a state machine: what apply returned;
@@ -55,6 +56,7 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   TAKE_LEADERSHIP(0x89)  -
   OPEN_SESSION (0x8B)    u32 session
   QUERY (0x8C)           i64 applied_index (the state the answer reflects), u32 n, answer
+  SNAPSHOT (0x8D)        i64 last_index, i64 last_term (the snapshot now on disk)
   ERROR (0xFF)           u8 request_type, reason (<=255 bytes)
 =====================  =====================================================================
 
@@ -125,6 +127,7 @@ class MsgType(IntEnum):
     MULTI = 10
     OPEN_SESSION = 11
     QUERY = 12
+    SNAPSHOT = 13
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82
     GET_RESPONSE = 0x83
@@ -137,6 +140,7 @@ class MsgType(IntEnum):
     MULTI_RESPONSE = 0x8A
     OPEN_SESSION_RESPONSE = 0x8B
     QUERY_RESPONSE = 0x8C
+    SNAPSHOT_RESPONSE = 0x8D
     ERROR_RESPONSE = 0xFF
 
 
@@ -231,6 +235,28 @@ class QueryResponse:
     leader_id: str = ""
     applied_index: int = -1
     answer: Buffer = b""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class SnapshotRequest:
+    """Ask one node (any role) to snapshot its state machine now (`dledger snapshot`)."""
+
+    TYPE: ClassVar[MsgType] = MsgType.SNAPSHOT
+    group: str
+    remote_id: str
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class SnapshotResponse:
+    TYPE: ClassVar[MsgType] = MsgType.SNAPSHOT_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    last_index: int = -1
+    last_term: int = -1
     request_id: int = 0
 
 
@@ -474,10 +500,11 @@ class Multi:
 
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
-           | TakeLeadershipRequest | OpenSessionRequest | QueryRequest)
+           | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
-            | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | ErrorResponse)
+            | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | SnapshotResponse
+            | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -605,6 +632,10 @@ def _enc_query(m: QueryRequest) -> bytes:
     return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _U32.pack(len(m.request)), m.request))
 
 
+def _enc_snapshot_resp(m: SnapshotResponse) -> bytes:
+    return _resp(m) + _TERM.pack(m.last_index) + _TERM.pack(m.last_term)
+
+
 def _enc_query_resp(m: QueryResponse) -> bytes:
     return b"".join((_resp(m), _TERM.pack(m.applied_index), _U32.pack(len(m.answer)), m.answer))
 
@@ -663,6 +694,8 @@ _ENCODERS = {
     OpenSessionResponse: _enc_open_session_resp,
     QueryRequest: _enc_query,
     QueryResponse: _enc_query_resp,
+    SnapshotRequest: _enc_metadata,
+    SnapshotResponse: _enc_snapshot_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -921,6 +954,22 @@ def _dec_query(mv: memoryview, off: int, rid: int, max_body: int) -> QueryReques
     return QueryRequest(group, remote, request, rid)
 
 
+def _dec_snapshot(mv: memoryview, off: int, rid: int, max_body: int) -> SnapshotRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _end(mv, off)
+    return SnapshotRequest(group, remote, rid)
+
+
+def _dec_snapshot_resp(mv: memoryview, off: int, rid: int, max_body: int) -> SnapshotResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 16, "snapshot position")
+    (last_index,) = _TERM.unpack_from(mv, off)
+    (last_term,) = _TERM.unpack_from(mv, off + 8)
+    _end(mv, off + 16)
+    return SnapshotResponse(code, group, term, leader, last_index, last_term, rid)
+
+
 def _dec_query_resp(mv: memoryview, off: int, rid: int, max_body: int) -> QueryResponse:
     code, term, group, leader, off = _dec_resp_common(mv, off)
     _need(mv, off, 8, "applied index")
@@ -1035,6 +1084,8 @@ _DECODERS = {
     MsgType.OPEN_SESSION_RESPONSE: _dec_open_session_resp,
     MsgType.QUERY: _dec_query,
     MsgType.QUERY_RESPONSE: _dec_query_resp,
+    MsgType.SNAPSHOT: _dec_snapshot,
+    MsgType.SNAPSHOT_RESPONSE: _dec_snapshot_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,

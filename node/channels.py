@@ -133,6 +133,10 @@ def decode_results(frame: bytes) -> tuple[int, list[bytes | None]] | None:
 
 _QUERY = struct.Struct(">Qq")  # tag, read index
 _QUERY_REPLY = struct.Struct(">QBq")  # tag, status, applied index the answer reflects
+SNAPSHOT_NOW = -2
+"""A query frame with this read index is not a read: take a snapshot now (`dledger snapshot`);
+the reply's answer is `SNAPSHOT_POSITION` (last index, last term) of the snapshot on disk."""
+SNAPSHOT_POSITION = struct.Struct(">qq")
 QUERY_OK = 0
 QUERY_UNSUPPORTED = 1  # the state machine serves no queries
 QUERY_FAILED = 2  # query() raised: the answer is the one-line reason

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "verify": "tools.cmd_verify",
     "chaos": "tools.cmd_chaos",
     "kv": "tools.cmd_kv",
+    "snapshot": "tools.cmd_snapshot",
 }
 
 
@@ -50,6 +51,7 @@ HELP: dict[str, str] = {
     "verify": "cross-replica check of committed prefixes (PySpark)",
     "chaos": "seeded fault injection with a history check",
     "kv": "the replicated KV store (put, get, del, cas, scan)",
+    "snapshot": "snapshot the state machine now",
 }
 
 

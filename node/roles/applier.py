@@ -148,6 +148,8 @@ class Applier:
     def maybe_snapshot(self, force: bool = False) -> None:
         if self.applied < 0 or self.applied == self.snapshot_index:
             return
+        if force:
+            self.snapshot_retry_at = 0.0
         if not force and (not snapshot_due(self.applied, self.snapshot_index, self.cfg.snapshot_threshold)
                           or time.monotonic() < self.snapshot_retry_at):
             return
@@ -178,7 +180,22 @@ class Applier:
             self.log.warning("malformed query frame (%d bytes) ignored", len(frame))
             return
         tag, read_index, request = q
+        if read_index == channels.SNAPSHOT_NOW:
+            self.snapshot_now(ident, tag)
+            return
         self.parked.append(ParkedQuery(tag, read_index, request, ident))
+
+    def snapshot_now(self, ident: bytes, tag: int) -> None:
+        """`dledger snapshot`: everything applied so far (catch up first), snapshotted now."""
+        while self.apply_some():
+            pass
+        self.maybe_snapshot(force=True)
+        snap = self.state.read_snapshot()
+        ok = snap.snapshot_index == self.applied
+        status = channels.QUERY_OK if ok else channels.QUERY_FAILED
+        answer = (channels.SNAPSHOT_POSITION.pack(snap.snapshot_index, snap.snapshot_term) if ok
+                  else b"the snapshot failed: see the node's log")
+        send_routed(self.query_sock, ident, channels.encode_query_reply(tag, status, self.applied, answer))
 
     def answer_queries(self) -> None:
         if not self.parked:

@@ -87,6 +87,7 @@ NOOP_RETRY_MIN_MS = 50
 NOOP_RETRY_MAX_MS = 1000
 ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has room again
 QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by then: TIMEOUT
+SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
 READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
@@ -198,7 +199,7 @@ class Handler:
         self.sm_link: StateMachineLink | None = None
         self.results = ResultCache()
         self.awaiting = AwaitingResults()
-        self.queries: dict[int, tuple[bytes, P.QueryRequest, int]] = {}
+        self.queries: dict[int, tuple[bytes, P.QueryRequest | P.SnapshotRequest, int]] = {}
         self.next_query_tag = 1
         self._hinted_commit = -1
         # follower side
@@ -785,6 +786,18 @@ class Handler:
             return
         self.queries[tag] = (ident, req, self.now() + QUERY_TIMEOUT_MS)
 
+    def on_snapshot(self, ident: bytes, req: P.SnapshotRequest) -> None:
+        """`dledger snapshot`: this node (any role) snapshots its state machine now."""
+        if self.sm_link is None:
+            self._error(ident, req, RC.UNSUPPORTED, "this group has no state machine")
+            return
+        tag = self.next_query_tag
+        self.next_query_tag += 1
+        if not self.sm_link.send_query(channels.encode_query(tag, channels.SNAPSHOT_NOW, b"")):
+            self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking requests")
+            return
+        self.queries[tag] = (ident, req, self.now() + SNAPSHOT_TIMEOUT_MS)
+
     def on_query_reply(self, frame: bytes) -> None:
         got = channels.decode_query_reply(frame)
         if got is None:
@@ -795,7 +808,12 @@ class Handler:
             return  # timed out already
         ident, req, _deadline = q
         m = self.state.read_member()
-        if status == channels.QUERY_OK:
+        if isinstance(req, P.SnapshotRequest) and status == channels.QUERY_OK:
+            last_index, last_term = channels.SNAPSHOT_POSITION.unpack(answer)
+            self._reply(ident, P.SnapshotResponse(RC.SUCCESS, self.cfg.group, m.current_term,
+                                                  self._slot_id(m.leader_slot), last_index, last_term,
+                                                  req.request_id))
+        elif status == channels.QUERY_OK:
             self._reply(ident, P.QueryResponse(RC.SUCCESS, self.cfg.group, m.current_term,
                                                self._slot_id(m.leader_slot), applied, answer, req.request_id))
         elif status == channels.QUERY_UNSUPPORTED:
@@ -1002,6 +1020,7 @@ class Handler:
         P.PushRequest: "on_push",
         P.OpenSessionRequest: "on_open_session",
         P.QueryRequest: "on_query",
+        P.SnapshotRequest: "on_snapshot",
     }
 
     # ------------------------------------------------------------------ loop

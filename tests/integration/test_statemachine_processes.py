@@ -189,3 +189,46 @@ def test_the_kv_command_line(make_cluster):
     for bad in (("put", "", "v"), ("get", "k" * 5000), ("cas", "k", "only-one")):
         r = kv(*bad)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_dledger_snapshot_on_every_node_and_a_restart_restores_it(make_cluster):
+    import subprocess
+    import sys
+
+    c = make_cluster(3, state_machine="kv", snapshot_threshold=1_000_000)  # only on demand
+    c.wait_leader(timeout=15)
+    root = Path(__file__).resolve().parents[2]
+    with kv_client(c) as kv:
+        for i in range(25):
+            kv.put(b"s%02d" % i, b"%d" % i)
+    c.wait_converged(timeout=20)
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "snapshot", "--peers", c.peers], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and all(" snapshot at index " in ln for ln in lines), lines
+    index = int(lines[0].split()[4])
+    assert index >= 25
+    for line in lines:  # "n0 snapshot at index I term T": that snapshot is on n0's disk
+        nid, _s, _a, _i, idx, _t, term = line.split()
+        assert Path(c.nodes[nid].store_dir, "snapshots", f"{int(idx):020d}-{int(term):020d}").is_dir()
+    victim = next(iter(c.nodes))
+    c.nodes[victim].stop()
+    c.nodes[victim].start()
+    wait_for(lambda: "restored the snapshot at index" in c.nodes[victim].log_text(), 30, "the restart restored it")
+    one = subprocess.run([sys.executable, "-m", "tools.cli", "snapshot", "--peers", c.peers, "--node", "nx"],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    assert one.returncode == 2 and "not in --peers" in one.stderr
+    with kv_client(c) as kv:
+        assert kv.get(b"s24").value == b"24"
+
+
+def test_dledger_snapshot_on_a_plain_log_says_unsupported(make_cluster):
+    import subprocess
+    import sys
+
+    c = make_cluster(1)
+    c.wait_leader(timeout=15)
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "snapshot", "--peers", c.peers], cwd=Path(__file__).resolve().parents[2],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "no state machine" in r.stdout, r.stdout + r.stderr

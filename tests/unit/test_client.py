@@ -266,8 +266,13 @@ def test_redirect_on_not_leader(make_cluster):
     n1.script = lambda node, msg: [] if isinstance(msg, P.MetadataRequest) else None
     with client(cl) as c:
         assert c.append(b"x").index == 0
+        # Usually once; twice when the first send to n1 found its connection not yet up
+        # (IMMEDIATE: nothing sent, the leader forgotten, n0 asked again). Seen once in CI
+        # on a loaded machine. What matters: once redirected, the next append goes to n1.
+        redirected = n0.count(P.AppendRequest)
+        assert redirected >= 1
         assert c.append(b"y").index == 1  # the redirect is remembered
-    assert n0.count(P.AppendRequest) == 1
+    assert n0.count(P.AppendRequest) == redirected
     assert n1.count(P.AppendRequest) == 2
 
 

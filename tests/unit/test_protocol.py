@@ -27,6 +27,8 @@ MESSAGES = [
     p.OpenSessionResponse(200, "default", 4, "n0", 0x00040001, request_id=28),
     p.QueryRequest("default", "n0", b"\x10get k", request_id=40),
     p.QueryRequest("default", "n0", b""),
+    p.SnapshotRequest("default", "n1", request_id=45),
+    p.SnapshotResponse(200, "default", 4, "n0", 99, 3, request_id=46),
     p.QueryResponse(200, "default", 4, "n0", 77, b"answer", request_id=41),
     p.QueryResponse(404, "default", 4, "n1"),
     p.AppendResponse(200, "default", 4, "n0", 12, 4096, request_id=42, result=b"ok"),
