@@ -11,15 +11,32 @@ reports the group's anonymous memory before, after and every 10 s (`rss_anon_mb`
 and the leader before and after. Exit 1 if the error rate exceeds --max-error-rate or the
 verification fails.
 
+--kv benches the replicated KV store instead (a group running `--state-machine kv`; --local
+starts its group with it): puts of --size-byte values over --keys keys (b"k0000000"...,
+sequential like etcd's benchmark), each an append of a KV PUT command, exactly what
+`KVClient.put` sends; linearizable gets, each a `query` of a KV GET, exactly what
+`KVClient.get` sends (read-index: a heartbeat round, then the leader's applier answers).
+--kv-op get and mixed first put every key once (batched, not measured); --kv-op get compares
+every answer with what was put, mixed (even ops put, odd ops get the key just put) that it
+was found. In flight: puts are pipelined on one client (`append_async`); gets
+use `query_async` where the client has one, else --concurrency threads each waiting for its
+answer (one Python process: the client's I/O thread and the waiting threads share one GIL).
+--mode sync always uses threads. Results as for the log, in ops (`ops_per_s`, `ops`);
+`verified` reads back a sample of keys and compares value and revision with the newest
+acknowledged put of each.
+
 Examples:
   dledger bench --local 3 --size 1024 --batch 64 --concurrency 16 --duration 10
   dledger bench --local 3 --batch 1 --concurrency 256 --json
   dledger bench --peers "$P" --mode sync --concurrency 1 --plot latency.png
+  dledger bench --local 3 --kv --kv-op put --concurrency 64 --duration 10
+  dledger bench --local 3 --kv --kv-op get --mode sync --concurrency 1 --duration 10
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import json
 import random
@@ -32,6 +49,7 @@ from dataclasses import dataclass, field
 
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
+from node.statemachine import kv as K
 from tools.cli import CliError
 from tools.local_group import LocalGroup
 
@@ -58,6 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="per-request client timeout")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra `dledger server` argument for --local (repeatable)")
+    p.add_argument("--kv", action="store_true",
+                   help="bench the KV store (--state-machine kv): puts and linearizable gets")
+    p.add_argument("--kv-op", choices=("put", "get", "mixed"), default="put",
+                   help="--kv: what each op is (default put; mixed = alternate put and get)")
+    p.add_argument("--keys", type=int, default=10_000, help="--kv: key space (default 10000)")
 
 
 @dataclass
@@ -66,7 +89,8 @@ class Recorder:
 
     t0: float
     measuring_from: float
-    lat: list[tuple[float, float, int]] = field(default_factory=list)  # (done at, latency s, entries)
+    # (done at, latency s, entries, op: "" for the log, "put" / "get" for --kv)
+    lat: list[tuple[float, float, int, str]] = field(default_factory=list)
     errors: list[tuple[float, str]] = field(default_factory=list)
     acked: list[tuple[int, int]] = field(default_factory=list)  # (index, seq) samples
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -74,9 +98,14 @@ class Recorder:
     def ok(self, sent: float, n: int, first_index: int, first_seq: int) -> None:
         now = time.perf_counter()
         with self.lock:
-            self.lat.append((now, now - sent, n))
+            self.lat.append((now, now - sent, n, ""))
             if len(self.acked) < 200_000:
                 self.acked.append((first_index, first_seq))
+
+    def op_ok(self, sent: float, op: str) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            self.lat.append((now, now - sent, 1, op))
 
     def fail(self, e: BaseException) -> None:
         with self.lock:
@@ -126,14 +155,15 @@ class Bench:
 
     def run(self, progress) -> Recorder:  # noqa: ANN001 - a callable(rec) for live output
         a = self.a
-        t0 = time.perf_counter()
-        rec = Recorder(t0, t0 + a.warmup)
-        self._warm_entries = 0
-        self.stop_at = t0 + a.warmup + a.duration
         with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
                            max_in_flight=max(a.concurrency, 1)) as c:
             c.metadata()  # find the leader before the clock starts mattering
-            if a.mode == "async":
+            self._prepare(c)
+            t0 = time.perf_counter()
+            rec = Recorder(t0, t0 + a.warmup)
+            self._warm_entries = self.seq  # --count counts from here
+            self.stop_at = t0 + a.warmup + a.duration
+            if self._pipelined(c):
                 self._run_async(c, rec, progress)
             else:
                 threads = [threading.Thread(target=self._sync_worker, args=(c, rec), daemon=True)
@@ -147,6 +177,13 @@ class Bench:
                     t.join()
             self.verify_result = self._verify(c, rec)
         return rec
+
+    def _prepare(self, c: DLedgerClient) -> None:
+        """Work before the clock starts (the log bench has none)."""
+
+    def _pipelined(self, c: DLedgerClient) -> bool:
+        """One pipelined client (`_submit`) rather than --concurrency threads (`_sync_worker`)."""
+        return self.a.mode == "async"
 
     def _submit(self, c: DLedgerClient, rec: Recorder):  # noqa: ANN202
         a = self.a
@@ -227,6 +264,183 @@ class Bench:
                 "deleted_by_retention": len(rec.acked) - len(kept) + retired}
 
 
+class _Refused(Exception):
+    """An op the store answered with something other than success (counted by `name`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class KVBench(Bench):
+    """--kv: puts (appends of KV PUT commands, as `KVClient.put`) and linearizable gets
+    (queries of KV GETs, as `KVClient.get`) over `--keys` keys of `--size`-byte values.
+
+    Each key's newest acknowledged put (highest revision) is remembered; a key with a failed
+    put is "doubtful" (the put may have landed) and left out of the read-back."""
+
+    PRELOAD_BATCH = 64
+
+    def __init__(self, args: argparse.Namespace, peers: str) -> None:
+        super().__init__(args, peers)
+        self.keys = [b"k%07d" % i for i in range(args.keys)]
+        self.last: dict[int, tuple[int, int]] = {}  # key number -> (revision, seq) of the newest put
+        self.doubtful: set[int] = set()
+        self.kv_lock = threading.Lock()
+        self.gets_compared = 0
+        self.gets_mismatched = 0
+        self.get_path: str | None = None
+
+    # ---- which op, which key -----------------------------------------------------------------
+    def _op(self, seq: int) -> tuple[str, int]:
+        """(op, key number). Puts walk the keys in order (etcd's benchmark does); mixed
+        alternates put and get, each get reading the key the put before it wrote."""
+        op = self.a.kv_op
+        if op == "mixed":
+            return ("get" if seq & 1 else "put"), (seq >> 1) % len(self.keys)
+        return op, seq % len(self.keys)
+
+    def _put_done(self, rec: Recorder, sent: float, seq: int, k: int, r: object) -> None:
+        """Record an acknowledged put (`r` an AppendResult): the result says the store took it."""
+        rev = r.index  # type: ignore[attr-defined]
+        if r.result is not None:  # type: ignore[attr-defined]
+            try:
+                res = K.decode_result(r.result)  # type: ignore[attr-defined]
+            except ValueError:
+                rec.fail(_Refused("NOT_A_KV_RESULT"))  # the group runs another state machine
+                return
+            if res.status != K.Status.OK:
+                rec.fail(_Refused(res.status.name))
+                return
+            rev = res.revision
+        with self.kv_lock:
+            old = self.last.get(k)
+            if old is None or rev > old[0]:
+                self.last[k] = (rev, seq)
+        rec.op_ok(sent, "put")
+
+    def _put_failed(self, rec: Recorder, k: int, e: BaseException) -> None:
+        with self.kv_lock:
+            self.doubtful.add(k)
+        rec.fail(e)
+
+    def _get_done(self, rec: Recorder, sent: float, k: int, answer: bytes) -> None:
+        try:
+            reply = K.decode_query_reply(answer)
+        except ValueError:
+            rec.fail(_Refused("NOT_A_KV_REPLY"))
+            return
+        if reply.status != K.Status.OK or not reply.items:
+            rec.fail(_Refused(reply.status.name))
+            return
+        rec.op_ok(sent, "get")
+        if self.a.kv_op == "get":  # nothing writes during the run: the answer is known
+            rev, seq = self.last[k]
+            it = reply.items[0]
+            good = it.value == _body(seq, self.a.size) and it.mod_revision == rev
+            with self.kv_lock:
+                self.gets_compared += 1
+                self.gets_mismatched += not good
+
+    # ---- before the clock ----------------------------------------------------------------------
+    def _prepare(self, c: DLedgerClient) -> None:
+        """Gets need keys: put every key once, in batches, before measuring."""
+        if self.a.kv_op == "put":
+            return
+        self.get_path = ("query_async (one pipelined client)" if self._pipelined(c)
+                         else f"query ({self.a.concurrency} threads)")
+        rec = Recorder(time.perf_counter(), 0.0)
+        futures = []
+        for first in range(0, len(self.keys), self.PRELOAD_BATCH):
+            ks = range(first, min(first + self.PRELOAD_BATCH, len(self.keys)))
+            seq0 = self._next(len(ks))
+            f = c.append_batch_async([K.encode_put(self.keys[k], _body(seq0 + i, self.a.size))
+                                      for i, k in enumerate(ks)])
+            futures.append((f, ks, seq0))
+        for f, ks, seq0 in futures:
+            try:
+                for i, (k, r) in enumerate(zip(ks, f.result(self.a.timeout + 5), strict=True)):
+                    self._put_done(rec, 0.0, seq0 + i, k, r)
+            except DLedgerError as e:
+                raise CliError(f"putting the {len(self.keys):,} keys before the gets failed: {e}") from None
+        if rec.errors:
+            raise CliError(f"putting the keys before the gets failed: {rec.errors[0][1]}")
+
+    def _pipelined(self, c: DLedgerClient) -> bool:
+        if self.a.mode != "async":
+            return False
+        return self.a.kv_op == "put" or hasattr(c, "query_async")
+
+    # ---- the ops -------------------------------------------------------------------------------
+    def _submit(self, c: DLedgerClient, rec: Recorder):  # noqa: ANN202
+        seq = self._next(1)
+        op, k = self._op(seq)
+        sent = time.perf_counter()
+        if op == "put":
+            f = c.append_async(K.encode_put(self.keys[k], _body(seq, self.a.size)))
+
+            def done(fut, seq=seq, sent=sent, k=k) -> None:  # noqa: ANN001
+                e = fut.exception()  # not result(): see Bench._submit
+                if e is not None:
+                    self._put_failed(rec, k, e)
+                else:
+                    self._put_done(rec, sent, seq, k, fut.result())
+        else:
+            f = c.query_async(K.encode_get(self.keys[k]))  # type: ignore[attr-defined]
+
+            def done(fut, sent=sent, k=k) -> None:  # noqa: ANN001
+                e = fut.exception()
+                if e is not None:
+                    rec.fail(e)
+                else:
+                    self._get_done(rec, sent, k, fut.result().answer)
+
+        f.add_done_callback(done)
+        return f
+
+    def _sync_worker(self, c: DLedgerClient, rec: Recorder) -> None:
+        while not self._done():
+            seq = self._next(1)
+            op, k = self._op(seq)
+            sent = time.perf_counter()
+            if op == "put":
+                try:
+                    r = c.append(K.encode_put(self.keys[k], _body(seq, self.a.size)))
+                except DLedgerError as e:
+                    self._put_failed(rec, k, e)
+                    continue
+                self._put_done(rec, sent, seq, k, r)
+            else:
+                try:
+                    answer = c.query(K.encode_get(self.keys[k])).answer
+                except DLedgerError as e:
+                    rec.fail(e)
+                    continue
+                self._get_done(rec, sent, k, answer)
+
+    # ---- after ---------------------------------------------------------------------------------
+    def _verify(self, c: DLedgerClient, rec: Recorder) -> dict:
+        """Read back a sample of keys (linearizable gets, 16 at a time): each must hold the
+        value and revision of its newest acknowledged put."""
+        with self.kv_lock:
+            sure = sorted(k for k in self.last if k not in self.doubtful)
+        sample = random.Random(7).sample(sure, min(self.a.verify_sample, len(sure)))
+
+        def same(k: int) -> bool:
+            rev, seq = self.last[k]
+            try:
+                reply = K.decode_query_reply(c.query(K.encode_get(self.keys[k])).answer)
+            except (DLedgerError, ValueError):
+                return False
+            return (reply.status == K.Status.OK and len(reply.items) == 1
+                    and reply.items[0].value == _body(seq, self.a.size) and reply.items[0].mod_revision == rev)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            bad = sum(not ok for ok in pool.map(same, sample))
+        return {"checked": len(sample), "mismatched": bad, "doubtful_keys": len(self.doubtful),
+                "gets_compared": self.gets_compared, "gets_mismatched": self.gets_mismatched}
+
+
 def _leader_begin(c: DLedgerClient) -> int:
     """The leader's ledger begin (0 when unknown: then nothing counts as deleted)."""
     try:
@@ -237,34 +451,52 @@ def _leader_begin(c: DLedgerClient) -> int:
     return lead.ledger_begin_index if lead is not None and lead.ledger_begin_index else 0
 
 
+def _unit(args: argparse.Namespace) -> str:
+    return "ops" if getattr(args, "kv", False) else "entries"
+
+
+def _figures(meas: list[tuple[float, float, int, str]], span: float) -> dict:
+    lats = sorted(x[1] * 1000 for x in meas)
+    return {"per_s": sum(x[2] for x in meas) / span, "p50_ms": _pct(lats, 0.5), "p99_ms": _pct(lats, 0.99),
+            "p999_ms": _pct(lats, 0.999), "max_ms": lats[-1] if lats else 0.0}
+
+
 def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
+    """The log's figures in entries (`entries_per_s`, `entries`, per-second `entries`); --kv's
+    in ops (`ops_per_s`, `ops`, per-second `ops`), with `by_op` for --kv-op mixed."""
+    unit = _unit(args)
     start = rec.measuring_from
     meas = [x for x in rec.lat if x[0] >= start]
     errs = [e for e in rec.errors if e[0] >= start]
     end = max([x[0] for x in meas] + [start + 1e-9])
     span = max(end - start, 1e-9)
-    entries = sum(n for _t, _l, n in meas)
-    lats = sorted(lat * 1000 for _t, lat, _n in meas)
+    entries = sum(x[2] for x in meas)
+    f = _figures(meas, span)
     samples = []
     sec = 0
     while start + sec + 1 <= end:  # whole seconds only: a partial last one would look like a stall
         window = [x for x in meas if start + sec <= x[0] < start + sec + 1]
-        wl = sorted(lat * 1000 for _t, lat, _n in window)
-        samples.append({"t": sec, "entries": sum(n for _t, _l, n in window),
+        wl = sorted(x[1] * 1000 for x in window)
+        samples.append({"t": sec, unit: sum(x[2] for x in window),
                         "p50_ms": _pct(wl, 0.5), "p99_ms": _pct(wl, 0.99),
                         "errors": sum(1 for e in errs if start + sec <= e[0] < start + sec + 1)})
         sec += 1
     requests = len(meas) + len(errs)
-    return {
-        "entries_per_s": entries / span, "mb_per_s": entries * args.size / span / 1e6,
-        "requests_per_s": len(meas) / span, "p50_ms": _pct(lats, 0.5), "p99_ms": _pct(lats, 0.99),
-        "p999_ms": _pct(lats, 0.999), "max_ms": lats[-1] if lats else 0.0, "errors": len(errs),
+    keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers"]
+    if unit == "ops":
+        keys += ["kv_op", "keys"]
+    res = {
+        f"{unit}_per_s": f["per_s"], "mb_per_s": entries * args.size / span / 1e6,
+        "requests_per_s": len(meas) / span, "p50_ms": f["p50_ms"], "p99_ms": f["p99_ms"],
+        "p999_ms": f["p999_ms"], "max_ms": f["max_ms"], "errors": len(errs),
         "error_kinds": sorted({e[1] for e in errs}), "error_rate": len(errs) / requests if requests else 0.0,
-        "entries": entries, "seconds": span,
-        "config": {k: getattr(args, k) for k in ("size", "duration", "count", "concurrency", "batch",
-                                                  "mode", "warmup", "local", "peers")},
+        unit: entries, "seconds": span,
+        "config": {k: getattr(args, k) for k in keys},
         "samples": samples,
     }
+    if unit == "ops" and args.kv_op == "mixed":
+        res["by_op"] = {op: _figures([x for x in meas if x[3] == op], span) for op in ("put", "get")}
+    return res
 
 
 def _plot(res: dict, path: str) -> None:
@@ -273,11 +505,13 @@ def _plot(res: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    unit = "ops" if "ops" in res else "entries"
     t = [s["t"] for s in res["samples"]]
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    ax1.plot(t, [s["entries"] for s in res["samples"]], marker=".")
-    ax1.set_ylabel("entries / s")
-    ax1.set_title(f"dledger bench: {res['config']['mode']}, batch {res['config']['batch']}, "
+    ax1.plot(t, [s[unit] for s in res["samples"]], marker=".")
+    ax1.set_ylabel(f"{unit} / s")
+    what = f"kv {res['config']['kv_op']}" if unit == "ops" else f"batch {res['config']['batch']}"
+    ax1.set_title(f"dledger bench: {res['config']['mode']}, {what}, "
                   f"{res['config']['size']} B, concurrency {res['config']['concurrency']}")
     ax2.plot(t, [s["p50_ms"] for s in res["samples"]], label="p50")
     ax2.plot(t, [s["p99_ms"] for s in res["samples"]], label="p99")
@@ -313,9 +547,9 @@ def _progress_printer(args: argparse.Namespace):  # noqa: ANN202
             recent = [x for x in rec.lat[-20000:] if x[0] >= now - 1.0]
             lats = sorted(x[1] * 1000 for x in rec.lat[-20000:])
             nerr = len(rec.errors)
-        eps = sum(n for _t, _l, n in recent)
+        eps = sum(x[2] for x in recent)
         phase = "warmup" if now < rec.measuring_from else "measuring"
-        line = (f"{phase:<9} {now - rec.t0:6.1f}s  {eps:>9,.0f} entries/s  "
+        line = (f"{phase:<9} {now - rec.t0:6.1f}s  {eps:>9,.0f} {_unit(args)}/s  "
                 f"{eps * args.size / 1e6:7.1f} MB/s  p99 {_pct(lats, 0.99):7.2f} ms  errors {nerr}")
         if live is not None:
             live.update(line)
@@ -365,16 +599,24 @@ class _RssSampler:
 def run(args: argparse.Namespace) -> int:
     if args.size < 0 or args.batch < 1 or args.concurrency < 1:
         raise CliError("--size must be >= 0, --batch and --concurrency >= 1", 2)
+    server_args = list(args.server_arg)
+    if args.kv:
+        if args.batch != 1:
+            raise CliError("--kv sends one op per request: --batch must be 1", 2)
+        if args.keys < 1 or args.size > K.MAX_VALUE_SIZE:
+            raise CliError(f"--kv needs --keys >= 1 and --size <= {K.MAX_VALUE_SIZE}", 2)
+        if not any(x == "--state-machine" or x.startswith("--state-machine=") for x in server_args):
+            server_args += ["--state-machine", "kv"]
     group = None
     peers = args.peers
     if args.local:
-        group = LocalGroup(args.local, args.server_arg, group=args.group).start()
+        group = LocalGroup(args.local, server_args, group=args.group).start()
         peers = group.peers
     try:
         if group is not None:
             group.wait_leader()
         progress = _progress_printer(args)
-        bench = Bench(args, peers)
+        bench = KVBench(args, peers) if args.kv else Bench(args, peers)
         rss_before = group.rss_by_process() if group else {}
         leader_before = group.leader() if group else None
         sampler = _RssSampler(group) if group else None
@@ -393,6 +635,11 @@ def run(args: argparse.Namespace) -> int:
             progress.stop()
         res = summarize(rec, args)
         res["verified"] = bench.verify_result
+        if isinstance(bench, KVBench):
+            res["kv"] = {"op": args.kv_op, "keys": args.keys, "value_size": args.size,
+                         "put_path": ("append_async (one pipelined client)" if args.mode == "async"
+                                      else f"append ({args.concurrency} threads)"),
+                         "get_path": bench.get_path}
         res["client_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if group is not None:
             rss_after = group.rss_by_process()
@@ -407,15 +654,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if group is not None:
             group.close()
-    ok = res["error_rate"] <= args.max_error_rate and res["verified"]["mismatched"] == 0
+    v = res["verified"]
+    ok = res["error_rate"] <= args.max_error_rate and v["mismatched"] == 0 and not v.get("gets_mismatched")
+    unit = _unit(args)
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"{res['entries_per_s']:,.0f} entries/s  {res['mb_per_s']:.1f} MB/s  "
+        compared = (f"  gets compared {v['gets_compared'] - v['gets_mismatched']}/{v['gets_compared']}"
+                    if v.get("gets_compared") else "")
+        print(f"{res[unit + '_per_s']:,.0f} {unit}/s  {res['mb_per_s']:.1f} MB/s  "
               f"({res['requests_per_s']:,.0f} requests/s)  latency p50 {res['p50_ms']:.2f} ms  "
               f"p99 {res['p99_ms']:.2f} ms  p99.9 {res['p999_ms']:.2f} ms  errors {res['errors']}  "
               f"verified {res['verified']['checked'] - res['verified']['mismatched']}/"
-              f"{res['verified']['checked']}" + retired_note(res["verified"]))
+              f"{res['verified']['checked']}" + retired_note(res["verified"]) + compared)
     return 0 if ok else 1
 
 
