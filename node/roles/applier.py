@@ -16,11 +16,16 @@ queries whose read index is applied.
 
 Channels (node/channels.py): PULL `apply` (wake-ups from the handler when the committed index
 moves; lost ones cost at most IDLE_POLL_MS), PUSH `results`, ROUTER `query`.
+
+I/O is injectable (contract C7): the class builds no socket; `run()` sets a zmq `transport`
+(results to the handler, replies to its queries) and loops calling `restore` once, then
+`on_query` for each query frame and `tick` every turn; the simulator (tools/sim) sets its own
+transport and `reader` and calls the same methods. Every time is `self.now()` (`rc.clock`).
 """
 
 from __future__ import annotations
 
-import time
+from typing import Protocol
 
 import zmq
 
@@ -43,13 +48,35 @@ from node.store import codec
 from node.store.reader import StaleRead, StoreReader
 
 IDLE_POLL_MS = 100
-SNAPSHOT_RETRY_S = 10.0  # after a failed snapshot (disk full...), wait this long before retrying
+SNAPSHOT_RETRY_MS = 10_000  # after a failed snapshot (disk full...), wait this long before retrying
 MAX_READ_BYTES = 16 << 20
 
 
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class ApplierTransport(Protocol):
+    def results(self, frame: bytes) -> bool: ...  # False: dropped (the handler is not reading)
+    def reply(self, ident: bytes, frame: bytes) -> None: ...  # to the handler that sent a query
+
+
+class ZmqApplierTransport:
+    """The real sockets: the `results` PUSH and the `query` ROUTER."""
+
+    def __init__(self, results: zmq.Socket, query: zmq.Socket) -> None:
+        self.results_sock, self.query_sock = results, query
+
+    def results(self, frame: bytes) -> bool:
+        try:
+            self.results_sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        send_routed(self.query_sock, ident, frame)
 
 
 class Applier:
@@ -71,10 +98,13 @@ class Applier:
         self.applied = -1
         self.applied_term = -1
         self.snapshot_index = -1
-        self.snapshot_retry_at = 0.0
+        self.snapshot_retry_ms = 0
         self.parked: list[ParkedQuery] = []
-        self.results_sock: zmq.Socket | None = None
-        self.query_sock: zmq.Socket | None = None
+        self.transport: ApplierTransport | None = None
+        self._busy = False  # the last tick applied something: look again at once
+
+    def now(self) -> int:
+        return self.rc.clock()
 
     # ------------------------------------------------------------------ start
     def restore(self) -> None:
@@ -136,11 +166,9 @@ class Applier:
         self.applied, self.applied_term = hi, entries[-1].term
         self.state.set("applied_index", hi)
         self.state.incr("entries_applied", len(entries))
-        if self.results_sock is not None:
+        if self.transport is not None:
             frame = channels.encode_results(lo, [by_index.get(j) for j in range(lo, hi + 1)])
-            try:
-                self.results_sock.send(frame, zmq.NOBLOCK)
-            except zmq.Again:
+            if not self.transport.results(frame):
                 self.log.warning("results of %d..%d dropped: the handler is not reading them", lo, hi)
         return True
 
@@ -149,11 +177,11 @@ class Applier:
         if self.applied < 0 or self.applied == self.snapshot_index:
             return
         if force:
-            self.snapshot_retry_at = 0.0
+            self.snapshot_retry_ms = 0
         if not force and (not snapshot_due(self.applied, self.snapshot_index, self.cfg.snapshot_threshold)
-                          or time.monotonic() < self.snapshot_retry_at):
+                          or self.now() < self.snapshot_retry_ms):
             return
-        t0 = time.monotonic()
+        t0 = self.now()
         try:
             pending = self.snaps.begin(self.applied, self.applied_term, self.cfg.state_machine)
             try:
@@ -163,15 +191,15 @@ class Applier:
                 pending.abort()
                 raise
         except SnapshotError as e:
-            self.snapshot_retry_at = time.monotonic() + SNAPSHOT_RETRY_S
+            self.snapshot_retry_ms = self.now() + SNAPSHOT_RETRY_MS
             self.log.error("snapshot at index %d failed, retrying in %.0f s: %s", self.applied,
-                           SNAPSHOT_RETRY_S, e)
+                           SNAPSHOT_RETRY_MS / 1000, e)
             return
         self.snapshot_index = snap.last_index
         self.state.write_snapshot(snapshot_index=snap.last_index, snapshot_term=snap.last_term)
         self.state.incr("snapshots_taken")
-        self.log.info("snapshot at index %d (term %d): %d bytes in %.0f ms", snap.last_index, snap.last_term,
-                      snap.size, (time.monotonic() - t0) * 1000)
+        self.log.info("snapshot at index %d (term %d): %d bytes in %d ms", snap.last_index, snap.last_term,
+                      snap.size, self.now() - t0)
 
     # ------------------------------------------------------------------ queries
     def on_query(self, ident: bytes, frame: bytes) -> None:
@@ -195,7 +223,7 @@ class Applier:
         status = channels.QUERY_OK if ok else channels.QUERY_FAILED
         answer = (channels.SNAPSHOT_POSITION.pack(snap.snapshot_index, snap.snapshot_term) if ok
                   else b"the snapshot failed: see the node's log")
-        send_routed(self.query_sock, ident, channels.encode_query_reply(tag, status, self.applied, answer))
+        self.transport.reply(ident, channels.encode_query_reply(tag, status, self.applied, answer))
 
     def answer_queries(self) -> None:
         if not self.parked:
@@ -211,45 +239,55 @@ class Applier:
             except Exception as e:  # noqa: BLE001 - a read must not stop the applier
                 status, answer = channels.QUERY_FAILED, _one_line(e).encode()[:255]
             self.state.incr("queries_served")
-            send_routed(self.query_sock, q.reply_to,
-                        channels.encode_query_reply(q.tag, status, self.applied, bytes(answer)))
+            self.transport.reply(q.reply_to, channels.encode_query_reply(q.tag, status, self.applied, bytes(answer)))
 
     # ------------------------------------------------------------------ loop
+    def tick(self) -> None:
+        """One loop turn besides sockets: apply a run, answer the reads it made due, snapshot."""
+        self._busy = self.apply_some()
+        self.answer_queries()
+        self.maybe_snapshot()
+
+    def next_wait_ms(self) -> int:
+        """How long the loop may sleep: not at all while there is more to apply."""
+        return 0 if self._busy else IDLE_POLL_MS
+
+    def close(self) -> None:
+        self.reader.close()
+        self.snaps.close()
+        try:
+            self.sm.close()
+        except Exception as e:  # noqa: BLE001 - closing must not hide why we stopped
+            self.log.warning("state machine close failed: %s", _one_line(e))
+
     def run(self) -> None:
         rc = self.rc
         hints = pull(rc.zctx, rc.channel(channels.APPLY))
-        self.query_sock = router(rc.zctx, rc.channel(channels.QUERY))
-        self.results_sock = push(rc.zctx, rc.channel(channels.RESULTS))
+        query_sock = router(rc.zctx, rc.channel(channels.QUERY))
+        self.transport = ZmqApplierTransport(push(rc.zctx, rc.channel(channels.RESULTS)), query_sock)
         poller = zmq.Poller()
-        for s in (hints, self.query_sock, rc.wake_fd):
+        for s in (hints, query_sock, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         self.restore()
         try:
             while not rc.should_stop():
-                busy = self.apply_some()
-                self.answer_queries()
-                self.maybe_snapshot()
+                self.tick()
                 rc.beat()
-                events = dict(poller.poll(0 if busy else IDLE_POLL_MS))
+                events = dict(poller.poll(self.next_wait_ms()))
                 if rc.wake_fd in events:
                     rc.drain_wake()
                 if hints in events:
                     drain(hints)
-                if self.query_sock in events:
+                if query_sock in events:
                     while True:
                         try:
-                            got = recv_routed(self.query_sock, zmq.NOBLOCK)
+                            got = recv_routed(query_sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         if got is not None:
                             self.on_query(*got)
         finally:
-            self.reader.close()
-            self.snaps.close()
-            try:
-                self.sm.close()
-            except Exception as e:  # noqa: BLE001 - closing must not hide why we stopped
-                self.log.warning("state machine close failed: %s", _one_line(e))
+            self.close()
 
 
 def main() -> int:
