@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,6 +34,32 @@ def test_bench_local_group_json_verified_and_plotted(tmp_path):
     assert res["leader"]["before"] == res["leader"]["after"]
     assert res["rss_anon_mb"]["before"] > 0 and isinstance(res["rss_anon_mb"]["samples"], list)
     assert png.stat().st_size > 10_000
+    assert not _segments() - before, "the bench left a node's shared block behind"
+
+
+@pytest.mark.parametrize("op, mode", [("put", "async"), ("get", "sync"), ("mixed", "sync")])
+def test_bench_kv_local_group_json_verified(op, mode):
+    """`--kv` starts its group with the KV store, reports ops in the log bench's shape, and
+    reads back a sample of keys against the newest acknowledged put of each (gets: every
+    answer is also compared with what was put)."""
+    before = _segments()
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--local", "3", "--kv", "--kv-op", op,
+                        "--mode", mode, "--count", "600", "--concurrency", "4", "--keys", "200",
+                        "--warmup", "0", "--size", "300", "--verify-sample", "100", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    for key in ("ops_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "errors", "ops", "config",
+                "samples", "kv"):
+        assert key in res, key
+    assert res["errors"] == 0 and res["ops"] >= 600  # --count: threads may each start one more
+    assert res["config"]["kv_op"] == op and res["kv"]["value_size"] == 300
+    v = res["verified"]
+    assert v["checked"] == 100 and v["mismatched"] == 0 and v["doubtful_keys"] == 0, v
+    if op == "get":
+        assert v["gets_compared"] == res["ops"] and v["gets_mismatched"] == 0, v
+    if op == "mixed":
+        assert set(res["by_op"]) == {"put", "get"}
     assert not _segments() - before, "the bench left a node's shared block behind"
 
 
