@@ -2,7 +2,8 @@
 
     python -m tools.simulate --seeds 1000 [--first 0] [--nodes 3|5] [--store memory|segment]
                              [--faults drop,delay,dup,reorder,partition,crash,role-crash,truncate,clock]
-                             [--steps 2500] [--jobs 2] [--mutate NAME]
+                             [--steps 2500] [--jobs 2] [--mutate NAME] [--sessions]
+                             [--state-machine [kv|chain]]
     python -m tools.simulate --seed 1234 ...        # replay one seed, print its trace
 
 Every seed runs a whole group (the real role classes, one process, virtual time) through a
@@ -42,6 +43,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sessions", action="store_true",
                     help="about half the writers use client sessions: stamped appends resent after "
                          "timeouts and failures, deduplicated by the leader")
+    ap.add_argument("--state-machine", nargs="?", const="kv", default="", choices=("kv", "chain"),
+                    help="every node runs the applier with this state machine (kv if none named), "
+                         "snapshots and (segment store) retention; its state is checked against the "
+                         "committed history after every step")
     a = ap.parse_args(argv)
     faults = [] if a.faults in ("", "none") else [f.strip() for f in a.faults.split(",") if f.strip()]
     bad = [f for f in faults if f not in ALL_FAULTS + OPT_IN_FAULTS]
@@ -53,7 +58,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _config(a: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(seed=seed, nodes=a.nodes, faults=a.fault_list, steps=a.steps, store=a.store,
-                     trace_len=a.trace_len, sessions=a.sessions)
+                     trace_len=a.trace_len, sessions=a.sessions, state_machine=a.state_machine)
 
 
 def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result], float]:
@@ -99,6 +104,8 @@ def _report(r: Result, a: argparse.Namespace) -> None:
         opts.append(f"--mutate {a.mutate}")
     if a.sessions:
         opts.append("--sessions")
+    if a.state_machine:
+        opts.append(f"--state-machine {a.state_machine}")
     print(f"replay: python -m tools.simulate {' '.join(opts)}")
 
 
@@ -137,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in sorted(fails, key=lambda r: r.seed)[:3]:
         _report(r, a)
     print(f"{ran} seeds ({a.nodes} nodes, {a.store} store, faults={','.join(a.fault_list) or 'none'}"
+          f"{', state machine ' + a.state_machine if a.state_machine else ''}"
           f"{', mutate=' + a.mutate if a.mutate else ''}): {len(fails)} failed; {dt:.1f} s, "
           f"{dt / max(ran, 1) * 1000:.1f} ms/seed with {a.jobs} job(s)")
     return 1 if fails else 0

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ipc import protocol as P
 from node.store.base import DiskFull, StoreConfig
 from node.store.memory_store import MemoryStore
+from node.store.reader import StoreReader
 from node.store.segment_store import SegmentStore
 from tools.sim.state import MemReader, SimState
 
@@ -142,8 +143,24 @@ class SimSegmentStore(_DiskFullable, SegmentStore):
     """The real SegmentStore without its flush thread: the simulator flushes and checkpoints at
     virtual times (a thread would run on wall-clock time and break determinism)."""
 
+    retention_floor: Any = None  # --state-machine: () -> the highest index every replica committed
+
     def _flush_service(self) -> None:
         return
+
+    def data_file_ranges(self, limit: int) -> list[tuple[int, int, float]]:
+        """What retention may look at: with a state machine, only files every replica has
+        committed (plus the next one, which the decision never deletes). Without installs a
+        replica that needs a deleted entry never catches up; tools/sim/smcheck.py."""
+        files = super().data_file_ranges(limit)
+        if self.retention_floor is None:
+            return files
+        floor, out = self.retention_floor(), []
+        for f in files:
+            out.append(f)
+            if f[1] > floor:
+                break
+        return out
 
 
 class Actor:
@@ -183,6 +200,23 @@ class Actor:
         if self.node is not None:
             self.node.lock.drop(self)
 
+    # ---- readers let go of what retention deleted ---------------------------------------------
+    def _deleted_below(self) -> int:
+        """With retention modelled: the data position below which retention has deleted files and
+        published the new ledger begin (-1: nothing to check)."""
+        st = self.node.store if self.node is not None and self.sim.disk_ratio else None
+        if not isinstance(st, SegmentStore) or st.ledger_begin_index != self.node.block.ledger.ledger_begin_index:
+            return -1
+        return st.data.files[0].start if st.data.files else -1
+
+    def _check_unmapped(self, reader: Any, deleted_below: int) -> None:
+        """A reader that still maps a file retention deleted before its loop turn began keeps the
+        file's space from the disk (every long-lived reader calls `follow_begin` each turn)."""
+        d = getattr(reader, "_data", None) if isinstance(reader, StoreReader) else None
+        if deleted_below >= 0 and d is not None and d.files and d.files[0].start < deleted_below:
+            self.sim.fail(f"{self.key}: after a loop turn it still maps data file {d.files[0].path.name}, which "
+                          f"retention deleted before the turn began: the disk never gets that space back")
+
 
 # ---------------------------------------------------------------------------------------------
 # handler
@@ -209,6 +243,8 @@ class HandlerActor(Actor):
                 index_file_size=node.cfg.index_file_size, flush_mode="async"))
         h.lock = node.lock
         h.transport = HandlerTransport(sim, node, self)
+        if node.cfg.state_machine:
+            h.sm_link = SimStateMachineLink(sim, node, self)
         self.opened = False
         self.next_cp = 0
 
@@ -216,6 +252,8 @@ class HandlerActor(Actor):
         h = self.h
         node, sim = self.node, self.sim
         h.store.disk_full = lambda: node.disk_full_until > sim.now
+        if sim.smc is not None and isinstance(h.store, SimSegmentStore):
+            h.store.retention_floor = sim.smc.retention_floor
         h.open()
         self.node.store = h.store
         self.node.checked = -1
@@ -241,6 +279,10 @@ class HandlerActor(Actor):
                     h.on_control_reply(payload)
                 elif kind == "role":
                     h.sync_role()
+                elif kind == "results":
+                    h.on_results(payload)
+                elif kind == "qreply":
+                    h.on_query_reply(payload)
             h.tick()
         self.rc.beat()
         now = self.node.clock()
@@ -260,6 +302,25 @@ class HandlerActor(Actor):
             st.index.close()
             st._opened = False
         self.node.store = None
+
+
+class SimStateMachineLink:
+    """The handler's StateMachineLink (node/roles/handler.py) in the simulator: the wake-up is
+    a hint (it may be lost: the applier also looks every IDLE_POLL_MS); queries go to the live
+    applier in order (a DEALER with IMMEDIATE: none alive, the send fails)."""
+
+    def __init__(self, sim: Sim, node: Node, actor: HandlerActor) -> None:
+        self.sim, self.node, self.actor = sim, node, actor
+
+    def committed_moved(self) -> None:
+        self.sim.intra(self.node, ("applier",), "apply", b"a")
+
+    def send_query(self, frame: bytes) -> bool:
+        a = self.sim._node_actor(self.node, "applier")
+        if a is None:
+            return False
+        self.sim.intra_fifo(self.actor, a, "query", (b"h:%d" % self.actor.inc, bytes(frame)))
+        return True
 
 
 class HandlerTransport:
@@ -370,12 +431,14 @@ class DispatcherActor(Actor):
 
     def step(self) -> None:
         d = self.d
+        deleted_below = self._deleted_below()
         for kind, payload in self.take_burst():
             self.sim.trace_in(self.key, kind, payload)
             if kind == "reply":
                 d.on_reply(payload)
         d.flush_ack()
         d.tick()
+        self._check_unmapped(d.reader, deleted_below)
         sim = self.sim
         if self.eager_due or (sim.faulting and sim.p_eager_commit and sim.rng.random() < sim.p_eager_commit):
             self.eager_due = False
@@ -449,9 +512,11 @@ class AckActor(Actor):
 
     def step(self) -> None:
         a = self.a
+        deleted_below = self._deleted_below()
         for kind, payload in self.take_burst():
             self.sim.trace_in(self.key, kind, payload)
         a.tick()
+        self._check_unmapped(a.reader, deleted_below)
         self.rc.beat()
         self.wake_at = self.sim.now + max(1, min(1000, a.next_wait_ms()))
 
@@ -466,6 +531,94 @@ class AckTransport:
 
     def commit_wakeup(self) -> None:
         self.sim.intra(self.node, ("handler",), "commit", b"c")
+
+
+# ---------------------------------------------------------------------------------------------
+# applier (--state-machine)
+# ---------------------------------------------------------------------------------------------
+RESULTS_HWM = 8  # results frames a paused handler queues before the applier's sends fail
+
+
+class ApplierActor(Actor):
+    role = "applier"
+
+    def __init__(self, sim: Sim, node: Node) -> None:
+        super().__init__(sim, node, f"{node.id}.applier")
+        from node.roles import applier as apmod
+
+        self.rc = SimRC(sim, node, self, "applier")
+        with sim.acting(self):
+            ap = apmod.Applier(self.rc)  # loads the state machine, opens the SnapshotStore
+        self.ap = ap
+        if sim.store_kind == "memory":
+            ap.reader.close()
+            ap.reader = MemReader(node)
+        ap.transport = ApplierTransport(sim, node, self)
+        self.started = False
+        self.restored = -1  # the snapshot index its restore started from
+
+    def step(self) -> None:
+        ap = self.ap
+        deleted_below = self._deleted_below()
+        if not self.started:  # the supervisor starts it with the other roles: no wait for the handler
+            self.started = True
+            ap.restore()
+            self.restored = ap.snapshot_index
+        for kind, payload in self.take_burst():
+            self.sim.trace_in(self.key, kind, payload)
+            if kind == "query":
+                ap.on_query(*payload)
+            # "apply" is a wake-up: the tick below reads the block
+        ap.tick()
+        self._check_unmapped(ap.reader, deleted_below)
+        self.rc.beat()
+        self.wake_at = self.sim.now + max(1, ap.next_wait_ms())
+
+    def kill(self) -> None:
+        super().kill()
+        ap = self.ap
+        ap.reader.close()
+        ap.snaps.close()  # the kernel drops the writer's flock with the process
+        if self.sim.faulting and self.sim.rng.random() < 0.3:
+            self.sim.trace_event(self.key, "torn", write_torn_take(self.node, self.sim.rng))
+
+
+class ApplierTransport:
+    """Results go to the live handler in order (PUSH/PULL); while the handler is paused, after
+    RESULTS_HWM queued frames the send fails (the high-water mark: the applier logs that the
+    results were dropped). Query replies go to the handler incarnation that asked (ROUTER):
+    lost if it died."""
+
+    def __init__(self, sim: Sim, node: Node, actor: ApplierActor) -> None:
+        self.sim, self.node, self.actor = sim, node, actor
+
+    def results(self, frame: bytes) -> bool:
+        h = self.sim._node_actor(self.node, "handler")
+        if h is None:
+            return False
+        if h.paused and sum(1 for k, _ in h.inbox if k == "results") >= RESULTS_HWM:
+            return False
+        self.sim.intra_fifo(self.actor, h, "results", bytes(frame))
+        return True
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        h = self.sim._node_actor(self.node, "handler")
+        if h is not None and ident == b"h:%d" % h.inc:
+            self.sim.intra_fifo(self.actor, h, "qreply", bytes(frame))
+
+
+def write_torn_take(node: Node, rng: random.Random) -> str:
+    """A snapshot being taken when the applier died: a temporary directory with part of its
+    data. The next applier's SnapshotStore must remove it, and nothing may restore from it."""
+    from node.statemachine.snapshot_files import TMP_PREFIX
+    from node.statemachine.snapshot_meta import SNAPSHOTS_DIR
+
+    d = os.path.join(node.cfg.store_dir, SNAPSHOTS_DIR, f"{TMP_PREFIX}take-sim-{node.sim.next_inc()}")
+    os.makedirs(d, exist_ok=True)
+    n = rng.randint(0, 64)
+    with open(os.path.join(d, "data"), "wb") as f:
+        f.write(bytes(rng.getrandbits(8) for _ in range(n)))
+    return f"{os.path.basename(d)} with {n} bytes"
 
 
 def _is_heartbeat(frame: bytes) -> bool:

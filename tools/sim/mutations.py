@@ -27,6 +27,17 @@ finds what it found before. The names say what they break:
   disk is full keeps leading (repro t6); fault `disk-full` fills the leader's disk at the heal.
 - `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
   restart rule reverted): a restarted leader can lead the same term twice.
+
+With `--state-machine` (the applier, snapshots and retention; tools/sim/smcheck.py):
+
+- `applier-skip`: the applier skips the first entry of every run that starts at an index
+  ending in 7.
+- `replay-from-snapshot-index`: a restarted applier replays from its snapshot's index instead
+  of the entry after it (that entry is applied twice).
+- `snapshot-index-early`: a snapshot is recorded one index before the state it holds.
+- `apply-uncommitted`: the applier applies up to the ledger end, not the committed index.
+- `results-shifted`: the applier sends each entry's result as the next entry's.
+- `no-compaction-floor`: retention ignores the newest snapshot (`--store segment`).
 """
 
 from __future__ import annotations
@@ -226,6 +237,87 @@ def _t6() -> Callable[[], None]:
         return LedgerEnd(led.ledger_end_index, led.ledger_end_term, True)
 
     return _patch(Elector, "_ledger", ledger)
+
+
+@_mutation("applier-skip")
+def _applier_skip() -> Callable[[], None]:
+    from node.core import apply as core
+    from node.roles import applier
+
+    def next_run(applied_index: int, committed_index: int,
+                 max_entries: int = core.MAX_APPLY_ENTRIES) -> tuple[int, int] | None:
+        run = core.next_run(applied_index, committed_index, max_entries)
+        if run is not None and run[0] % 10 == 7 and run[1] > run[0]:
+            return run[0] + 1, run[1]
+        return run
+
+    return _patch(applier, "next_run", next_run)
+
+
+@_mutation("replay-from-snapshot-index")
+def _replay_from_snapshot_index() -> Callable[[], None]:
+    from node.roles.applier import Applier
+
+    orig = Applier.restore
+
+    def restore(self: Applier) -> None:
+        orig(self)
+        if self.snapshot_index >= 0:
+            self.applied = self.snapshot_index - 1  # the next run starts at the snapshot's own index
+
+    return _patch(Applier, "restore", restore)
+
+
+@_mutation("snapshot-index-early")
+def _snapshot_index_early() -> Callable[[], None]:
+    from node.statemachine.snapshot_store import SnapshotStore
+
+    orig = SnapshotStore.begin
+
+    def begin(self: SnapshotStore, last_index: int, last_term: int, state_machine: str) -> Any:
+        return orig(self, last_index - 1, last_term, state_machine)
+
+    return _patch(SnapshotStore, "begin", begin)
+
+
+@_mutation("apply-uncommitted")
+def _apply_uncommitted() -> Callable[[], None]:
+    import dataclasses
+
+    from node.roles.applier import Applier
+
+    orig = Applier.apply_some
+
+    def apply_some(self: Applier) -> bool:
+        state = self.state
+        real = state.read_ledger
+
+        def read_ledger(*a: Any, **kw: Any) -> Any:
+            led = real(*a, **kw)
+            return dataclasses.replace(led, committed_index=led.ledger_end_index)
+
+        state.read_ledger = read_ledger
+        try:
+            return orig(self)
+        finally:
+            del state.read_ledger
+
+    return _patch(Applier, "apply_some", apply_some)
+
+
+@_mutation("results-shifted")
+def _results_shifted() -> Callable[[], None]:
+    from node import channels
+
+    orig = channels.encode_results
+    return _patch(channels, "encode_results", lambda first, results: orig(first + 1, results))
+
+
+@_mutation("no-compaction-floor")
+def _no_compaction_floor() -> Callable[[], None]:
+    from node.roles import retention
+
+    return _patch(retention, "compaction_floor", lambda snapshot_index: 1 << 62)
 
 
 @contextlib.contextmanager

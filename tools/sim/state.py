@@ -16,7 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ipc.codes import Role
-from node.shared_state import NO_SLOT, LedgerView, MemberView, PeerView, QuorumView
+from node.shared_state import NO_SLOT, LedgerView, MemberView, PeerView, QuorumView, SnapshotView
 from node.store import codec
 from node.store.base import StoreError
 from node.store.reader import StaleRead
@@ -55,6 +55,7 @@ class NodeBlock:
         ledger_init.update({f: 0 for f in _LEDGER_FIELDS - set(ledger_init)})
         self.ledger = LedgerView(**ledger_init)
         self.quorum = QuorumView(-1, -1)
+        self.snapshot = SnapshotView(-1, -1)  # the applier's newest snapshot (--state-machine)
         self.peers = [PeerView(p, -1, -1, False, 0, 0, 0, 0, 0) for p in range(n_peers)]
         self.words: dict[str, int] = {}
 
@@ -87,6 +88,11 @@ class SimState:
 
     def read_quorum(self, timeout_s: float | None = None) -> QuorumView:
         v = self.block.quorum
+        self.sim.preempt(self.actor)
+        return v
+
+    def read_snapshot(self, timeout_s: float | None = None) -> SnapshotView:
+        v = self.block.snapshot
         self.sim.preempt(self.actor)
         return v
 
@@ -128,6 +134,12 @@ class SimState:
         self.block.quorum = QuorumView(quorum_index, quorum_term)
         self.sim.trace_event(self.actor.key, "quorum", (quorum_index, quorum_term))
         return self.block.quorum
+
+    def write_snapshot(self, *, snapshot_index: int, snapshot_term: int) -> SnapshotView:
+        self.sim.at_write(self.actor)
+        self.block.snapshot = SnapshotView(snapshot_index, snapshot_term)
+        self.sim.trace_event(self.actor.key, "snapshot", (snapshot_index, snapshot_term))
+        return self.block.snapshot
 
     def write_peer(self, slot: int, *, match_index: int | None = None, match_term: int | None = None,
                    alive: bool | None = None, last_ack_ms: int | None = None) -> None:

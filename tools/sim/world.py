@@ -25,6 +25,7 @@ import heapq
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import traceback
@@ -52,6 +53,7 @@ ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-cra
 # fills for 6 s: the group must fail over (repro t6).
 OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full")
 TRACE_LEN = 60
+RETENTION_RATIO = 0.87  # --state-machine --store segment: the disk every handler measures (clean < it < full)
 FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill
 CLIENT = -1  # node index of the clients' side of a link
 
@@ -87,6 +89,7 @@ class SimConfig:
     max_depth: int = 3
     tmp_root: str | None = None
     sessions: bool = False  # about half the writers use client sessions and resend (exactly-once)
+    state_machine: str = ""  # "kv" or "chain": every node runs an applier (tools/sim/smcheck.py)
 
 
 @dataclass
@@ -184,7 +187,10 @@ class ClientActor(A.Actor):
         bodies = []
         for i in range(n):
             pad = rng.choice((0, 8, 40, 200, 700)) + rng.randint(0, 20)
-            b = b"w%d.r%d.%d|" % (w.wid, w.rid, i) + b"x" * pad
+            tag = b"w%d.r%d.%d|" % (w.wid, w.rid, i)
+            b = tag + b"x" * pad if sim.smc is None else sim.smc.command(rng, tag, pad)
+            if b in sim.sent:  # a KV delete: the same bytes may be committed once per send
+                sim.repeats[b] += 1
             sim.sent[b] = (w.wid, w.rid)
             bodies.append(b)
         if w.session:
@@ -255,6 +261,13 @@ class ClientActor(A.Actor):
                 raise Violation(f"{self.key}: SUCCESS reply of type {type(msg).__name__}")
             for i, b in enumerate(bodies):
                 sim.on_ack(first + i, b, msg.term)
+            if sim.smc is not None:
+                results = msg.results if isinstance(msg, P.BatchAppendResponse) else [msg.result]
+                if results is None or any(r is None for r in results):
+                    sim.stats["results_missing"] += 1  # results evicted, lost, or never seen here
+                for i, r in enumerate(results or ()):
+                    if r is not None:
+                        sim.smc.on_result(first + i, bytes(r), f"{self.key} (request {msg.request_id})")
             if stamp is None or stamp[2] == 0:  # a resend may be answered with an earlier index
                 self._check_order(node, msg.term, msg.request_id, first, first + len(bodies) - 1)
             return
@@ -292,7 +305,9 @@ class ClientActor(A.Actor):
 
 class ReaderActor(A.Actor):
     """A reader: GETs of committed entries, mostly linearizable. Whatever is served must be the
-    committed history; a linearizable GET must see every append acknowledged before it was sent."""
+    committed history; a linearizable GET must see every append acknowledged before it was sent.
+    With a state machine, half its reads are QUERYs of it (read-index: linearizable), checked
+    against the reference (tools/sim/smcheck.py), and now and then it asks a node to snapshot."""
 
     def __init__(self, sim: Sim) -> None:
         super().__init__(sim, None, "reader")
@@ -300,6 +315,7 @@ class ReaderActor(A.Actor):
         self.target = sim.rng.randrange(sim.cfg.nodes)
         self.rid = 0
         self.out: dict[int, tuple[int, int, bool, int]] = {}  # rid -> (index, acked max, lin, deadline)
+        self.sm_out: dict[int, tuple[bytes | None, int, int, str]] = {}  # rid -> (query, acked max, deadline, node)
         self.wake_at = sim.rng.randint(100, 400)
 
     def step(self) -> None:
@@ -310,8 +326,14 @@ class ReaderActor(A.Actor):
         now = sim.now
         for rid in [rid for rid, o in self.out.items() if now >= o[3]]:
             del self.out[rid]
-        if now >= self.wake_at and sim.writing and len(self.out) < 2:
+        for rid in [rid for rid, o in self.sm_out.items() if now >= o[2]]:
+            del self.sm_out[rid]
+        if now >= self.wake_at and sim.writing and len(self.out) + len(self.sm_out) < 2:
             r = sim.rng
+            if sim.smc is not None and r.random() < 0.5:
+                self._send_sm(r)
+                self.wake_at = now + r.randint(20, 200)
+                return
             top = max(sim.acked_max, len(sim.chist) - 1)
             index = r.randint(0, max(0, top + 1)) if r.random() < 0.4 else max(0, top - r.randint(0, 4))
             lin = r.random() < 0.8
@@ -323,10 +345,41 @@ class ReaderActor(A.Actor):
             sim.client_send(self, self.target, frame)
         self.wake_at = now + sim.rng.randint(20, 200)
 
+    def _send_sm(self, r: random.Random) -> None:
+        """A QUERY to the node it believes leads, or (1 in 10) a SNAPSHOT request to any node."""
+        sim = self.sim
+        self.rid += 1
+        if r.random() < 0.1:
+            node = r.choice(sim.nodes)
+            self.sm_out[self.rid] = (None, sim.acked_max, sim.now + 3000, node.id)
+            sim.trace_event(self.key, "send", (node.id, self.rid, "SNAPSHOT"))
+            sim.client_send(self, node.idx, P.encode(P.SnapshotRequest(sim.group, node.id, self.rid)))
+            return
+        node = sim.nodes[self.target]
+        request = sim.smc.query_request(r)
+        self.sm_out[self.rid] = (request, sim.acked_max, sim.now + 3000, node.id)
+        sim.trace_event(self.key, "send", (node.id, self.rid, f"QUERY {request[:12]!r}"))
+        sim.client_send(self, self.target, P.encode(P.QueryRequest(sim.group, node.id, request, self.rid)))
+
+    def _on_sm_reply(self, msg: Any) -> None:
+        sim = self.sim
+        request, acked_max, _d, node = self.sm_out.pop(msg.request_id)
+        if request is None:
+            sim.smc.check_snapshot_reply(msg, node)
+            return
+        sim.smc.check_query(request, msg, acked_max, f"{self.key} (request {msg.request_id} to {node})")
+        if msg.code != RC.SUCCESS:
+            ids = [n.id for n in sim.nodes]
+            leader = getattr(msg, "leader_id", "")
+            self.target = ids.index(leader) if leader in ids else sim.rng.randrange(sim.cfg.nodes)
+
     def _on_reply(self, frame: bytes) -> None:
         sim = self.sim
         msg = P.decode(frame)
         sim.trace_event(self.key, "reply", _summ(msg))
+        if msg.request_id in self.sm_out:
+            self._on_sm_reply(msg)
+            return
         o = self.out.pop(msg.request_id, None)
         if o is None:
             return
@@ -342,7 +395,7 @@ class ReaderActor(A.Actor):
                              f"the committed entry there ({h[e.index][:2] if e.index < len(h) else 'none yet'})")
                 i += 1
             return
-        if lin and msg.code == RC.INDEX_OUT_OF_RANGE and index <= acked_max:
+        if lin and msg.code == RC.INDEX_OUT_OF_RANGE and index <= acked_max and not _compacted(index, msg):
             sim.fail(f"stale linearizable read: GET {index} answered INDEX_OUT_OF_RANGE by {msg.leader_id or '?'} "
                      f"(term {msg.term}) after index {acked_max} was acknowledged")
         if msg.code != RC.INDEX_OUT_OF_RANGE:
@@ -352,6 +405,13 @@ class ReaderActor(A.Actor):
 
 
 _CHANNEL_NAME = {"dispatcher": "dispatchers", "ack_checker": "ack"}
+_RANGE = re.compile(r"committed range is \[(-?\d+), (-?\d+)\]")
+
+
+def _compacted(index: int, msg: Any) -> bool:
+    """An INDEX_OUT_OF_RANGE for an index retention deleted (below the ledger begin it names)."""
+    m = _RANGE.search(getattr(msg, "reason", "") or "")
+    return m is not None and index < int(m.group(1))
 
 
 def _summ(msg: Any) -> str:
@@ -383,6 +443,14 @@ def _fmt_payload(kind: str, payload: Any) -> str:
             return _summ(P.decode(payload[1]))
         if isinstance(payload, bytes | bytearray) and kind in ("reply", "resp", "ctlreply"):
             return _summ(P.decode(payload))
+        if kind == "results":
+            got = channels.decode_results(payload)
+            if got is not None:
+                return f"results {got[0]}..{got[0] + len(got[1]) - 1}"
+        if kind in ("query", "qreply"):
+            frame = payload[1] if kind == "query" else payload
+            q = channels.decode_query(frame) if kind == "query" else channels.decode_query_reply(frame)
+            return f"tag={q[0]} " + (f"read_index={q[1]}" if kind == "query" else f"status={q[1]} applied={q[2]}")
         if kind == "role":
             r = channels.decode_role_msg(payload)
             if r is not None:
@@ -435,15 +503,28 @@ class Sim:
         self.fault_every = (r.randint(100, 600), r.randint(600, 2500))
         self.next_fault = r.randint(*self.fault_every)
         self.quiet_until = 0
+        sm: dict[str, Any] = {}
+        self.disk_ratio = 0.0  # what every handler's disk measurement says (retention, DISK_FULL)
+        if cfg.state_machine:  # drawn only then: seeds without a state machine keep their histories
+            from tools.sim.smcheck import SPECS
+            sm = dict(state_machine=SPECS[cfg.state_machine], snapshot_threshold=r.choice((3, 8, 20, 50)),
+                      max_snapshots_kept=r.choice((1, 2, 3)), file_reserved_hours=0)
+            if cfg.store == "segment":  # retention deletes what snapshots and every replica allow
+                self.disk_ratio = RETENTION_RATIO
         ids = [f"n{i}" for i in range(cfg.nodes)]
         peers = ";".join(f"{i}-127.0.0.1:{30000 + 2 * k}" for k, i in enumerate(ids))
         self.nodes: list[Node] = []
         for k, nid in enumerate(ids):
             d = f"{self._tmp}/{nid}"
             ncfg = _SimNodeConfig(id=nid, peers=peers, group=self.group, store_dir=d, run_dir=d,
-                              data_file_size=4096, index_file_size=8 * 32)
+                              data_file_size=4096, index_file_size=8 * 32, **sm)
             os.makedirs(d, exist_ok=True)
             self.nodes.append(Node(self, k, nid, ncfg, d))
+        self.smc: Any = None
+        if cfg.state_machine:
+            from tools.sim.smcheck import StateMachineChecks
+            self.smc = StateMachineChecks(self, cfg.state_machine)
+        self.repeats: collections.Counter = collections.Counter()  # bodies sent more than once (KV deletes)
         self.actors: list[A.Actor] = []
         self.slots: dict[str, int] = {}
         global _ACTIVE
@@ -534,6 +615,8 @@ class Sim:
             if peer != n.id:
                 self._add_actor(A.DispatcherActor(self, n, peer))
         self._add_actor(A.AckActor(self, n))
+        if n.cfg.state_machine:
+            self._add_actor(A.ApplierActor(self, n))
 
     def _restart_role(self, n: Node, key: str) -> None:
         old = self.actor(key)
@@ -721,6 +804,14 @@ class Sim:
                 self.schedule(self.now + self.rng.randint(0, 1), "msg", (a.key, a.inc, kind, payload))
                 ok = True
         return ok
+
+    def intra_fifo(self, src: A.Actor, dst: A.Actor, kind: str, payload: Any) -> None:
+        """An in-node message on a stream (PUSH/PULL, DEALER/ROUTER over ipc://): in order, 0-1
+        ms, lost if `dst` dies first."""
+        link = (src.key, dst.key)
+        at = max(self.now + self.rng.randint(0, 1), self.fifo.get(link, 0))
+        self.fifo[link] = at
+        self.schedule(at, "msg", (dst.key, dst.inc, kind, payload))
 
     # ------------------------------------------------------------------ scheduling
     def _run_step(self, a: A.Actor) -> None:
@@ -1020,6 +1111,8 @@ class Sim:
             if c > n.checked:
                 self._check_committed(n, s, n.checked + 1, c)
                 n.checked = c
+        if self.smc is not None:
+            self.smc.check()
 
     def _check_committed(self, n: Node, s: Any, lo: int, hi: int) -> None:
         lo = max(lo, s.ledger_begin_index, 0)
@@ -1043,7 +1136,9 @@ class Sim:
             elif got[2] not in self.sent:
                 self.fail(f"{n.id}: committed entry {i} {got[2][:24]!r} was never written by a client")
             elif got[2] in self.chist_where:
-                self.fail(f"{n.id}: body {got[2][:24]!r} committed twice ({self.chist_where[got[2]]} and {i})")
+                if self.repeats[got[2]] <= 0:
+                    self.fail(f"{n.id}: body {got[2][:24]!r} committed twice ({self.chist_where[got[2]]} and {i})")
+                self.repeats[got[2]] -= 1
             if got[1] != codec.MAGIC_NOOP:
                 self.chist_where[got[2]] = i
             if i > 0 and got[0] < h[i - 1][0]:
@@ -1079,7 +1174,7 @@ class Sim:
         missing = [i for i in self.acked if i >= len(self.chist)]
         if missing:
             return f"acknowledged indexes {missing[:5]} not in the committed history"
-        return None
+        return self.smc.converged(end) if self.smc is not None else None
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
@@ -1112,6 +1207,8 @@ class Sim:
             for n in self.nodes:  # final: every replica's whole log is the history
                 n.checked = -1
             self.check()
+            if self.smc is not None:
+                self.smc.final_check()
         finally:
             self.close()
 
@@ -1167,7 +1264,8 @@ _ACTIVE: Sim | None = None
 
 def _install_clock() -> None:
     """Roles read `rc.clock` (C7); what still calls the module-level clock or measures the disk
-    gets the virtual clock / an empty disk while a Sim runs, and the real ones otherwise."""
+    gets the virtual clock / the simulated disk (`Sim.disk_ratio`: empty unless retention is
+    modelled) while a Sim runs, and the real ones otherwise."""
     import importlib
 
     from node import shared_state
@@ -1188,9 +1286,27 @@ def _install_clock() -> None:
         real_ratio = getattr(mod, "disk_usage_ratio", None)
         if real_ratio is not None and not getattr(real_ratio, "_sim", False):
             def ratio(path: Any, _real: Any = real_ratio) -> float:
-                return 0.0 if _ACTIVE is not None else _real(path)
+                return _ACTIVE.disk_ratio if _ACTIVE is not None else _real(path)
             ratio._sim = True  # type: ignore[attr-defined]
             mod.disk_usage_ratio = ratio
+    from node.roles import retention
+
+    if not isinstance(retention.time, _RetentionTime):
+        retention.time = _RetentionTime(retention.time)  # type: ignore[assignment]
+
+
+class _RetentionTime:
+    """node.roles.retention's `time` while a Sim runs: every file is old (the simulated nodes
+    keep no file for `file_reserved_hours`) and durations are virtual, so a seed replays."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def time(self) -> float:
+        return 1e12 if _ACTIVE is not None else self.real.time()
+
+    def perf_counter(self) -> float:
+        return _ACTIVE.now / 1000 if _ACTIVE is not None else self.real.perf_counter()
 
 
 _install_clock()
