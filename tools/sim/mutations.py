@@ -38,6 +38,8 @@ With `--state-machine` (the applier, snapshots and retention; tools/sim/smcheck.
 - `apply-uncommitted`: the applier applies up to the ledger end, not the committed index.
 - `results-shifted`: the applier sends each entry's result as the next entry's.
 - `no-compaction-floor`: retention ignores the newest snapshot (`--store segment`).
+- `applier-keeps-deleted`: the applier never unmaps the data files retention deleted (the fix
+  reverted: `follow_begin` in `Applier.apply_some`; `--store segment`).
 """
 
 from __future__ import annotations
@@ -318,6 +320,23 @@ def _no_compaction_floor() -> Callable[[], None]:
     from node.roles import retention
 
     return _patch(retention, "compaction_floor", lambda snapshot_index: 1 << 62)
+
+
+@_mutation("applier-keeps-deleted")
+def _applier_keeps_deleted() -> Callable[[], None]:
+    from node.roles.applier import Applier
+
+    orig = Applier.apply_some
+
+    def apply_some(self: Applier) -> bool:
+        reader = self.reader
+        reader.follow_begin = lambda ledger_begin_index: None
+        try:
+            return orig(self)
+        finally:
+            del reader.follow_begin
+
+    return _patch(Applier, "apply_some", apply_some)
 
 
 @contextlib.contextmanager

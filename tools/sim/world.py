@@ -433,6 +433,10 @@ def _summ(msg: Any) -> str:
                 v = RC(v).name
         elif k == "kind":
             v = getattr(v, "name", v)
+        elif isinstance(v, memoryview):  # a result or answer: its repr names an address
+            v = f"{len(v)}B"
+        elif isinstance(v, list) and any(isinstance(x, memoryview) for x in v):
+            v = [f"{len(x)}B" if isinstance(x, memoryview) else x for x in v]
         parts.append(f"{k}={v}")
     return f"{name}({', '.join(parts)})"
 
