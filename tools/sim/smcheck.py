@@ -293,10 +293,11 @@ class StateMachineChecks:
 
     # ------------------------------------------------------------------ retention, convergence
     def retention_floor(self) -> int:
-        """The highest index the simulated retention may delete: one every replica has
-        committed. Without install-snapshot a replica that needs a deleted entry can never
-        catch up (docs/operations.md), so the simulator keeps that shape for the install tests."""
-        return min(v.max_committed for v in self.views)
+        """The highest index the simulated retention may delete: one below what every replica
+        has committed (a leader's COMPARE with a replica whose log ends at its committed index
+        reads the term of that entry). Without install-snapshot a replica that needs a deleted
+        entry can never catch up (docs/operations.md); that shape is for the install tests."""
+        return min(v.max_committed for v in self.views) - 1
 
     def converged(self, end: int) -> str | None:
         for n in self.sim.nodes:
