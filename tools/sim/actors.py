@@ -564,6 +564,9 @@ class ApplierActor(Actor):
             self.started = True
             ap.restore()
             self.restored = ap.snapshot_index
+            self.sim.stats["applier_starts"] += 1
+            if self.restored >= 0:
+                self.sim.stats["applier_restored_snapshots"] += 1
         for kind, payload in self.take_burst():
             self.sim.trace_in(self.key, kind, payload)
             if kind == "query":
@@ -581,6 +584,7 @@ class ApplierActor(Actor):
         ap.snaps.close()  # the kernel drops the writer's flock with the process
         if self.sim.faulting and self.sim.rng.random() < 0.3:
             self.sim.trace_event(self.key, "torn", write_torn_take(self.node, self.sim.rng))
+            self.sim.stats["torn_snapshot_takes"] += 1
 
 
 class ApplierTransport:
