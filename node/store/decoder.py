@@ -28,6 +28,12 @@ Three promises shape the code:
   the store and decodes the chunk again (at most `MAX_RELOADS` times per pass); if it keeps
   moving, the chunk's rows carry an ``error`` starting with ``stale:``. Callers that decode
   through `index_slices`/`decode_record` themselves check `generation_moved()` likewise.
+* **A log that begins after a snapshot** (`SegmentStore.reset_to`): the checkpoint names its
+  base (index S, term T, data position P). The log is then [S + 1, end], and empty (begin
+  S + 1, end S) until entries come. Data files that end at or before P belong to the log the
+  reset replaced (present only when a reset was interrupted and the node has not reopened the
+  store since): they are not mapped, so an index record still pointing into them is skipped
+  like a record of a file retention deleted.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from node.store.layout import (
     DATA_DIR,
     INDEX_DIR,
     LayoutError,
+    LogBase,
     Segment,
     list_segments,
     read_checkpoint,
@@ -137,9 +144,10 @@ class _Mapped:
 class StoreDecoder:
     """A read-only view of one store directory, fixed at the moment it was opened.
 
-    `begin_index`/`end_index` come from the index list (-1/-1 for an empty log);
-    `committed_index` from the checkpoint (-1 if there is none or it is unreadable, then
-    `checkpoint_error` says why). Raises OSError (or `layout.LayoutError` for segment files
+    `begin_index`/`end_index` come from the index list (-1/-1 for an empty log, S + 1/S for
+    an empty log that begins after a snapshot at S); `committed_index` and `base` (the log
+    base, node.store.layout.LogBase, or None) from the checkpoint (-1 and None if there is
+    none or it is unreadable, then `checkpoint_error` says why). Raises OSError (or `layout.LayoutError` for segment files
     that overlap or differ in size) only for a directory that is not a readable store.
     """
 
@@ -167,16 +175,21 @@ class StoreDecoder:
             g = self._gen.read()
         self.generation = g
         self.checkpoint_error: str | None = None
+        self.base: LogBase | None = None
         try:
-            self.committed_index = read_checkpoint(self.store_dir).committed_index
+            cp = read_checkpoint(self.store_dir)
+            self.committed_index, self.base = cp.committed_index, cp.base
         except LayoutError as e:  # unreadable checkpoint: the log itself is still readable
             self.committed_index, self.checkpoint_error = -1, str(e)
         self._index = [_Mapped(s) for s in _list(self.store_dir / INDEX_DIR)]
         self.tail_dropped = False
         self.begin_index, self.end_index = self._find_bounds_in_index()
         # Data files are listed only now: every entry the index end covers was written (data
-        # first) before we looked, so its file is already in place.
-        self._data = [_Mapped(s) for s in _list(self.store_dir / DATA_DIR)]
+        # first) before we looked, so its file is already in place. Files of a log a reset
+        # replaced (ending at or before the base position) are not the log.
+        base = self.base
+        self._data = [_Mapped(s) for s in _list(self.store_dir / DATA_DIR)
+                      if base is None or s.end > base.pos]
         self.data_file_size = self._data[0].seg.size if self._data else 0
         self._data_base = self._data[0].seg.start if self._data else 0
         self._data_limit = self._data[-1].seg.end if self._data else 0
@@ -184,6 +197,14 @@ class StoreDecoder:
             self._drop_torn_tail()
         if self.begin_index >= 0 and self._data:
             self.begin_index = self._skip_retained_records(self.begin_index)
+        elif self.begin_index >= 0 and base is not None:
+            self.begin_index = self.end_index = -1  # records, but no data file of this log
+        if base is not None and self.end_index <= base.index:
+            # Nothing of the log after the base (only records of the replaced log, if any):
+            # the empty log that begins after it.
+            self.begin_index, self.end_index = base.index + 1, base.index
+        elif base is not None and self.begin_index <= base.index:
+            self.begin_index = base.index + 1  # the log never holds entries at or before its base
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -3,7 +3,9 @@
     DIR/data/00000000000000000000     data segment files, named by their first byte's global
     DIR/data/00000000001073741824     offset (20 digits); all the same size, preallocated
     DIR/index/00000000000000000000    index segment files, 32-byte records, entry i at i*32
-    DIR/checkpoint                    committedIndex / endIndex (Java-properties text)
+    DIR/checkpoint                    committedIndex / endIndex (Java-properties text), and
+                                      baseIndex / baseTerm / basePos once the log was reset
+                                      to begin after a snapshot (`LogBase`)
     DIR/currterm                      currTerm / voteLeader (see node.store.term_vote)
 
 Pure file-system reading (no mmap writes, no locks): `dledger dump`, the Spark decoder and the
@@ -66,9 +68,28 @@ def list_segments(directory: str | os.PathLike[str]) -> list[Segment]:
 
 
 @dataclass(frozen=True, slots=True)
+class LogBase:
+    """Where a log that begins after a snapshot begins (`SegmentStore.reset_to`).
+
+    `index`/`term`: the snapshot's last included entry, which the log no longer holds; the
+    log's first entry is `index + 1`. `pos`: the data position entry `index + 1` is (or will
+    be) written at. Every data file that ends at or before `pos` belongs to the log the reset
+    replaced (recovery deletes such leftovers): that is what makes the reset crash-safe.
+    """
+
+    index: int
+    term: int
+    pos: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
+    """The checkpoint file. `base` is None for a log that begins at its first entry ever
+    written (every store before issue 11 §4): such a checkpoint is written exactly as before."""
+
     committed_index: int = -1
     end_index: int = -1
+    base: LogBase | None = None
 
 
 def parse_properties(path: str | os.PathLike[str], raw: bytes) -> dict[str, str]:
@@ -127,19 +148,42 @@ def write_properties_atomically(path: str | os.PathLike[str], values: dict[str, 
         raise OSError(e.errno, e.strerror or str(e), str(p)) from e
 
 
+_BASE_KEYS = ("baseIndex", "baseTerm", "basePos")
+
+
 def read_checkpoint(store_dir: str | os.PathLike[str]) -> Checkpoint:
-    props = read_properties(Path(store_dir) / CHECKPOINT_FILE)
+    """The checkpoint; Checkpoint() when there is none. A log base is all three `base*` keys,
+    each a non-negative integer: anything else is a LayoutError naming the file (guessing the
+    base wrong would serve a replaced log's bytes, or forget where the log begins)."""
+    path = Path(store_dir) / CHECKPOINT_FILE
+    props = read_properties(path)
     try:
-        return Checkpoint(int(props.get("committedIndex", -1)), int(props.get("endIndex", -1)))
+        committed, end = int(props.get("committedIndex", -1)), int(props.get("endIndex", -1))
     except ValueError as e:
-        raise LayoutError(f"{Path(store_dir) / CHECKPOINT_FILE}: {e}") from e
+        raise LayoutError(f"{path}: {e}") from e
+    present = [k for k in _BASE_KEYS if k in props]
+    if not present:
+        return Checkpoint(committed, end)
+    if len(present) != len(_BASE_KEYS):
+        missing = ", ".join(k for k in _BASE_KEYS if k not in props)
+        raise LayoutError(f"{path}: log base incomplete (no {missing}); the file is damaged")
+    values = []
+    for k in _BASE_KEYS:
+        v = props[k]
+        if not v.isdigit():
+            raise LayoutError(f"{path}: {k}={v!r} is not a non-negative integer")
+        values.append(int(v))
+    return Checkpoint(committed, end, LogBase(*values))
 
 
 def write_checkpoint(store_dir: str | os.PathLike[str], cp: Checkpoint) -> None:
-    write_properties_atomically(
-        Path(store_dir) / CHECKPOINT_FILE,
-        {"committedIndex": cp.committed_index, "endIndex": cp.end_index},
-    )
+    """Write the checkpoint atomically and durably (`write_properties_atomically`). The base
+    keys are written only when there is a base, so a store that was never reset keeps
+    DLedger's two-key file."""
+    values: dict[str, object] = {"committedIndex": cp.committed_index, "endIndex": cp.end_index}
+    if cp.base is not None:
+        values.update(zip(_BASE_KEYS, (cp.base.index, cp.base.term, cp.base.pos), strict=True))
+    write_properties_atomically(Path(store_dir) / CHECKPOINT_FILE, values)
 
 
 @dataclass(frozen=True, slots=True)

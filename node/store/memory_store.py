@@ -15,6 +15,7 @@ from node.store.base import (
     StoreError,
 )
 from node.store.codec import MAGIC_NORMAL, Entry
+from node.store.layout import LogBase
 
 
 class MemoryStore:
@@ -27,8 +28,10 @@ class MemoryStore:
         self.ledger_end_term = -1
         self.committed_index = -1
         # Same contract as SegmentStore.generation: even, and moved (by 2) whenever a
-        # truncation drops entries, so code that publishes/checks it runs unchanged here.
+        # truncation drops entries or a reset replaces the log, so code that publishes/checks
+        # it runs unchanged here.
         self.generation = 0
+        self._base: LogBase | None = None  # set by reset_to, as SegmentStore's
 
     def open(self) -> None:
         pass
@@ -145,30 +148,64 @@ class MemoryStore:
         return b"".join(out), len(out)
 
     def term_at(self, index: int) -> int:
+        b = self.log_base
+        if b is not None and index == b.index:
+            return b.term
         self._check_range(index)
         return codec.HEADER.unpack_from(self._entries[index - self.ledger_begin_index])[3]
 
     def first_index_of_term(self, term: int, from_index: int) -> int:
         if self.term_at(from_index) != term:
             raise StoreError(f"entry {from_index} is not of term {term}", "UNEXPECTED_ARGUMENT")
+        b = self.log_base
+        lowest = b.index if b is not None else self.ledger_begin_index
         i = from_index
-        while i > self.ledger_begin_index and self.term_at(i - 1) == term:
+        while i > lowest and self.term_at(i - 1) == term:
             i -= 1
         return i
+
+    @property
+    def log_base(self) -> LogBase | None:
+        """Same contract as SegmentStore.log_base: the snapshot this log begins after, while
+        the log begins right after it."""
+        b = self._base
+        if b is not None and self.ledger_begin_index == b.index + 1:
+            return b
+        return None
+
+    def reset_to(self, snapshot_index: int, snapshot_term: int) -> None:
+        """Same contract as SegmentStore.reset_to: every entry goes; the log is empty and
+        begins at S + 1 (end S, end term T, committed S, term_at(S) = T); the generation moves.
+        Positions keep growing (the next entry's position is past every earlier one), as the
+        segment store's do."""
+        if snapshot_index < 0 or snapshot_term < 0:
+            raise StoreError(f"reset_to({snapshot_index}, {snapshot_term}): index and term must be "
+                             ">= 0", "UNEXPECTED_ARGUMENT")
+        self.generation += 2
+        self._entries.clear()
+        self._base = LogBase(snapshot_index, snapshot_term, self._pos)
+        self.ledger_begin_index = snapshot_index + 1
+        self.ledger_end_index = snapshot_index
+        self.ledger_end_term = snapshot_term
+        self.committed_index = snapshot_index
 
     def truncate(self, index: int) -> None:
         if index <= self.committed_index:
             raise StoreError(f"truncate({index}) would drop committed entries", "UNEXPECTED_ARGUMENT")
         if index > self.ledger_end_index:
             return
-        if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0):
+        base = self.log_base
+        if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0
+                                                and base is None):
             raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
         self.generation += 2
         keep = index - self.ledger_begin_index
         dropped = self._entries[keep:]
         del self._entries[keep:]
         self._pos -= sum(map(len, dropped))
-        if not self._entries:
+        if not self._entries and base is not None:
+            self.ledger_end_index, self.ledger_end_term = base.index, base.term  # empty at its base
+        elif not self._entries:
             self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
         else:
             self.ledger_end_index = index - 1

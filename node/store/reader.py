@@ -15,6 +15,12 @@ record, of an old term. The store generation (node.store.generation) fences that
     blob, n, recs = reader.get_run(...)  # (refreshes mappings first when it moved)
     reader.validate(led.store_generation)  # StaleRead if a change started meanwhile
     send(blob, recs)                     # only now use what was read
+
+A log that begins after a snapshot (`SegmentStore.reset_to`) has no entry at its base S: the
+reader takes (S, T) from the checkpoint at every refresh, so `term_at(S)` answers T (the
+dispatcher's COMPARE at S needs it). A reset moves the generation, so the next `begin` refreshes
+and sees the new base; an empty log has no files at all, and reads of it are StaleRead like any
+read past the published end.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from pathlib import Path
 from node.store import codec
 from node.store.codec import INDEX, INDEX_SIZE
 from node.store.generation import GenerationView
-from node.store.layout import DATA_DIR, INDEX_DIR, LayoutError, list_segments
+from node.store.layout import (
+    DATA_DIR,
+    INDEX_DIR,
+    LayoutError,
+    LogBase,
+    list_segments,
+    read_checkpoint,
+)
 from node.store.mmap_file import MappedFileList
 
 
@@ -43,6 +56,7 @@ class StoreReader:
         self._seen_begin = -1
         self._gen = GenerationView(self.dir)
         self._seen_gen: int | None = None  # the generation the mappings were last refreshed at
+        self._base: LogBase | None = None  # the log base as of the last refresh
         try:
             self.refresh()
         except StaleRead:
@@ -97,9 +111,21 @@ class StoreReader:
                 return  # files changing under the listing: the next loop looks again
             self._seen_gen = g
 
+    @property
+    def log_base(self) -> LogBase | None:
+        """The log base (node.store.layout.LogBase) as of the last refresh, or None."""
+        return self._base
+
     def refresh(self) -> None:
-        """Map files created since the last look, unmap deleted ones, re-map replaced ones.
-        A listing that races the writer (a file half-way through being deleted) is StaleRead."""
+        """Map files created since the last look, unmap deleted ones, re-map replaced ones, and
+        re-read the log base. A listing that races the writer (a file half-way through being
+        deleted) is StaleRead."""
+        try:
+            # The checkpoint is replaced by rename: this sees the old or the new one whole. A
+            # damaged one only costs term_at of the base (StaleRead, as if unknown).
+            self._base = read_checkpoint(self.dir).base
+        except (LayoutError, OSError):
+            self._base = None
         try:
             for name, attr in ((DATA_DIR, "_data"), (INDEX_DIR, "_index")):
                 lst = getattr(self, attr)
@@ -126,6 +152,11 @@ class StoreReader:
         return rec
 
     def term_at(self, index: int) -> int:
+        """The term of entry `index`, or of the log base when `index` is its index (a log that
+        begins after a snapshot holds no entry there). StaleRead when neither is known."""
+        b = self._base
+        if b is not None and index == b.index:
+            return b.term
         return self._with_refresh(lambda: self._record(index)[4])
 
     def get_raw(self, index: int, end_index: int, max_count: int, max_bytes: int) -> tuple[memoryview, int]:

@@ -13,8 +13,12 @@ tail is zeroed and later files deleted, and the index list is rewritten wherever
 If that cut would remove an entry at or below the checkpoint's committed index the store refuses
 to open (StoreCorruptError) instead of losing a committed entry.
 
-Destructive changes (truncate, recovery, a deleted file whose name may come back) are fenced by
-the store generation (`DIR/generation`, node.store.generation): readers in other processes
+A log can also begin after a snapshot (`reset_to`, issue 11 §4): the checkpoint then carries
+a log base (index S, term T, data position P); the log is empty from S + 1 until entries come,
+and every data file that ends at or before P is a leftover of the log the reset replaced.
+
+Destructive changes (truncate, reset, recovery, a deleted file whose name may come back) are
+fenced by the store generation (`DIR/generation`, node.store.generation): readers in other processes
 check it around what they read. I/O failures on every write path become store errors
 (DISK_FULL for ENOSPC/EDQUOT, DISK_ERROR otherwise) naming the file, after rolling back a
 half-done append; a failed fdatasync (or a failed rollback) leaves the store refusing writes
@@ -57,10 +61,11 @@ from node.store.layout import (
     DATA_DIR,
     INDEX_DIR,
     Checkpoint,
+    LogBase,
     read_checkpoint,
     write_checkpoint,
 )
-from node.store.mmap_file import MappedFileList, StoreIOError
+from node.store.mmap_file import MappedFileList, StoreIOError, fsync_dir
 
 log = logging.getLogger("dledger.store")
 
@@ -109,8 +114,15 @@ class SegmentStore:
         self.ledger_end_index = -1
         self.ledger_end_term = -1
         self.committed_index = -1
+        # Where the log begins when it begins after a snapshot (reset_to); None for a log that
+        # begins at the first entry ever written. Persisted in the checkpoint.
+        self._base: LogBase | None = None
         self._checkpointed = Checkpoint()
         self._lock = threading.Lock()  # file-list changes vs. the flush service
+        # Checkpoint writes vs. reset_to: a periodic checkpoint must never write values read
+        # before a reset after the reset's own checkpoint (it would put back a committed index
+        # the new log does not reach). Taken before `_lock`, never after it.
+        self._cp_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         self._opened = False
@@ -230,17 +242,30 @@ class SegmentStore:
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
         cp = read_checkpoint(self.dir)
+        base = cp.base
+        cleaned = base is not None and self._drop_replaced_files(base)
         files = self.data.files
         verify_from = max(0, len(files) - self.config.recover_verify_files)
         expected_index: int | None = None
         prev_term = -1
         begin = -1
-        end_pos = files[0].start if files else 0
+        first_off = 0
+        # A log with a base still "anchored" at it (its first file holds the base position, or
+        # it has no data file at all) begins with entry base.index + 1 at base.pos. Once
+        # retention deleted that file, the first entry is at offset 0 of the first file, as in
+        # any retention-trimmed log.
+        anchored = base is not None and (not files or files[0].start <= base.pos < files[0].end)
+        if base is not None:
+            prev_term = base.term
+        if anchored:
+            expected_index = base.index + 1
+            first_off = base.pos - files[0].start if files else 0
+        end_pos = files[0].start + first_off if files else 0
         problem: str | None = None
         records: list[tuple[int, int, int, int, int]] = []  # (magic, pos, size, index, term)
 
         for fi, f in enumerate(files):
-            off, verify = 0, fi >= verify_from
+            off, verify = (first_off if fi == 0 else 0), fi >= verify_from
             mm = f.mm
             while True:
                 if f.size - off < BLANK_SIZE:
@@ -264,6 +289,8 @@ class SegmentStore:
                     problem = f"{f.path.name}@{off}: body size {body_size} disagrees with size {size}"
                 elif expected_index is not None and idx != expected_index:
                     problem = f"{f.path.name}@{off}: index {idx}, expected {expected_index}"
+                elif base is not None and idx <= base.index:
+                    problem = f"{f.path.name}@{off}: index {idx} at or before the log base {base.index}"
                 elif term < prev_term:
                     problem = f"{f.path.name}@{off}: term {term} after term {prev_term}"
                 elif pos != f.start + off:
@@ -298,17 +325,50 @@ class SegmentStore:
             log.warning("%s: checkpoint recorded ledger end %d, recovered end is %d", self.dir, cp.end_index, end)
 
         self.data.set_wrote_position(end_pos)
+        index_files = len(self.index.files)
         self._rebuild_index(records, begin, end)
+        if cleaned or (base is not None and index_files and not self.index.files):
+            # Leftovers of a replaced log are gone for good before anything new is written:
+            # one coming back after a power loss next to new files would leave a hole in the
+            # file list, which no store opens.
+            fsync_dir(self.data.dir)
+            fsync_dir(self.index.dir)
+        self._base = base
+        if anchored and not records:
+            begin = base.index + 1  # empty, after its base: end = base.index, end term = base.term
         self.ledger_begin_index = begin
         self.ledger_end_index = end
-        self.ledger_end_term = records[-1][4] if records else -1
-        self.committed_index = cp.committed_index
+        self.ledger_end_term = records[-1][4] if records else (base.term if anchored else -1)
+        committed = cp.committed_index
+        if base is not None and base.index <= end:
+            committed = max(committed, base.index)  # the base is a snapshot of committed state
+        self.committed_index = committed
         self._checkpointed = cp
-        log.info("%s: recovered begin=%d end=%d term=%d committed=%d", self.dir, begin, end,
-                 self.ledger_end_term, self.committed_index)
+        log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s", self.dir, begin, end,
+                 self.ledger_end_term, self.committed_index,
+                 f" base={base.index}/{base.term}@{base.pos}" if base is not None else "")
+
+    def _drop_replaced_files(self, base: LogBase) -> bool:
+        """Delete the data files a reset left behind: every file that ends at or before the base
+        position belongs to the replaced log (reset_to puts the base past all of them and only
+        then deletes them, so a crash in between leaves some). Returns whether any were found.
+        Runs inside open's generation change."""
+        stale = [f for f in self.data.files if f.end <= base.pos]
+        if not stale:
+            return False
+        log.warning("%s: deleting %d data file(s) of the log replaced by the snapshot at index %d "
+                    "(a reset was interrupted)", self.dir, len(stale), base.index)
+        if len(stale) == len(self.data.files):
+            self.data.delete_all()
+        else:  # a prefix (files are sorted), never the last file
+            self.data.delete_files_before(base.pos)
+        return True
 
     def _rebuild_index(self, records: list[tuple[int, int, int, int, int]], begin: int, end: int) -> None:
-        """Make the index list agree with the data list, record by record."""
+        """Make the index list agree with the data list, record by record. A log without
+        entries (`begin` < 0, or no records: empty after its base) keeps no index file."""
+        if not records:
+            begin = -1
         start_off = max(begin, 0) * INDEX_SIZE
         if begin < 0 or (self.index.files and self.index.files[0].start > start_off):
             # An empty log needs no index; one starting before the first index file is
@@ -341,7 +401,7 @@ class SegmentStore:
         f = self.data.files[-1] if self.data.files else None
         if f is None or f.wrote >= f.size:
             with self._lock:
-                return self.data.last_file_for_append(self.data.wrote_position)
+                return self.data.last_file_for_append(self._data_end())
         if size + BLANK_SIZE > f.size - f.wrote:
             remaining = f.size - f.wrote
             f.write(f.wrote, _BLANK.pack(MAGIC_BLANK, remaining))
@@ -349,6 +409,13 @@ class SegmentStore:
             with self._lock:
                 return self.data.last_file_for_append()
         return f
+
+    def _data_end(self) -> int:
+        """The data position the next entry goes to: past the last file's bytes, or, with no
+        data file, where the log's base says it begins (0 for a log that was never reset)."""
+        if self.data.files:
+            return self.data.wrote_position
+        return self._base.pos if self._base is not None else 0
 
     def _index_file(self, idx: int):
         off = idx * INDEX_SIZE
@@ -697,17 +764,100 @@ class SegmentStore:
         return f.view[rel: rel + (end_pos - first.pos)], count
 
     def term_at(self, index: int) -> int:
+        """The term of entry `index`; for the log base (the snapshot's last entry, just before
+        the first entry of a log that begins after a snapshot) its term from the base record."""
+        b = self.log_base
+        if b is not None and index == b.index:
+            return b.term
         return self.index_record(index).term
 
     def first_index_of_term(self, term: int, from_index: int) -> int:
-        """getFirstLogOfTargetTerm: walk back from `from_index` to the first entry of `term`."""
-        self._check_range(from_index)
+        """getFirstLogOfTargetTerm: walk back from `from_index` to the first entry of `term`
+        (down to the log base, whose term is known, when the log begins after a snapshot)."""
+        b = self.log_base
+        lowest = b.index if b is not None else self.ledger_begin_index
+        if b is None or from_index != b.index:
+            self._check_range(from_index)
         i = from_index
         if self.term_at(i) != term:
             raise StoreError(f"entry {from_index} is not of term {term}", "UNEXPECTED_ARGUMENT")
-        while i > self.ledger_begin_index and self.term_at(i - 1) == term:
+        while i > lowest and self.term_at(i - 1) == term:
             i -= 1
         return i
+
+    @property
+    def log_base(self) -> LogBase | None:
+        """(index S, term T, data position) of the snapshot this log begins after, while the
+        log still begins right after it (ledger_begin_index == S + 1); None for a log that
+        begins at its first entry ever written, or once retention moved the begin past
+        S + 1 (then S is as unknown as any index retention deleted)."""
+        b = self._base
+        if b is not None and self.ledger_begin_index == b.index + 1:
+            return b
+        return None
+
+    def reset_to(self, snapshot_index: int, snapshot_term: int) -> None:
+        """Replace the whole log by an empty one that begins after a snapshot whose last
+        included entry is (`snapshot_index`, `snapshot_term`): afterwards ledger_begin_index =
+        S + 1, ledger_end_index = S, ledger_end_term = T, committed_index = S, `term_at(S)` is
+        T, and the next append (leader or follower) is entry S + 1. Install snapshot's store
+        half (issue 11 §4; docs/store.md "A log that begins after a snapshot").
+
+        Every entry goes, whatever the log held (before, at or after S, committed or not): the
+        snapshot supersedes them. Raft's "keep the suffix after S if the log holds S with term
+        T" is the caller's case, not this method's: such a log needs no store change at all
+        (check `begin <= S <= end and term_at(S) == T`, then only mark S committed).
+
+        Durable when it returns, in both flush modes, and crash-safe at every step: the one
+        commit point is the atomic rename of the checkpoint naming the new base (index S,
+        term T, data position P past every existing data file); files are deleted only after
+        it, and recovery deletes any data file ending at or before P. So a crash leaves the old
+        log (checkpoint not yet renamed) or the new empty one, never a mix. Fenced by the store
+        generation: readers holding the old files see it move (contract C1).
+
+        A failed checkpoint write raises DiskFull/DiskError with the log unchanged; a failure
+        deleting the replaced files (after the commit point) leaves the new empty log in
+        memory and the store refusing writes until it is reopened (recovery finishes the
+        deletion)."""
+        if snapshot_index < 0 or snapshot_term < 0:
+            raise StoreError(f"reset_to({snapshot_index}, {snapshot_term}): index and term must be "
+                             ">= 0", "UNEXPECTED_ARGUMENT")
+        if self._broken is not None:
+            self._check_writable()
+        what = f"reset to snapshot {snapshot_index}/{snapshot_term}"
+        self.begin_change()
+        try:
+            with self._cp_lock:
+                # Past every data file that exists: any file ending at or before P is the old
+                # log's, so recovery can tell leftovers from new files by name alone.
+                pos = self.data.files[-1].end if self.data.files else self._data_end()
+                base = LogBase(snapshot_index, snapshot_term, pos)
+                cp = Checkpoint(snapshot_index, snapshot_index, base)
+                try:
+                    write_checkpoint(self.dir, cp)  # the commit point
+                except OSError as e:
+                    raise self._io_failed(e, what) from e
+                self._checkpointed = cp
+                self._base = base
+                self.ledger_begin_index = snapshot_index + 1
+                self.ledger_end_index = snapshot_index
+                self.ledger_end_term = snapshot_term
+                self.committed_index = snapshot_index
+                try:
+                    with self._lock:
+                        self.data.delete_all()  # front first: leftovers are a contiguous suffix
+                        self.index.delete_all()
+                    # Durable before any new file exists (async mode too): a deleted file that
+                    # came back next to new ones would leave a hole no store opens.
+                    fsync_dir(self.data.dir)
+                    fsync_dir(self.index.dir)
+                except OSError as e:
+                    err = self._broken = self._io_failed(e, f"{what}: deleting the replaced log")
+                    raise err from e
+        finally:
+            self.end_change()
+        log.info("%s: log reset to begin after snapshot %d/%d (data position %d)", self.dir,
+                 snapshot_index, snapshot_term, base.pos)
 
     # ------------------------------------------------------------------ truncation, commit
     def truncate(self, index: int) -> None:
@@ -718,8 +868,11 @@ class SegmentStore:
                              f"{self.committed_index})", "UNEXPECTED_ARGUMENT")
         if index > self.ledger_end_index:
             return
-        if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0):
-            # Emptying a log whose begin is past 0 would need a snapshot to continue from.
+        base = self.log_base
+        if index < self.ledger_begin_index or (index == self.ledger_begin_index and index > 0
+                                                and base is None):
+            # Emptying a log whose begin is past 0 needs a snapshot to continue from: the log
+            # base (reset_to) is one; a log trimmed by retention has none.
             raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
         if self._broken is not None:
             self._check_writable()
@@ -733,7 +886,9 @@ class SegmentStore:
                 idx_end = self.index.wrote_position
                 self.data.set_wrote_position(rec.pos, dirty_end=data_end)
                 self.index.set_wrote_position(index * INDEX_SIZE, dirty_end=idx_end)
-            if index == self.ledger_begin_index:
+            if index == self.ledger_begin_index and base is not None:
+                self.ledger_end_index, self.ledger_end_term = base.index, base.term  # empty at its base
+            elif index == self.ledger_begin_index:
                 self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
             else:
                 self.ledger_end_index = index - 1
@@ -772,13 +927,15 @@ class SegmentStore:
     def checkpoint(self) -> None:
         """Persist committed index and ledger end — only as far as data is durable, so a
         checkpoint never claims more than recovery can find (DLedger #285: never refuse a
-        store we wrote ourselves)."""
-        committed, end = self.committed_index, self.ledger_end_index
-        self.flush()  # data first, then a checkpoint that claims no more than that
-        self._write_checkpoint(committed, end)
+        store we wrote ourselves). The log base, if any, is written with them."""
+        with self._cp_lock:
+            committed, end = self.committed_index, self.ledger_end_index
+            self.flush()  # data first, then a checkpoint that claims no more than that
+            self._write_checkpoint(committed, end)
 
     def _write_checkpoint(self, committed: int, end: int) -> None:
-        cp = Checkpoint(min(committed, end), end)
+        """The caller holds `_cp_lock` (and read `committed`/`end` under it)."""
+        cp = Checkpoint(min(committed, end), end, self._base)
         if cp != self._checkpointed:
             try:
                 write_checkpoint(self.dir, cp)
@@ -797,12 +954,12 @@ class SegmentStore:
         next_cp = time.monotonic() + cp_every
         while not self._stop.wait(interval):
             try:
-                committed, end = self.committed_index, self.ledger_end_index
-                self.flush()
                 now = time.monotonic()
                 if now >= next_cp:
-                    self._write_checkpoint(committed, end)
+                    self.checkpoint()  # flushes first
                     next_cp = now + cp_every
+                else:
+                    self.flush()
                 self.last_flush_error = None
             except StoreError as e:
                 if self.last_flush_error is None or str(self.last_flush_error) != str(e):
@@ -876,6 +1033,7 @@ class SegmentStore:
             "index_files": len(self.index.files),
             "data_wrote_position": self.data.wrote_position,
             "generation": self.generation,
+            "base_index": self._base.index if self._base is not None else -1,
             "flush_failing": int(self.last_flush_error is not None),
             "refusing_writes": int(self._broken is not None),
         }
