@@ -892,6 +892,8 @@ class Sim:
             kinds.append("lagging-follower")
         if "disk-full" in self.faults:
             kinds.append("disk-full")
+        if self.smc is not None and "role-crash" in self.faults:
+            kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if not kinds:
             return
         k = r.choice(kinds)
@@ -918,6 +920,10 @@ class Sim:
             if n.up:
                 a = r.choice(list(n.roles.values()))
                 self.kill_actor(a, "between steps")
+        elif k == "applier-crash":
+            a = self._node_actor(n, "applier")
+            if n.up and a is not None:
+                self.kill_actor(a, "applier crash")
         elif k == "pause":
             if n.up:
                 self.pause_actor(r.choice(list(n.roles.values())), r.choice((100, 300, 1000, 3000, 6000)))
