@@ -657,6 +657,7 @@ class SegmentStore:
             return False  # the per-entry path says precisely what is wrong
         _m, _p, _s, idxn, termn = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)
         run = len(mv)
+        self._adopt_leader_position(pos0, size0)
         start_data = self.data.wrote_position
         try:
             f = self._room_for(size0)
@@ -676,6 +677,37 @@ class SegmentStore:
         if self._sync:
             self.flush()
         return True
+
+    def _adopt_leader_position(self, pos: int, size: int) -> None:
+        """Before the first entry of a log that begins after a snapshot is written: take the
+        leader's data position for it, so that this follower's positions equal the leader's
+        from then on and every later push takes the one-copy path above. A reset puts the new
+        log at a file boundary past the old files, which no leader shares: without this, an
+        installed follower (and, should it lead, each of its followers) would re-stamp every
+        entry for good (about 3x the cost per entry).
+
+        Only forward (`pos` past the base position: every file of the replaced log still ends
+        at or before it, which is what recovery tells leftovers by), only while the log has no
+        data file, and only for a position at which the entry fits one of our files. The new
+        position is made durable (the checkpoint, atomically) before anything is written
+        there, since recovery starts reading the first file at the base position. A failed
+        checkpoint write is logged and the run is stored at the old position instead."""
+        b = self._base
+        fsize = self.config.data_file_size
+        if (b is None or pos <= b.pos or self.data.files or self.ledger_end_index != b.index
+                or pos % fsize + size + BLANK_SIZE > fsize):
+            return
+        new = LogBase(b.index, b.term, pos)
+        with self._cp_lock:
+            end = self.ledger_end_index
+            cp = Checkpoint(min(self.committed_index, end), end, new)
+            try:
+                write_checkpoint(self.dir, cp)
+            except OSError as e:
+                self._io_failed(e, f"moving the log base to the leader's position {pos}")
+                return
+            self._checkpointed = cp
+            self._base = new
 
     def _write_spans(self, mv: memoryview, spans: list[tuple[int, int, int, int, int]], ipack) -> None:  # noqa: ANN001
         i = 0

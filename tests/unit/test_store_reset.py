@@ -552,6 +552,121 @@ def test_a_checkpoint_in_flight_never_undoes_a_reset(tmp_path, monkeypatch):
         s.close()
 
 
+# ---- the first push after a reset takes the leader's positions -------------------------------
+
+def _leader(path, n=60) -> SegmentStore:
+    lead = _open(path)
+    lead.append_batch_raw([_body("lead", i) for i in range(n)], 2)
+    return lead
+
+
+def _records(store, first: int, n: int) -> bytes:
+    """Index records first .. first + n - 1 (they may straddle index files)."""
+    return b"".join(bytes(store.index.read(k * 32, 32)) for k in range(first, first + n))
+
+
+def _push(lead, fol, first, last, run=7) -> None:
+    """Push [first, last] as the dispatcher does: raw runs with the leader's index records."""
+    i = first
+    while i <= last:
+        blob, n = lead.get_raw(i, run, 1 << 20)
+        assert fol.append_follower(blob, _records(lead, i, n)) == i + n - 1
+        i += n
+
+
+def _spy_spans(monkeypatch, store) -> list:
+    """Calls of the re-stamping (per-entry) path of append_follower."""
+    calls: list = []
+    real = store._write_spans
+    monkeypatch.setattr(store, "_write_spans", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+def test_an_installed_follower_takes_the_leaders_positions(tmp_path, monkeypatch):
+    lead, fol = _leader(tmp_path / "lead"), _open(tmp_path / "fol")
+    try:
+        _log_short(fol)  # old log in one data file: the reset puts the base at 4096
+        S = 30
+        fol.reset_to(S, lead.term_at(S))
+        assert fol.log_base.pos == 4096
+        first_pos = lead.index_record(S + 1).pos
+        assert first_pos > 4096 and first_pos % 4096 != 0  # mid-file in the leader
+        spans = _spy_spans(monkeypatch, fol)
+        _push(lead, fol, S + 1, 59)
+        assert spans == []  # every push took the one-copy path
+        assert fol.log_base.pos == first_pos == read_checkpoint(tmp_path / "fol").base.pos
+        for _ in range(2):
+            assert _records(fol, S + 1, 29) == _records(lead, S + 1, 29)
+            assert _entries(fol) == [(i, 2, _body("lead", i)) for i in range(S + 1, 60)]
+            fol = _reopen(fol)  # recovery starts reading the first data file at the base position
+        assert _decoded(tmp_path / "fol")[2] == tuple(_entries(fol))
+        r = StoreReader(tmp_path / "fol")
+        r.begin(fol.generation)
+        assert r.get(S + 1, 59).body == _body("lead", S + 1) and r.term_at(S) == 2
+        r.close()
+        lead.append_batch_raw([_body("more", i) for i in range(10)], 3)
+        spans.clear()
+        _push(lead, fol, 60, 69)
+        assert spans == [] and fol.ledger_end_index == 69
+    finally:
+        lead.close()
+        fol.close()
+
+
+def test_a_leader_position_below_the_base_is_not_taken(tmp_path, monkeypatch):
+    """Positions only move forward: files of the replaced log must all end at or before the
+    base position (that is how recovery tells them from the new log's)."""
+    lead, fol = _leader(tmp_path / "lead"), _open(tmp_path / "fol")
+    try:
+        _log_long(fol)  # old log in 4 data files: base position 16384
+        S = 30
+        fol.reset_to(S, lead.term_at(S))
+        base = fol.log_base
+        assert lead.index_record(S + 1).pos < base.pos
+        spans = _spy_spans(monkeypatch, fol)
+        _push(lead, fol, S + 1, 59)
+        assert spans and fol.log_base == base  # re-stamped at our own positions
+        assert fol.index_record(S + 1).pos == base.pos
+        fol = _reopen(fol)
+        assert _entries(fol) == [(i, 2, _body("lead", i)) for i in range(S + 1, 60)]
+    finally:
+        lead.close()
+        fol.close()
+
+
+def test_a_crash_during_the_first_push_after_a_reset(tmp_path, monkeypatch):
+    lead, fol = _leader(tmp_path / "lead"), _open(tmp_path / "fol", flush_mode="sync")
+    _log_short(fol)
+    S = 30
+    fol.reset_to(S, 2)
+    empty = _empty_at(S, 2)
+    images = record_crash_images(monkeypatch, tmp_path / "fol", tmp_path / "crash")
+    _push(lead, fol, S + 1, S + 7)
+    monkeypatch.undo()
+    full = (S + 1, S + 7, 2, S, tuple((i, 2, _body("lead", i)) for i in range(S + 1, S + 8)))
+    assert _state(fol) == full
+    first_pos = lead.index_record(S + 1).pos
+    fol.close()
+    lead.close()
+    monkeypatch.setattr(decoder_mod, "_ODD_WAIT_S", 0.0)
+    calls = [p.name.split("-", 1)[1] for p in images]
+    assert calls[:3] == ["fsync", "replace", "fsync"]  # the new base position, before any data
+    seen = set()
+    for img in images:
+        r = _open(img)
+        try:
+            got = _state(r)
+            assert got in (empty, full), img
+            seen.add(got == full)
+            assert r.log_base.pos == first_pos or (got == empty and r.log_base.pos == 4096), img
+            if got == empty:  # and the push can be made again
+                blob, n = _leader_run(S + 1, 2, [_body("lead", i) for i in range(S + 1, S + 8)], 2)
+                assert r.append_follower(blob, n) == S + 7
+        finally:
+            r.close()
+    assert seen == {False, True}
+
+
 # ---- readers in other processes ------------------------------------------------------------
 
 def test_a_reader_that_mapped_the_old_log_gets_stale_reads_then_the_new_log(tmp_path):
