@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from node.store.codec import BLANK_SIZE, HEADER_SIZE, Entry
 
@@ -150,6 +150,18 @@ class LogStore(Protocol):
     def term_at(self, index: int) -> int: ...
     def first_index_of_term(self, term: int, from_index: int) -> int: ...
     def truncate(self, index: int) -> None: ...
+    def reset_to(self, snapshot_index: int, snapshot_term: int) -> None:
+        """Replace the whole log by an empty one that begins after a snapshot (index S, term
+        T): begin S + 1, end S, end term T, committed S (docs/store.md "A log that begins
+        after a snapshot"). For installing a snapshot on a follower."""
+        ...
+
+    @property
+    def log_base(self) -> Any:
+        """(index, term, data position) of the snapshot the log begins after, while it still
+        begins right after it (`node.store.layout.LogBase`); None otherwise."""
+        ...
+
     def set_committed_index(self, index: int) -> None: ...
     def flush(self) -> None: ...
     def has_room(self) -> bool:
