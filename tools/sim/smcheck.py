@@ -103,6 +103,7 @@ class NodeView:
     snap_seen: int | None = None  # its snapshot index when the disk was last listed
     max_committed: int = -1  # highest committed index of its store or block, ever
     newest_snapshot: int = -1  # newest snapshot index seen on its disk, ever
+    begin: int = 0  # its store's ledger begin when last looked at
     checked: set[tuple[str, int]] = field(default_factory=set)  # (name, crc32c) of verified snapshots
 
 
@@ -283,6 +284,9 @@ class StateMachineChecks:
         s = n.store
         if s is None or s.ledger_begin_index <= 0:
             return
+        if s.ledger_begin_index > v.begin:
+            v.begin = s.ledger_begin_index
+            self.sim.stats["retention_deletions"] += 1
         if s.ledger_begin_index > v.newest_snapshot + 1:
             # one taken by an applier that died before publishing it, or not verifiable yet
             self.check_snapshots_on_disk(n)
