@@ -61,17 +61,44 @@ class ResultCache:
         self.low_water = 0
 
 
+RESULTS_GRACE_MS = 2_000
+"""A parked reply whose entries the shared block has shown applied for this long gets no
+results any more (they were sent before this handler started, or lost): it is answered
+without them."""
+
+
 class AwaitingResults:
     """Committed replies parked until their entries' results arrive, keyed by last index."""
 
     def __init__(self) -> None:
         self._items: list[tuple[int, int, Any]] = []  # (last index, term, reply)
+        self._applied_seen: dict[int, int] = {}  # id(reply) -> when its entries were first seen applied
 
     def __len__(self) -> int:
         return len(self._items)
 
     def park(self, term: int, last: int, reply: Any) -> None:
         self._items.append((last, term, reply))
+
+    def stale(self, now_ms: int, applied_index: int,
+              grace_ms: int = RESULTS_GRACE_MS) -> list[tuple[int, int, Any]]:
+        """(term, last, reply) of parked replies whose entries have been applied
+        (`applied_index` from the shared block) for `grace_ms` without their results coming:
+        a handler restarted after the applier sent them, in an idle group, would otherwise
+        wait for the next results for ever. The grace counts from the first call that saw them
+        applied, so results still on their way (the applier publishes the index, then sends)
+        are never overtaken. Removed from the parked set."""
+        out, keep = [], []
+        for last, term, reply in self._items:
+            if last <= applied_index:
+                seen = self._applied_seen.setdefault(id(reply), now_ms)
+                if now_ms - seen >= grace_ms:
+                    self._applied_seen.pop(id(reply), None)
+                    out.append((term, last, reply))
+                    continue
+            keep.append((last, term, reply))
+        self._items = keep
+        return out
 
     def release(self, cache: ResultCache) -> list[tuple[int, int, Any, list[bytes | None] | None]]:
         """(term, last, reply, results or None when evicted) of every parked reply whose results
@@ -82,10 +109,12 @@ class AwaitingResults:
             if got is None:
                 keep.append((last, term, reply))
             else:
+                self._applied_seen.pop(id(reply), None)
                 out.append((term, last, reply, None if got == EVICTED else got))
         self._items = keep
         return out
 
     def drain(self) -> list[tuple[int, int, Any]]:
         items, self._items = self._items, []
+        self._applied_seen.clear()
         return [(term, last, reply) for last, term, reply in items]

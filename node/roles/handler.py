@@ -821,6 +821,11 @@ class Handler:
         else:
             self._error(ident, req, RC.STATE_MACHINE_ERROR, answer.decode(errors="replace")[:200], m=m)
 
+    def _expire_awaiting(self, now: int) -> None:
+        if len(self.awaiting):
+            for term, last, p in self.awaiting.stale(now, self.state.get("applied_index")):
+                self._send_completion(term, last, p, RC.SUCCESS, None)
+
     def _expire_queries(self, now: int) -> None:
         if not self.queries:
             return
@@ -1049,6 +1054,7 @@ class Handler:
         self._drain(m)
         self._serve_reads(m, now)
         self._expire_queries(now)
+        self._expire_awaiting(now)
         self._probe_room(now)
         if self.retention.due(now):
             self._run_retention(now)

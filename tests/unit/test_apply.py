@@ -156,3 +156,27 @@ def test_a_group_without_a_state_machine_refuses_reads(tmp_path: Path) -> None:
     h, wire, _state = leader_handler(tmp_path, Clock())
     h.handle_frame(b"c", P.encode(P.QueryRequest("g", "n1", b"what", request_id=30)))
     assert wire.answer(30).code == RC.UNSUPPORTED
+
+
+def test_a_reply_whose_results_never_come_is_answered_without_them_once_applied(tmp_path: Path) -> None:
+    """A handler restarted after its applier sent the results of an entry (a session retry of
+    it arrives): no results will come in an idle group, so once the block says the entry is
+    applied and the grace has passed, the retry is answered without a result (found by the
+    simulator's review: it waited for the next results for ever)."""
+    h, wire, state, clock = _sm_leader(tmp_path)
+    h.handle_frame(b"c", P.encode(P.AppendRequest("g", "n1", b"one", request_id=50)))
+    index = h.store.ledger_end_index
+    commit_all(h, state)
+    h.tick()
+    assert wire.answer(50) is None
+    state.set("applied_index", index - 1)
+    clock.now += 5_000
+    h.tick()
+    assert wire.answer(50) is None, "answered before its entry was applied"
+    state.set("applied_index", index)
+    h.tick()
+    assert wire.answer(50) is None, "answered before the grace for in-flight results passed"
+    clock.now += 2_000
+    h.tick()
+    got = wire.answer(50)
+    assert (got.code, got.index, got.result) == (RC.SUCCESS, index, None)
