@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="appends in flight per pipelined writer (default: 16)")
     p.add_argument("--readers", type=int, default=1, metavar="N", help="readers (default: 1)")
     p.add_argument("--size", type=int, default=64, metavar="BYTES", help="body size (default: 64)")
+    p.add_argument("--kv", action="store_true",
+                   help="run the group as a KV store (--state-machine kv) with KV clients doing put/get/"
+                        "cas/delete, and check the recorded history for linearizability")
+    p.add_argument("--kv-clients", type=int, default=4, metavar="N", help="KV clients with --kv (default: 4)")
+    p.add_argument("--kv-keys", type=int, default=5, metavar="N", help="keys they share with --kv (default: 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     p.add_argument("--plot", metavar="FILE.png", help="draw throughput and fault windows over time")
     p.add_argument("--keep", action="store_true", help="keep the stores and logs even if the run passes")
@@ -94,12 +99,15 @@ def _options(args: argparse.Namespace):  # noqa: ANN202 - run.Options, imported 
         raise CliError("--writers/--pipelined-writers: at least one writer is needed", 2)
     if args.depth < 1 or args.size < 24:
         raise CliError("--depth must be >= 1 and --size >= 24 bytes", 2)
+    if args.kv and (args.kv_clients < 1 or args.kv_keys < 1):
+        raise CliError("--kv-clients and --kv-keys must be >= 1", 2)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big") % 1_000_000
     return Options(nodes=args.local, duration=args.duration, max_faults=args.max_faults, faults=kinds,
                    seed=seed, sequential_writers=args.writers, pipelined_writers=args.pipelined_writers,
                    depth=args.depth, readers=args.readers, size=args.size, leader_share=args.leader_share,
                    max_duration=min(args.max_fault_seconds, 60), min_gap=lo, max_gap=hi,
-                   server_args=list(args.server_arg), keep=args.keep)
+                   server_args=list(args.server_arg), keep=args.keep, kv=args.kv,
+                   kv_clients=args.kv_clients, kv_keys=args.kv_keys)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
@@ -156,14 +164,22 @@ def summary(report, args: argparse.Namespace) -> str:  # noqa: ANN001 - run.Repo
         lines.append(f"elections: {len(els)}, p50 {statistics.median(els):.2f} s, max {max(els):.2f} s")
     if outs:
         lines.append(f"write outage per fault: p50 {statistics.median(outs):.2f} s, max {max(outs):.2f} s")
-    facts = (f"{len(report.faults)} faults; {s['acknowledged']:,} appends acknowledged, "
-             f"{s['indeterminate']} indeterminate ({s['indeterminate_committed']} of them committed), "
-             f"{s['failed_definitely']} failed; committed log up to index {s['committed_end']:,} on "
-             f"{report.options.nodes} replicas; {s['reads']:,} entries read; "
-             f"{s['terms_with_leader']} terms with a leader")
+    if report.options.kv:
+        facts = (f"{len(report.faults)} faults; {s.get('kv_operations', 0):,} KV operations "
+                 f"({s.get('kv_indeterminate', 0)} indeterminate) on {s.get('kv_keys_checked', 0)} keys; "
+                 f"committed log up to index {s['committed_end']:,} on {report.options.nodes} replicas; "
+                 f"{s['terms_with_leader']} terms with a leader")
+        promise = "linearizable, identical committed prefixes, one leader per term"
+    else:
+        facts = (f"{len(report.faults)} faults; {s['acknowledged']:,} appends acknowledged, "
+                 f"{s['indeterminate']} indeterminate ({s['indeterminate_committed']} of them committed), "
+                 f"{s['failed_definitely']} failed; committed log up to index {s['committed_end']:,} on "
+                 f"{report.options.nodes} replicas; {s['reads']:,} entries read; "
+                 f"{s['terms_with_leader']} terms with a leader")
+        promise = ("no acknowledged append lost, none committed twice, identical committed prefixes, "
+                   "every writer's order kept, one leader per term")
     if report.ok:
-        lines.append(f"verdict: OK: {facts}; no acknowledged append lost, none committed twice, "
-                     "identical committed prefixes, every writer's order kept, one leader per term")
+        lines.append(f"verdict: OK: {facts}; {promise}")
     else:
         lines.append(f"verdict: FAILED: {len(report.verdict.violations)} violation line(s); {facts}")
         lines += [f"  {v}" for v in report.verdict.violations]

@@ -56,12 +56,13 @@ class Schedule:
     """An endless, seeded sequence of faults drawn from `kinds`."""
 
     def __init__(self, seed: int, kinds: list[str], *, leader_share: float = 0.6,
-                 max_duration: float = 2.5, min_gap: float = 1.0, max_gap: float = 3.0) -> None:
+                 max_duration: float = 2.5, min_gap: float = 1.0, max_gap: float = 3.0,
+                 roles: tuple[str, ...] = ROLES) -> None:
         unknown = [k for k in kinds if k not in KINDS]
         if unknown or not kinds:
             raise ValueError(f"unknown fault kind(s) {unknown or kinds}: choose from {', '.join(KINDS)}")
         self.rng = random.Random(seed)
-        self.kinds, self.leader_share = list(kinds), leader_share
+        self.kinds, self.leader_share, self.roles = list(kinds), leader_share, roles
         self.max_duration, self.min_gap, self.max_gap = max_duration, min_gap, max_gap
         self.count = 0
 
@@ -74,7 +75,7 @@ class Schedule:
         pick = r.random()
         duration = round(r.uniform(0.2, self.max_duration), 2)
         gap = round(r.uniform(self.min_gap, self.max_gap), 2)
-        role = r.choice(ROLES)
+        role = r.choice(self.roles)
         scope = "peers" if r.random() < 0.7 else "all"
         self.count += 1
         return Fault(self.count, kind, on_leader, pick, 0.0 if kind == "role-kill" else duration, gap,

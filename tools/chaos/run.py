@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from node.store.decoder import StoreDecoder
-from tools.chaos.faults import Fault, Injector, Schedule, enter_private_network, node_hosts
+from tools.chaos.faults import ROLES, Fault, Injector, Schedule, enter_private_network, node_hosts
 from tools.chaos.history import History, LogEntry, Replica, Verdict, check
 from tools.chaos.workload import Clock, LeaderMonitor, Reader, Writer, leader_claims_from_logs
 from tools.local_group import LocalGroup
@@ -51,6 +51,9 @@ class Options:
     max_gap: float = 3.0
     server_args: list[str] = field(default_factory=list)
     keep: bool = False  # keep the stores and logs (their directory is reported)
+    kv: bool = False  # a KV store group: KV clients instead of log writers, checked for linearizability
+    kv_clients: int = 4
+    kv_keys: int = 5
 
 
 @dataclass
@@ -135,6 +138,8 @@ class ChaosRun:
         if not kinds:
             raise ValueError("no fault kind left to inject")
         self.kinds = kinds
+        if self.o.kv:
+            extra += ["--state-machine", "kv", "--snapshot-threshold", "2000"]
         # Small segment files: a chaos run writes little and should not reserve gigabytes.
         return LocalGroup(self.o.nodes, ["--data-file-size", str(64 << 20),
                                          "--index-file-size", str(8 << 20), *extra],
@@ -145,7 +150,8 @@ class ChaosRun:
         root = Path(tempfile.mkdtemp(prefix="dledger-chaos-"))
         g = self._group(root)
         sched = Schedule(o.seed, self.kinds, leader_share=o.leader_share, max_duration=o.max_duration,
-                         min_gap=o.min_gap, max_gap=o.max_gap)
+                         min_gap=o.min_gap, max_gap=o.max_gap,
+                         roles=(*ROLES, "applier") if o.kv else ROLES)
         inj = Injector(g)
         writers: list[Writer] = []
         readers: list[Reader] = []
@@ -155,7 +161,11 @@ class ChaosRun:
         try:
             g.start()
             g.wait_leader(timeout=60)
-            for i in range(o.sequential_writers + o.pipelined_writers):
+            if o.kv:
+                from tools.chaos.kv_workload import KVWorker
+                writers = [KVWorker(f"c{i}", g.peers, g.group, self.clock, seed=o.seed * 1000 + 100 + i,
+                                    keys=o.kv_keys, timeout=o.client_timeout) for i in range(o.kv_clients)]
+            for i in range(0 if o.kv else o.sequential_writers + o.pipelined_writers):
                 depth = 1 if i < o.sequential_writers else o.depth
                 writers.append(Writer(f"w{i}", g.peers, g.group, self.history, self.clock,
                                       depth=depth, size=o.size, timeout=o.client_timeout))
@@ -203,7 +213,9 @@ class ChaosRun:
         try:
             replicas = {nid: read_replica(root / nid, self.converged_at) for nid in g.ids}
             claims = leader_claims_from_logs(root, g.ids)
-            verdict = check(self.history, replicas, claims)
+            verdict = check(self.history, replicas, claims, bodies_are_ours=not o.kv)
+            if o.kv:
+                self._check_linearizable(writers, verdict)
         finally:
             if not (o.keep or self.violations):
                 shutil.rmtree(root, ignore_errors=True)
@@ -213,6 +225,22 @@ class ChaosRun:
         acks = sorted(t for w in writers for t in w.ack_times)
         return Report(o, results, verdict, self.notes, monitor.timeline, acks, self.clock.now(),
                       str(root) if (o.keep or not verdict.ok) else None)
+
+    def _check_linearizable(self, workers: list, verdict: Verdict) -> None:
+        """The KV clients' recorded operations against a register per key
+        (tools/chaos/linearizability.py); a key it cannot decide within the budget is a
+        violation too (never a pass)."""
+        from tools.chaos.linearizability import check_history
+
+        ops = [op for w in workers for op in w.ops]
+        res = check_history(ops, timeout=300)
+        st = res.stats()
+        verdict.stats.update(kv_operations=len(ops), kv_indeterminate=st["indeterminate"],
+                             kv_keys_checked=st["keys"], kv_states_searched=st["states"])
+        if not res.ok:
+            verdict.violations += res.lines()
+            verdict.stats["violations"] = verdict.stats.get("violations", 0) + max(
+                1, st["keys_failed"] + st["keys_unknown"] + st["revision_violations"])
 
     # ------------------------------------------------------------------ one fault
     def _one(self, g: LocalGroup, inj: Injector, writers: list[Writer], fault: Fault) -> FaultResult:
