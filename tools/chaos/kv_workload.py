@@ -11,29 +11,24 @@ the log): it is left out of the history.
 
 from __future__ import annotations
 
-import bisect
 import random
-import threading
 
 from ipc.client import DLedgerError, KVClient, KVError
 from tools.chaos.linearizability import CAS, DELETE, GET, PUT, Operation
-from tools.chaos.workload import Clock
+from tools.chaos.workload import AckedLoad, Clock
 
 
-class KVWorker(threading.Thread):
+class KVWorker(AckedLoad):
     """One KV client: a seeded random mix of operations on `keys`, one at a time."""
 
     def __init__(self, name: str, peers: str, group: str, clock: Clock, *, seed: int, keys: int,
                  timeout: float) -> None:
-        super().__init__(name=f"chaos-{name}", daemon=True)
+        super().__init__(f"chaos-{name}")
         self.client_name, self.clock = name, clock
         self.kv = KVClient(peers, group, timeout=timeout)
         self.rng = random.Random(seed)
         self.keys = [b"key%d" % i for i in range(keys)]
         self.ops: list[Operation] = []
-        self.ack_times: list[float] = []  # completion times of acknowledged writes
-        self.lock = threading.Lock()
-        self._stop_evt = threading.Event()
         self.seq = 0
         self.last_seen: dict[bytes, bytes | None] = {}  # what this client last read per key (for cas)
 
@@ -104,15 +99,6 @@ class KVWorker(threading.Thread):
             self.ops.append(op)
             if write:
                 self.ack_times.append(op.t_done)
-
-    def acks_between(self, t0: float, t1: float) -> list[float]:
-        with self.lock:
-            lo = bisect.bisect_left(self.ack_times, t0)
-            hi = bisect.bisect_right(self.ack_times, t1)
-            return self.ack_times[lo:hi]
-
-    def stop(self) -> None:
-        self._stop_evt.set()
 
     def close(self) -> None:
         self._stop_evt.set()

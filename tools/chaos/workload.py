@@ -38,19 +38,36 @@ class Clock:
         return time.monotonic() - self.t0
 
 
-class Writer(threading.Thread):
+class AckedLoad(threading.Thread):
+    """A load thread that keeps the completion times of its acknowledged writes, in order: the
+    run measures each fault's write outage from them (`acks_between`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.ack_times: list[float] = []
+        self.lock = threading.Lock()
+        self._stop_evt = threading.Event()
+
+    def acks_between(self, t0: float, t1: float) -> list[float]:
+        with self.lock:
+            lo = bisect.bisect_left(self.ack_times, t0)
+            hi = bisect.bisect_right(self.ack_times, t1)
+            return self.ack_times[lo:hi]
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+
+
+class Writer(AckedLoad):
     """Appends unique bodies through its own client (sessions on), `depth` in flight at once
     (1: one at a time). Every append is recorded when invoked and when it completes."""
 
     def __init__(self, name: str, peers: str, group: str, history: History, clock: Clock, *,
                  depth: int, size: int, timeout: float) -> None:
-        super().__init__(name=f"chaos-{name}", daemon=True)
+        super().__init__(f"chaos-{name}")
         self.writer, self.depth, self.size, self.timeout = name, depth, size, timeout
         self.history, self.clock = history, clock
         self.client = DLedgerClient(peers, group, timeout=timeout)
-        self._stop_evt = threading.Event()
-        self.ack_times: list[float] = []  # completion times of acknowledged appends, in order
-        self.lock = threading.Lock()
 
     def run(self) -> None:
         inflight: collections.deque[tuple[Append, concurrent.futures.Future]] = collections.deque()
@@ -76,15 +93,6 @@ class Writer(threading.Thread):
             if op.index is not None:
                 with self.lock:
                     self.ack_times.append(op.t_done)
-
-    def acks_between(self, t0: float, t1: float) -> list[float]:
-        with self.lock:
-            lo = bisect.bisect_left(self.ack_times, t0)
-            hi = bisect.bisect_right(self.ack_times, t1)
-            return self.ack_times[lo:hi]
-
-    def stop(self) -> None:
-        self._stop_evt.set()
 
     def close(self) -> None:
         self._stop_evt.set()
