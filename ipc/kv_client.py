@@ -75,28 +75,25 @@ class KVClient:
             raise self._refused(res)
         return res.revision
 
-    def delete(self, key: bytes, timeout: float | None = None) -> bool:
-        """Remove `key`; True if it was there."""
-        res, index = self._write(K.encode_delete(key), timeout)
+    def _yes_no(self, command: bytes, no: K.Status, what: str, timeout: float | None) -> bool:
+        """A write whose answer is OK (True) or `no` (False); its outcome must be known."""
+        res, index = self._write(command, timeout)
         if res is None:
-            raise KVError(f"delete committed at index {index}, but whether the key existed is no longer known")
-        if res.status == K.Status.NOT_FOUND:
+            raise KVError(f"{what} committed at index {index}, but its outcome is no longer known")
+        if res.status == no:
             return False
         if res.status != K.Status.OK:
             raise self._refused(res)
         return True
 
+    def delete(self, key: bytes, timeout: float | None = None) -> bool:
+        """Remove `key`; True if it was there."""
+        return self._yes_no(K.encode_delete(key), K.Status.NOT_FOUND, "delete", timeout)
+
     def cas(self, key: bytes, expected: bytes | None, value: bytes, timeout: float | None = None) -> bool:
         """Compare-and-set: set `key` to `value` only if its value is `expected` (None: only if
         the key is absent). True when it swapped."""
-        res, index = self._write(K.encode_cas(key, expected, value), timeout)
-        if res is None:
-            raise KVError(f"cas committed at index {index}, but whether it swapped is no longer known")
-        if res.status == K.Status.CAS_FAILED:
-            return False
-        if res.status != K.Status.OK:
-            raise self._refused(res)
-        return True
+        return self._yes_no(K.encode_cas(key, expected, value), K.Status.CAS_FAILED, "cas", timeout)
 
     # ------------------------------------------------------------------ reads
     def _read(self, request: bytes, timeout: float | None) -> K.QueryReply:

@@ -779,24 +779,25 @@ class Handler:
         self.transport.control(channels.CONFIRM_LEADERSHIP)
 
     def _forward_query(self, ident: bytes, req: P.QueryRequest, m: MemberView) -> None:
+        self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
+
+    def _to_applier(self, ident: bytes, req: P.QueryRequest | P.SnapshotRequest, read_index: int,
+                    request: bytes, timeout_ms: int, m: MemberView | None = None) -> None:
+        """Send a request to the applier under a fresh tag; its reply (`on_query_reply`) or
+        `timeout_ms` answers the client."""
         tag = self.next_query_tag
         self.next_query_tag += 1
-        if not self.sm_link.send_query(channels.encode_query(tag, self.store.committed_index, bytes(req.request))):
-            self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking reads", m=m)
+        if not self.sm_link.send_query(channels.encode_query(tag, read_index, request)):
+            self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking requests", m=m)
             return
-        self.queries[tag] = (ident, req, self.now() + QUERY_TIMEOUT_MS)
+        self.queries[tag] = (ident, req, self.now() + timeout_ms)
 
     def on_snapshot(self, ident: bytes, req: P.SnapshotRequest) -> None:
         """`dledger snapshot`: this node (any role) snapshots its state machine now."""
         if self.sm_link is None:
             self._error(ident, req, RC.UNSUPPORTED, "this group has no state machine")
             return
-        tag = self.next_query_tag
-        self.next_query_tag += 1
-        if not self.sm_link.send_query(channels.encode_query(tag, channels.SNAPSHOT_NOW, b"")):
-            self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking requests")
-            return
-        self.queries[tag] = (ident, req, self.now() + SNAPSHOT_TIMEOUT_MS)
+        self._to_applier(ident, req, channels.SNAPSHOT_NOW, b"", SNAPSHOT_TIMEOUT_MS)
 
     def on_query_reply(self, frame: bytes) -> None:
         got = channels.decode_query_reply(frame)

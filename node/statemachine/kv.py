@@ -553,14 +553,7 @@ class KVStateMachine(StateMachine):
         cmd = decode_command(body)
         data = self._data
         if type(cmd) is Put:
-            old = data.get(cmd.key)
-            if old is None:
-                data[cmd.key] = (cmd.value, index, index, 1)
-                self._order.created(cmd.key)
-            else:
-                data[cmd.key] = (cmd.value, old[1], index, old[3] + 1)
-            self._revision = index
-            return _RESULT.pack(Status.OK, index)
+            return self._set(cmd.key, cmd.value, index, data.get(cmd.key))
         if type(cmd) is Delete:
             if data.pop(cmd.key, None) is None:
                 return _RESULT.pack(Status.NOT_FOUND, self._revision)
@@ -579,15 +572,19 @@ class KVStateMachine(StateMachine):
                 hit = old[2] == cmd.expected_revision
             if not hit:
                 return _RESULT.pack(Status.CAS_FAILED, 0 if old is None else old[2])
-            if old is None:
-                data[cmd.key] = (cmd.value, index, index, 1)
-                self._order.created(cmd.key)
-            else:
-                data[cmd.key] = (cmd.value, old[1], index, old[3] + 1)
-            self._revision = index
-            return _RESULT.pack(Status.OK, index)
+            return self._set(cmd.key, cmd.value, index, old)
         assert type(cmd) is Invalid
         return encode_result(cmd.status, self._revision, cmd.message)
+
+    def _set(self, key: bytes, value: bytes, index: int, old: _Rec | None) -> bytes:
+        """A put, or a CAS that swapped: the key's new record at revision `index`."""
+        if old is None:
+            self._data[key] = (value, index, index, 1)
+            self._order.created(key)
+        else:
+            self._data[key] = (value, old[1], index, old[3] + 1)
+        self._revision = index
+        return _RESULT.pack(Status.OK, index)
 
     # -- reads
     def get(self, key: bytes) -> KeyValue | None:
