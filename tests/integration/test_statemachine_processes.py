@@ -18,17 +18,6 @@ def kv_client(c, **kw) -> KVClient:
     return KVClient(c.peers, group=c.group, timeout=kw.pop("timeout", 10.0), **kw)
 
 
-def role_pid(c, node: str, role: str) -> int | None:
-    sup = c.nodes[node].proc.pid
-    for child in Path(f"/proc/{sup}/task/{sup}/children").read_text().split():
-        try:
-            if f"node.roles.{role}".encode() in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
-                return int(child)
-        except OSError:
-            pass
-    return None
-
-
 def test_kv_operations_revisions_and_bad_input(make_cluster):
     c = make_cluster(3, state_machine="kv")
     c.wait_leader(timeout=15)
@@ -110,11 +99,11 @@ def test_a_killed_applier_is_restarted_and_rebuilds_the_same_state(make_cluster)
     with kv_client(c) as kv:
         for i in range(100):
             kv.put(b"k%03d" % i, b"v%d" % i)
-        pid = role_pid(c, lead, "applier")
+        pid = c.nodes[lead].role_pids().get("applier")
         assert pid is not None
         import os
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: role_pid(c, lead, "applier") not in (None, pid), 30, "the applier restarted")
+        wait_for(lambda: c.nodes[lead].role_pids().get("applier") not in (None, pid), 30, "the applier restarted")
         kv.put(b"after", b"crash")
         assert kv.get(b"k050").value == b"v50" and kv.get(b"after").value == b"crash"
         assert len(kv.scan(b"k")) == 100
