@@ -40,6 +40,10 @@ OPEN_SESSION (11)      group, remote_id: ask the leader for a client session id
 QUERY (12)             group, remote_id, u32 n, request: a read of the group's state machine
                        (docs/statemachine.md), answered at a read index (linearizable)
 SNAPSHOT (13)          group, remote_id: the node takes a snapshot of its state machine now
+INSTALL (20)           group, remote_id, leader_id, i64 term, u32 n, meta (the snapshot's
+                       meta.json), i64 offset, u32 m, chunk: one chunk of the leader's
+                       snapshot for a follower that needs entries the leader no longer has
+                       (docs/snapshots.md "Install"); m = 0 at offset 0 asks where to resume
 responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   APPEND (0x81)          i64 index, i64 pos             (the entry's term is ``term``),
                          [i32 n, result]  (a group with a state machine: what apply returned;
@@ -57,6 +61,8 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   OPEN_SESSION (0x8B)    u32 session
   QUERY (0x8C)           i64 applied_index (the state the answer reflects), u32 n, answer
   SNAPSHOT (0x8D)        i64 last_index, i64 last_term (the snapshot now on disk)
+  INSTALL (0x94)         i64 received (bytes in place: where the next chunk must start),
+                         u8 installed (1: the snapshot is installed and the log reset to it)
   ERROR (0xFF)           u8 request_type, reason (<=255 bytes)
 =====================  =====================================================================
 
@@ -128,6 +134,7 @@ class MsgType(IntEnum):
     OPEN_SESSION = 11
     QUERY = 12
     SNAPSHOT = 13
+    INSTALL = 20
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82
     GET_RESPONSE = 0x83
@@ -141,6 +148,7 @@ class MsgType(IntEnum):
     OPEN_SESSION_RESPONSE = 0x8B
     QUERY_RESPONSE = 0x8C
     SNAPSHOT_RESPONSE = 0x8D
+    INSTALL_RESPONSE = 0x94
     ERROR_RESPONSE = 0xFF
 
 
@@ -257,6 +265,39 @@ class SnapshotResponse:
     leader_id: str = ""
     last_index: int = -1
     last_term: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class InstallRequest:
+    """Leader's dispatcher -> follower's handler: one chunk of the leader's newest snapshot
+    (issue 11 §4). `meta` is the snapshot's meta.json (node.statemachine.snapshot_meta), sent
+    with every chunk so a receiver that restarted knows what it is receiving; `offset` is where
+    `data` goes. A zero-length chunk at offset 0 is the probe that asks where to resume."""
+
+    TYPE: ClassVar[MsgType] = MsgType.INSTALL
+    group: str
+    remote_id: str
+    leader_id: str
+    term: int
+    meta: Buffer
+    offset: int
+    data: Buffer = b""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class InstallResponse:
+    """`received`: the bytes in place, where the next chunk must start (also when a chunk was
+    refused: not the next one); `installed`: the snapshot is installed and the log reset to it."""
+
+    TYPE: ClassVar[MsgType] = MsgType.INSTALL_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    received: int = 0
+    installed: bool = False
     request_id: int = 0
 
 
@@ -500,11 +541,12 @@ class Multi:
 
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
-           | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest)
+           | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest
+           | InstallRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
             | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | SnapshotResponse
-            | ErrorResponse)
+            | InstallResponse | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -591,6 +633,22 @@ def _enc_push(m: PushRequest) -> bytes:
                      _PUSH.pack(m.term, m.kind, m.commit_index, m.first_index, m.count,
                                 m.pre_log_index, m.pre_log_term, len(blob)), blob,
                      _U32.pack(len(m.index_records)), m.index_records, trailer))
+
+
+_INSTALL_RESP = struct.Struct(">qB")
+MAX_INSTALL_META = 4096  # a meta.json is ~200 bytes; more is not a meta
+
+
+def _enc_install(m: InstallRequest) -> bytes:
+    if len(m.meta) > MAX_INSTALL_META:
+        raise ProtocolError(f"install meta of {len(m.meta)} bytes exceeds {MAX_INSTALL_META}")
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.leader_id), _TERM.pack(m.term),
+                     _U32.pack(len(m.meta)), m.meta, _TERM.pack(m.offset), _U32.pack(len(m.data)),
+                     m.data))
+
+
+def _enc_install_resp(m: InstallResponse) -> bytes:
+    return _resp(m) + _INSTALL_RESP.pack(m.received, 1 if m.installed else 0)
 
 
 def _enc_vote(m: VoteRequest) -> bytes:
@@ -696,6 +754,8 @@ _ENCODERS = {
     QueryResponse: _enc_query_resp,
     SnapshotRequest: _enc_metadata,
     SnapshotResponse: _enc_snapshot_resp,
+    InstallRequest: _enc_install,
+    InstallResponse: _enc_install_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -961,6 +1021,32 @@ def _dec_snapshot(mv: memoryview, off: int, rid: int, max_body: int) -> Snapshot
     return SnapshotRequest(group, remote, rid)
 
 
+def _dec_install(mv: memoryview, off: int, rid: int, max_body: int) -> InstallRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    leader, off = _str(mv, off)
+    _need(mv, off, 8, "term")
+    (term,) = _TERM.unpack_from(mv, off)
+    meta, off = _blob(mv, off + 8, MAX_INSTALL_META, "install meta")
+    _need(mv, off, 8, "offset")
+    (offset,) = _TERM.unpack_from(mv, off)
+    if offset < 0:
+        raise ProtocolError(f"negative install offset {offset}")
+    data, off = _blob(mv, off + 8, len(mv), "install chunk")
+    _end(mv, off)
+    return InstallRequest(group, remote, leader, term, meta, offset, data, rid)
+
+
+def _dec_install_resp(mv: memoryview, off: int, rid: int, max_body: int) -> InstallResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, _INSTALL_RESP.size, "INSTALL response fields")
+    received, installed = _INSTALL_RESP.unpack_from(mv, off)
+    if installed > 1:
+        raise ProtocolError(f"installed flag {installed} is not 0 or 1")
+    _end(mv, off + _INSTALL_RESP.size)
+    return InstallResponse(code, group, term, leader, received, bool(installed), rid)
+
+
 def _dec_snapshot_resp(mv: memoryview, off: int, rid: int, max_body: int) -> SnapshotResponse:
     code, term, group, leader, off = _dec_resp_common(mv, off)
     _need(mv, off, 16, "snapshot position")
@@ -1086,6 +1172,8 @@ _DECODERS = {
     MsgType.QUERY_RESPONSE: _dec_query_resp,
     MsgType.SNAPSHOT: _dec_snapshot,
     MsgType.SNAPSHOT_RESPONSE: _dec_snapshot_resp,
+    MsgType.INSTALL: _dec_install,
+    MsgType.INSTALL_RESPONSE: _dec_install_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,

@@ -137,9 +137,35 @@ SNAPSHOT_NOW = -2
 """A query frame with this read index is not a read: take a snapshot now (`dledger snapshot`);
 the reply's answer is `SNAPSHOT_POSITION` (last index, last term) of the snapshot on disk."""
 SNAPSHOT_POSITION = struct.Struct(">qq")
+INSTALL_CHUNK = -3
+"""A query frame with this read index is a chunk of a leader's snapshot for the applier to
+install (issue 11 §4): the request is `encode_install_chunk`; the reply's answer is
+`INSTALL_PROGRESS`: (received, installed, last index, last term); status QUERY_REFUSED means
+the chunk was not the next one (received says where to continue)."""
+INSTALL_PROGRESS = struct.Struct(">qBqq")
+_INSTALL_CHUNK = struct.Struct(">IQ")  # meta length, offset
+
+
+def encode_install_chunk(meta: bytes, offset: int, data: bytes) -> bytes:
+    return b"".join((_INSTALL_CHUNK.pack(len(meta), offset), meta, data))
+
+
+def decode_install_chunk(request: bytes | memoryview) -> tuple[bytes, int, memoryview] | None:
+    """(meta json, offset, data) or None for a malformed request."""
+    mv = memoryview(request)
+    if len(mv) < _INSTALL_CHUNK.size:
+        return None
+    n, offset = _INSTALL_CHUNK.unpack_from(mv)
+    if _INSTALL_CHUNK.size + n > len(mv):
+        return None
+    start = _INSTALL_CHUNK.size
+    return bytes(mv[start:start + n]), offset, mv[start + n:]
+
+
 QUERY_OK = 0
 QUERY_UNSUPPORTED = 1  # the state machine serves no queries
 QUERY_FAILED = 2  # query() raised: the answer is the one-line reason
+QUERY_REFUSED = 3  # an install chunk that is not the next one (INSTALL_PROGRESS says where)
 
 
 def encode_query(tag: int, read_index: int, request: bytes) -> bytes:

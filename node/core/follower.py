@@ -123,7 +123,37 @@ class SetCommitted:
     index: int
 
 
-Effect = Reply | StoreAppend | StoreTruncate | SetCommitted
+@dataclass(frozen=True, slots=True)
+class InstallReply:
+    """Answer an install chunk: `received` bytes are in place; `installed`: done."""
+
+    ident: bytes
+    req: P.InstallRequest
+    code: RC
+    term: int
+    received: int = 0
+    installed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardInstall:
+    """Hand the chunk to the applier, which owns the snapshot directory and the state
+    machine; its answer comes back to `FollowerCore.snapshot_installed`."""
+
+    ident: bytes
+    req: P.InstallRequest
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReset:
+    """Replace the whole log by an empty one that begins after the installed snapshot
+    (`store.reset_to(index, term)`), under the member lock; then `FollowerCore.reset_done`."""
+
+    index: int
+    term: int
+
+
+Effect = Reply | StoreAppend | StoreTruncate | SetCommitted | InstallReply | ForwardInstall | StoreReset
 
 
 @dataclass(slots=True)
@@ -184,26 +214,77 @@ class FollowerCore:
         self.verified_end = -1
         return self._drop_queue(view.current_term)
 
+    def _refusal(self, view: MemberSnapshot, term: int, leader_id: str) -> RC | None:
+        """Why a leader's request in `term` from `leader_id` is not for this follower now."""
+        if term != view.current_term:
+            return RC.INCONSISTENT_TERM
+        if view.role != Role.FOLLOWER:
+            return RC.NOT_FOLLOWER
+        if self._slot_id(view.leader_slot) != leader_id:
+            return RC.INCONSISTENT_LEADER
+        return None
+
+    # ---- input: install snapshot -----------------------------------------------------------------
+    def on_install(self, ident: bytes, req: P.InstallRequest, view: MemberSnapshot) -> list[Effect]:
+        """A chunk of the leader's snapshot: checked like a push (this term, this leader), then
+        handed to the applier. The queue of pushes is dropped: a leader that installs has given
+        up on appending to this log until the install is done."""
+        out = self.sync(view)
+        code = self._refusal(view, req.term, req.leader_id)
+        if code is not None:
+            return [*out, InstallReply(ident, req, code, view.current_term)]
+        return [*out, *self._drop_queue(view.current_term), ForwardInstall(ident, req)]
+
+    def snapshot_installed(self, ident: bytes, req: P.InstallRequest, index: int, term: int,
+                           view: MemberSnapshot, store: FollowerStore) -> list[Effect]:
+        """The applier installed (or already had) the snapshot whose last entry is (index,
+        term), and its state machine now reflects it. Raft's InstallSnapshot rule for the log:
+        * already committed here (index <= committed): the log holds that prefix; nothing to do;
+        * the log holds (index, term): keep it and what follows (those entries match the
+          leader's: log matching), and mark index committed (a snapshot covers only committed
+          entries);
+        * otherwise: discard the whole log; it begins after the snapshot (`StoreReset`).
+        Never on a leader: a leader holds every committed entry, so the first two cases cover
+        it, and its log is the ack checker's to commit, not this one's."""
+        done = InstallReply(ident, req, RC.SUCCESS, view.current_term, installed=True)
+        if view.role == Role.LEADER or index <= store.committed_index:
+            return [done]
+        try:
+            holds = (store.ledger_begin_index >= 0
+                     and store.ledger_begin_index - 1 <= index <= store.ledger_end_index
+                     and store.term_at(index) == term)
+        except StoreError:
+            holds = False
+        if holds:
+            if follow_key(view) == self.key:
+                self.verified_end = max(self.verified_end, index)
+            return [SetCommitted(index), done]
+        return [StoreReset(index, term), done]
+
+    def reset_done(self, index: int, view: MemberSnapshot) -> list[Effect]:
+        """A `StoreReset` to `index` succeeded: the log is the snapshot's prefix (all of it the
+        leader's, committed), so it is verified up to there; queued pushes are void."""
+        out = self.sync(view)
+        self.verified_end = index if follow_key(view) == self.key else -1
+        return [*out, *self._drop_queue(view.current_term)]
+
     # ---- input: a push -------------------------------------------------------------------------
     def on_push(self, ident: bytes, req: P.PushRequest, frame: bytes, view: MemberSnapshot, now_ms: int,
                 store: FollowerStore) -> list[Effect]:
         """Everything one push leads to, decided on the single snapshot `view`."""
         out = self.sync(view)
         term = view.current_term
-        if req.term != term:
-            return [*out, Reply(ident, req, RC.INCONSISTENT_TERM, term)]
-        if view.role != Role.FOLLOWER:
-            return [*out, Reply(ident, req, RC.NOT_FOLLOWER, term)]
-        if self._slot_id(view.leader_slot) != req.leader_id:
-            return [*out, Reply(ident, req, RC.INCONSISTENT_LEADER, term)]
+        code = self._refusal(view, req.term, req.leader_id)
+        if code is not None:
+            return [*out, Reply(ident, req, code, term)]
         kind = req.kind
         if kind == P.PushKind.APPEND:
             return out + self._on_append(ident, req, frame, term, now_ms, store)
         if kind == P.PushKind.COMMIT:
             pre = req.pre_log_index
             try:
-                if (0 <= store.ledger_begin_index <= pre <= store.ledger_end_index
-                        and store.term_at(pre) == req.pre_log_term):
+                if (0 <= store.ledger_begin_index and store.ledger_begin_index - 1 <= pre <= store.ledger_end_index
+                        and store.term_at(pre) == req.pre_log_term):  # begin - 1: the log base
                     self.verified_end = max(self.verified_end, pre)  # we hold the leader's entry
             except StoreError:
                 pass
@@ -261,7 +342,8 @@ class FollowerCore:
                 blob, first, recs = blob[off:], idx, b""
             pre = first - 1
             if pre >= 0 and first == req.first_index and req.pre_log_index == pre:
-                if pre < store.ledger_begin_index or store.term_at(pre) != req.pre_log_term:
+                # pre may be the log base (begin - 1 after an install): term_at knows its term
+                if pre < store.ledger_begin_index - 1 or store.term_at(pre) != req.pre_log_term:
                     return [Reply(ident, req, RC.INCONSISTENT_STATE, term)]
         except (StoreError, codec.CodecError):
             return [Reply(ident, req, RC.INCONSISTENT_STATE, term)]

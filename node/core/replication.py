@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from ipc.codes import ResponseCode as RC
+from node.core.install import InstallConfig, InstallSender, SendChunk
+from node.store.base import StoreError
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,6 +76,7 @@ class PushState(IntEnum):
     COMPARE = 1
     TRUNCATE = 2
     APPEND = 3
+    INSTALL = 4  # streaming the leader's snapshot (node.core.install)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,15 @@ class NeedSnapshot:
     index: int
 
 
-Action = Compare | Truncate | Append | Commit | NeedSnapshot
+@dataclass(frozen=True, slots=True)
+class InstallChunk:
+    """Send bytes [offset, offset + length) of the snapshot being installed (0: the probe)."""
+
+    offset: int
+    length: int
+
+
+Action = Compare | Truncate | Append | Commit | NeedSnapshot | InstallChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +144,8 @@ class DispatcherCore:
         self.last_commit_ms = -(10**12)
         self.not_before_ms = 0
         self.backup: tuple[int, int, int] | None = None  # (x_term, x_index, compared index)
+        self.install: InstallSender | None = None  # the snapshot being sent (state INSTALL)
+        self.installed: tuple[int, int] | None = None  # (index, term) the follower installed
 
     # ---- lifecycle ------------------------------------------------------------------------
     def become_leader(self, term: int, ledger_end: int) -> None:
@@ -146,11 +159,47 @@ class DispatcherCore:
         self.last_commit_sent = -1
         self.not_before_ms = 0
         self.backup = None
+        self.install = None
+        self.installed = None
 
     def step_down(self) -> None:
         self.state = PushState.IDLE
         self.pending.clear()
         self.inflight_request = None
+        self.install = None
+
+    # ---- install snapshot ---------------------------------------------------------------------
+    def start_install(self, last_index: int, last_term: int, size: int,
+                      cfg: InstallConfig | None = None) -> None:
+        """After `NeedSnapshot`: send the snapshot (last_index, last_term, size) instead of the
+        entries it covers. The process found it (the leader's newest valid snapshot)."""
+        self.state = PushState.INSTALL
+        self.pending.clear()
+        self.inflight_request = None
+        self.install = InstallSender(last_index, last_term, size, cfg)
+
+    def abandon_install(self, now_ms: int, retry_ms: int) -> None:
+        """The snapshot being sent is gone (pruned for a newer one) or unreadable: compare
+        again after `retry_ms`, which finds the follower still needs one and starts over."""
+        self.install = None
+        self._to_compare(now_ms)
+        self.not_before_ms = now_ms + retry_ms
+
+    def on_install_response(self, offset: int, code: int, now_ms: int, *, received: int = -1,
+                            installed: bool = False) -> None:
+        """An answer to an install chunk. Once installed, the follower's log begins after the
+        snapshot: compare there (its term is known from the snapshot, `known_position`)."""
+        ins = self.install
+        if self.state != PushState.INSTALL or ins is None:
+            return
+        if code not in (RC.SUCCESS, RC.INCONSISTENT_STATE):
+            self.abandon_install(now_ms, self.cfg.retry_backoff_ms)  # not following us: start over
+            return
+        if ins.on_response(offset, code == RC.SUCCESS, received, installed and code == RC.SUCCESS, now_ms):
+            self.installed = (ins.last_index, ins.last_term)
+            self.install = None
+            self._to_compare(now_ms)
+            self.write_index = ins.last_index + 1
 
     def _to_compare(self, now_ms: int, backoff: bool = False) -> None:
         self.state = PushState.COMPARE
@@ -160,11 +209,24 @@ class DispatcherCore:
             self.not_before_ms = now_ms + self.cfg.retry_backoff_ms
 
     # ---- what to send -----------------------------------------------------------------------
-    def next_action(self, now_ms: int, begin: int, end: int, committed: int, term_at) -> Action | None:  # noqa: ANN001
+    def known_position(self, index: int, snapshot: tuple[int, int] | None) -> int | None:
+        """The term of `index` when the leader's log no longer holds it but a snapshot position
+        does: the leader's newest snapshot, or the one this follower installed. None if unknown."""
+        for pos in (snapshot, self.installed):
+            if pos is not None and pos[0] == index:
+                return pos[1]
+        return None
+
+    def next_action(self, now_ms: int, begin: int, end: int, committed: int, term_at,  # noqa: ANN001
+                    snapshot: tuple[int, int] | None = None) -> Action | None:
         """The next message to send, or None (wait for a response, an append, or a timer).
-        `term_at(i)` reads the leader's store; begin/end/committed are its ledger."""
+        `term_at(i)` reads the leader's store; begin/end/committed are its ledger; `snapshot`
+        is the (last index, term) of the leader's newest snapshot, if it has one."""
         if self.state == PushState.IDLE or now_ms < self.not_before_ms:
             return None
+        if self.state == PushState.INSTALL:
+            chunk = self.install.next_action(now_ms) if self.install else None
+            return InstallChunk(chunk.offset, chunk.length) if chunk else None
         if self.state in (PushState.COMPARE, PushState.TRUNCATE):
             if self.inflight_request is not None:
                 if now_ms - self.inflight_request[1] < self.cfg.request_timeout_ms:
@@ -182,6 +244,9 @@ class DispatcherCore:
             if end < 0 or pre < 0:
                 return Compare(-1, -1)  # empty leader log, or compare from the very start
             if pre < begin:
+                known = self.known_position(pre, snapshot)
+                if known is not None:  # a snapshot's last entry: compare there (after an install)
+                    return Compare(pre, known)
                 self.inflight_request = None
                 return NeedSnapshot(pre)
             return Compare(pre, term_at(pre))
@@ -211,6 +276,8 @@ class DispatcherCore:
         elif isinstance(action, Commit):
             self.last_commit_sent = action.commit_index
             self.last_commit_ms = now_ms
+        elif isinstance(action, InstallChunk) and self.install is not None:
+            self.install.sent(SendChunk(action.offset, action.length), now_ms)
 
     def next_deadline(self, now_ms: int, committed: int = -1) -> int:
         """When `next_action` may have something new to say without any input (`committed`:
@@ -222,6 +289,8 @@ class DispatcherCore:
             due.append(self.inflight_request[1] + self.cfg.request_timeout_ms)
         if self.pending:
             due.append(next(iter(self.pending.values()))[0] + self.cfg.max_push_timeout_ms)
+        if self.install is not None and (d := self.install.next_deadline()) is not None:
+            due.append(d)
         if self.state == PushState.APPEND and not self.pending:  # idle COMMITs are only sent then
             due.append(self.last_commit_ms + self.cfg.commit_interval_ms)
             if committed > self.last_commit_sent:
@@ -322,9 +391,17 @@ def decide_compare(store, pre_index: int, pre_term: int) -> CompareAnswer:  # no
     begin, end = store.ledger_begin_index, store.ledger_end_index
     if pre_index < 0 or end < 0 or pre_index > end:
         return CompareAnswer(RC.INCONSISTENT_STATE)  # I lack it: the leader jumps to my end + 1
-    if pre_index < begin:
+    if pre_index < begin - 1:
         return CompareAnswer(RC.INCONSISTENT_STATE)  # deleted here: needs a snapshot/reset
-    mine = store.term_at(pre_index)
+    if pre_index == begin - 1:
+        # Known only as the log base of a log that begins after an installed snapshot (term_at
+        # answers it); after retention it is as unknown as any deleted entry.
+        try:
+            mine = store.term_at(pre_index)
+        except StoreError:
+            return CompareAnswer(RC.INCONSISTENT_STATE)
+    else:
+        mine = store.term_at(pre_index)
     if mine == pre_term:
         return CompareAnswer(RC.SUCCESS)
     return CompareAnswer(RC.INCONSISTENT_STATE, mine, store.first_index_of_term(mine, pre_index))

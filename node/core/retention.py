@@ -10,8 +10,10 @@ The rules, in DLedger's terms:
   as there is room for it.
 - Above it, whole files go, oldest first, when *every* entry in them is committed, the file was
   last written more than `file_reserved_hours` ago, and (on a leader) every peer has stored
-  them — a lagging follower keeps the leader's files, because with no snapshots a follower that
-  needs a deleted entry must be re-seeded by hand.
+  them — a lagging follower keeps the leader's files, because without a state machine there
+  is no snapshot to install, and a follower that needs a deleted entry must be re-seeded by
+  hand. (With a state machine the caller passes no peers: a lagging follower is sent the
+  leader's snapshot instead, issue 11 §4.)
 - At or above `disk_full_ratio` the node is refusing appends (DISK_FULL). Then retention
   *forces* (DLedger's diskSpaceRatioToForceClean): committed files go whatever their age and
   whatever a lagging peer still needs, and those peers are named so the operator knows to

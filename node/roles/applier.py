@@ -42,7 +42,13 @@ from node.core.apply import (
 from node.roles.runtime import RoleContext, role_main
 from node.statemachine.api import CommittedEntry, StateMachine, check_results
 from node.statemachine.loader import StateMachineSpecError, load_state_machine
-from node.statemachine.snapshot_meta import SnapshotError
+from node.statemachine.snapshot_meta import (
+    SnapshotChecksumMismatch,
+    SnapshotChunkError,
+    SnapshotError,
+    SnapshotExists,
+    SnapshotMeta,
+)
 from node.statemachine.snapshot_store import SnapshotStore
 from node.store import codec
 from node.store.reader import StaleRead, StoreReader
@@ -100,6 +106,7 @@ class Applier:
         self.snapshot_index = -1
         self.snapshot_retry_ms = 0
         self.parked: list[ParkedQuery] = []
+        self.receiver = None  # node.statemachine.snapshot_install.SnapshotReceiver of an install
         self.transport: ApplierTransport | None = None
         self._busy = False  # the last tick applied something: look again at once
 
@@ -142,6 +149,15 @@ class Applier:
         try:
             replay_start(self.snapshot_index, led.ledger_begin_index, led.ledger_end_index)
         except ReplayGap as e:
+            # A snapshot newer than ours may be on disk (installed by a leader while this
+            # process restarted): restore it rather than give up.
+            before = self.snapshot_index
+            newest = self.snaps.list()
+            if newest and newest[-1].last_index > before:
+                self.log.info("%s; restoring the newer snapshot on disk", e)
+                self.restore()
+                if self.snapshot_index > before:
+                    return False
             self.rc.fatal(f"state machine {self.cfg.state_machine}: {e}")
         run = next_run(self.applied, led.committed_index)
         if run is None:
@@ -217,6 +233,9 @@ class Applier:
         if read_index == channels.SNAPSHOT_NOW:
             self.snapshot_now(ident, tag)
             return
+        if read_index == channels.INSTALL_CHUNK:
+            self.on_install_chunk(ident, tag, request)
+            return
         self.parked.append(ParkedQuery(tag, read_index, request, ident))
 
     def snapshot_now(self, ident: bytes, tag: int) -> None:
@@ -230,6 +249,96 @@ class Applier:
         answer = (channels.SNAPSHOT_POSITION.pack(snap.snapshot_index, snap.snapshot_term) if ok
                   else b"the snapshot failed: see the node's log")
         self.transport.reply(ident, channels.encode_query_reply(tag, status, self.applied, answer))
+
+    # ------------------------------------------------------------------ install snapshot
+    def on_install_chunk(self, ident: bytes, tag: int, request: bytes) -> None:
+        """A chunk of the leader's snapshot (issue 11 §4), forwarded by the handler after it
+        checked the leader and term. This process owns the snapshot directory (its writer
+        lock), so it receives the bytes; once the last one is in and the checksum matches, it
+        publishes the snapshot and restores the state machine from it, then answers
+        `installed`: the handler resets the log to begin after it. Every step is idempotent:
+        a chunk resent, a connection dropped, either process restarted — the leader's next
+        probe finds the partial file (resumed) or the installed snapshot (answered installed)."""
+        def answer(status: int, received: int, installed: bool = False, meta: SnapshotMeta | None = None,
+                   reason: str = "") -> None:
+            body = (reason.encode()[:255] if status == channels.QUERY_FAILED else
+                    channels.INSTALL_PROGRESS.pack(received, 1 if installed else 0,
+                                                   meta.last_index if meta else -1,
+                                                   meta.last_term if meta else -1))
+            self.transport.reply(ident, channels.encode_query_reply(tag, status, self.applied, body))
+
+        chunk = channels.decode_install_chunk(request)
+        try:
+            meta = SnapshotMeta.from_json(chunk[0], "the leader's snapshot meta") if chunk else None
+        except SnapshotError as e:
+            meta, reason = None, str(e)
+        else:
+            reason = "malformed install chunk"
+        if meta is None:
+            answer(channels.QUERY_FAILED, 0, reason=reason)
+            return
+        _raw, offset, data = chunk
+        if meta.state_machine != self.cfg.state_machine:
+            answer(channels.QUERY_FAILED, 0, reason=f"the leader's snapshot is of state machine "
+                   f"{meta.state_machine!r}, this node runs {self.cfg.state_machine!r}")
+            return
+        if meta.last_index <= self.applied:  # this state already reflects it (and more)
+            self._abort_receive()
+            answer(channels.QUERY_OK, meta.size, True, meta)
+            return
+        try:
+            if self.receiver is None or self.receiver.meta != meta:
+                self._abort_receive()
+                try:
+                    self.receiver = self.snaps.receive(meta)
+                except SnapshotExists:  # installed before a crash, not yet restored
+                    self._restore_installed(meta)
+                    answer(channels.QUERY_OK, meta.size, True, meta)
+                    return
+            rcv = self.receiver
+            rcv.write_chunk(offset, data)
+            if not rcv.complete:
+                answer(channels.QUERY_OK, rcv.received_bytes(), False, meta)
+                return
+            t0 = self.now()
+            try:
+                rcv.install()
+            except SnapshotExists:  # a valid copy appeared meanwhile: restore that one
+                pass
+            self.receiver = None
+            self._restore_installed(meta)
+            self.log.info("installed the leader's snapshot %d/%d (%d bytes) in %d ms; applied "
+                          "index is now %d", meta.last_index, meta.last_term, meta.size,
+                          self.now() - t0, self.applied)
+            answer(channels.QUERY_OK, meta.size, True, meta)
+        except SnapshotChunkError as e:
+            answer(channels.QUERY_REFUSED, e.expected_offset or 0, False, meta)
+        except SnapshotChecksumMismatch as e:
+            self.log.warning("install of snapshot %d/%d: %s", meta.last_index, meta.last_term, e)
+            answer(channels.QUERY_REFUSED, 0, False, meta)
+        except SnapshotError as e:
+            self.log.error("install of snapshot %d/%d failed: %s", meta.last_index, meta.last_term, e)
+            self._abort_receive()
+            answer(channels.QUERY_FAILED, 0, reason=str(e))
+
+    def _abort_receive(self) -> None:
+        if self.receiver is not None:
+            self.receiver.abort()
+            self.receiver = None
+
+    def _restore_installed(self, meta: SnapshotMeta) -> None:
+        """Replace the state machine's state by the installed snapshot `meta` names. A failure
+        here (user code) stops the applier like a failed apply: it restarts from the newest
+        snapshot on disk, which is this one."""
+        snap = next((s for s in reversed(self.snaps.list()) if s.meta == meta), None)
+        if snap is None:
+            raise SnapshotError(f"installed snapshot {meta.name} is not in {self.snaps.dir}")
+        with self.snaps.open_data(snap) as f:
+            self.sm.restore(f)
+        self.applied, self.applied_term = meta.last_index, meta.last_term
+        self.snapshot_index = meta.last_index
+        self.state.write_snapshot(snapshot_index=meta.last_index, snapshot_term=meta.last_term)
+        self.state.set("applied_index", self.applied)
 
     def answer_queries(self) -> None:
         if not self.parked:

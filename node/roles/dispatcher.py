@@ -46,17 +46,21 @@ from node.core.replication import (
     Compare,
     DispatcherConfig,
     DispatcherCore,
+    InstallChunk,
     NeedSnapshot,
     PushState,
     Truncate,
 )
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import LedgerView, MemberView
+from node.statemachine.snapshot_meta import Snapshot, SnapshotError
+from node.statemachine.snapshot_store import SnapshotStore, read_chunk
 from node.store.codec import push_run_crc
 from node.store.reader import StaleRead, StoreReader
 
 LEASE_POLL_MS = 5  # a LEADER without a lease looks at the block this often (no wake-up for renewals)
 STALE_RETRY_MS = 5  # after a read the generation fence refused: try again with a new snapshot
+NO_SNAPSHOT_RETRY_MS = 5000  # a follower needs a snapshot this leader does not have (yet)
 
 _KIND = {P.PushKind.APPEND: "APPEND", P.PushKind.COMMIT: "COMMIT", P.PushKind.COMPARE: "COMPARE",
          P.PushKind.TRUNCATE: "TRUNCATE"}
@@ -110,6 +114,8 @@ class Dispatcher:
         self._alive: bool | None = None  # read from the block at the first send (construction reads nothing)
         self._moved = False
         self._leasing = False  # LEADER with a lease at the last tick
+        self.sending: Snapshot | None = None  # the snapshot being installed on the follower
+        self._snapshots: SnapshotStore | None = None  # read-only: the applier is the writer
 
     def now(self) -> int:
         return self.rc.clock()
@@ -183,6 +189,11 @@ class Dispatcher:
         """Send whatever the core wants until it wants nothing (or the transport is full). Each
         decision reads one ledger snapshot and fences its store reads with its generation."""
         term = self.core.term
+        # The leader's newest snapshot position: a compare or an append just after it needs its
+        # term once retention deleted the entry itself. Written by the applier; a stale value
+        # is an older snapshot, whose position is as true (a committed entry's term).
+        snap = self.state.read_snapshot() if self.cfg.state_machine else None
+        known = (snap.snapshot_index, snap.snapshot_term) if snap and snap.snapshot_index >= 0 else None
         for _ in range(64):
             now = self.now()
             if not holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease):
@@ -194,10 +205,14 @@ class Dispatcher:
             try:
                 self.reader.begin(gen)
                 action = self.core.next_action(now, led.ledger_begin_index, led.ledger_end_index,
-                                               led.committed_index, self.reader.term_at)
+                                               led.committed_index, self.reader.term_at, known)
                 if action is None:
                     return
-                out = self._build(action, led, term, now)
+                if isinstance(action, NeedSnapshot):
+                    if self._start_install(action, now):
+                        continue
+                    return
+                out = self._build(action, led, term, now, known)
                 if out is None:
                     return
                 frame, kind, first, nbytes, n = out
@@ -216,16 +231,70 @@ class Dispatcher:
             if isinstance(action, Append):
                 self.core.sent(action, now, action.first_index + n - 1)
                 self.state.incr_peer(self.slot, "entries_pushed", n)
-            elif isinstance(action, Commit):
+            elif isinstance(action, (Commit, InstallChunk)):
                 self.core.sent(action, now)
 
-    def _build(self, action: object, led: LedgerView, term: int,
-               now: int) -> tuple[bytes, str, int, int, int] | None:
+    # ------------------------------------------------------------------ install snapshot
+    def _snapshot_store(self) -> SnapshotStore:
+        if self._snapshots is None:
+            self._snapshots = SnapshotStore(self.cfg.store_dir, writable=False)
+        return self._snapshots
+
+    def _start_install(self, need: NeedSnapshot, now: int) -> bool:
+        """The follower needs entry `need.index`, which this leader's log no longer holds: send
+        it the newest snapshot that passes its checks (its checksum too: a damaged one would be
+        refused by the follower after the whole transfer, for ever). False: none to send."""
+        snap = None
+        if self.cfg.state_machine:
+            try:
+                snap = self._snapshot_store().newest_valid()
+            except SnapshotError as e:
+                self.log.warning("cannot read this leader's snapshots: %s", e)
+        if snap is None or snap.last_index < need.index:
+            self.log.error("%s needs entry %d, which this leader no longer has (deleted by "
+                           "retention), and %s: the follower must be re-seeded from a replica's "
+                           "store (docs/operations.md)", self.peer, need.index,
+                           "there is no snapshot covering it" if self.cfg.state_machine
+                           else "there are no snapshots without a state machine")
+            self.core.not_before_ms = now + NO_SNAPSHOT_RETRY_MS
+            return False
+        self.sending = snap
+        self.core.start_install(snap.last_index, snap.last_term, snap.size)
+        self.log.info("%s needs entry %d, which this leader's log no longer holds: installing "
+                      "snapshot %d/%d (%d bytes)", self.peer, need.index, snap.last_index,
+                      snap.last_term, snap.size)
+        return True
+
+    def _build_install(self, action: InstallChunk, base: dict,
+                       now: int) -> tuple[bytes, str, int, int, int] | None:
+        snap = self.sending
+        if snap is None:
+            self.core.abandon_install(now, STALE_RETRY_MS)
+            return None
+        if action.length and not self._quota_ok(now, 1 << 62, 0):  # an install is catching up
+            self.core.not_before_ms = self.window[0][0] + 1000
+            return None
+        try:
+            data = read_chunk(snap, action.offset, action.length) if action.length else b""
+        except SnapshotError as e:  # pruned for a newer one, or unreadable: start over
+            self.log.info("install of snapshot %d to %s restarts: %s", snap.last_index, self.peer, e)
+            self.sending = None
+            self.core.abandon_install(now, STALE_RETRY_MS)
+            return None
+        msg = P.InstallRequest(group=base["group"], remote_id=self.peer, leader_id=self.cfg.id,
+                               term=base["term"], meta=snap.meta.to_json(), offset=action.offset,
+                               data=data, request_id=base["request_id"])
+        return P.encode(msg), "INSTALL", action.offset, len(data), 0
+
+    def _build(self, action: object, led: LedgerView, term: int, now: int,
+               known: tuple[int, int] | None = None) -> tuple[bytes, str, int, int, int] | None:
         """Read what `action` needs and encode its request: (frame, kind, first, bytes, count),
         or None when nothing is to be sent now."""
         self.rid += 1
         base = dict(group=self.cfg.group, remote_id=self.peer, leader_id=self.cfg.id, term=term,
                     commit_index=led.committed_index, request_id=self.rid)
+        if isinstance(action, InstallChunk):
+            return self._build_install(action, base, now)
         if isinstance(action, Compare):
             msg = P.PushRequest(kind=P.PushKind.COMPARE, pre_log_index=action.pre_index,
                                 pre_log_term=action.pre_term, **base)
@@ -243,7 +312,7 @@ class Dispatcher:
             # Raft's AppendEntries check rides along: the entry before the batch and its
             # term, so the follower only appends onto a log that matches ours.
             pre = action.first_index - 1
-            pre_term = self.reader.term_at(pre) if pre >= max(led.ledger_begin_index, 0) else -1
+            pre_term = self._term_of(pre, led, known)
             # The run CRC (codec.push_run_crc: two C calls, no per-entry work) lets the follower
             # check every byte of the run at once instead of one body CRC per entry.
             msg = P.PushRequest(kind=P.PushKind.APPEND, first_index=action.first_index, count=n,
@@ -254,16 +323,19 @@ class Dispatcher:
             # The committed entry's term rides along, so a follower whose handler restarted
             # (and forgot what it verified) can still check it holds that entry.
             ci = action.commit_index
-            ci_term = self.reader.term_at(ci) if ci >= max(led.ledger_begin_index, 0) else -1
+            ci_term = self._term_of(ci, led, known)
             msg = P.PushRequest(kind=P.PushKind.COMMIT, pre_log_index=ci, pre_log_term=ci_term,
                                 **{**base, "commit_index": ci})
             return P.encode(msg), "COMMIT", ci, 0, 0
-        if isinstance(action, NeedSnapshot):
-            self.log.error("%s needs entry %d, which this leader no longer has (deleted by "
-                           "retention); snapshots are not supported: the follower must be "
-                           "re-seeded from a replica's store", self.peer, action.index)
-            self.core.not_before_ms = now + 5000
         return None
+
+    def _term_of(self, index: int, led: LedgerView, known: tuple[int, int] | None) -> int:
+        """The term of `index` from the log, or from a snapshot position when the log no longer
+        holds it (-1: unknown; the follower then refuses, and the leader compares again)."""
+        if index >= max(led.ledger_begin_index, 0):
+            return self.reader.term_at(index)
+        t = self.core.known_position(index, known)
+        return -1 if t is None else t
 
     def on_reply(self, frame: bytes) -> None:
         """Input: one frame from the follower."""
@@ -271,7 +343,7 @@ class Dispatcher:
             msg = P.decode(frame, max_frame=self.cfg.max_frame_size)
         except P.ProtocolError:
             return
-        if isinstance(msg, (P.ErrorResponse, P.PushResponse)):
+        if isinstance(msg, (P.ErrorResponse, P.PushResponse, P.InstallResponse)):
             kind, first = self.inflight.pop(msg.request_id, ("", -1))
         else:
             return
@@ -280,6 +352,9 @@ class Dispatcher:
         if msg.term > self.core.term:
             return  # the follower has a newer term: the elector will find out via heartbeats
         now = self.now()
+        if kind == "INSTALL":
+            self._on_install_reply(msg, first, now)
+            return
         if isinstance(msg, P.PushResponse):
             moved = self.core.on_response(kind, msg.code, now, index=msg.index, end_index=msg.end_index,
                                           x_term=msg.x_term, x_index=msg.x_index, first_index=first)
@@ -290,6 +365,22 @@ class Dispatcher:
                                   alive=1, last_ack_ms=now)
         if moved:
             self._moved = True  # the ack checker is woken once per burst of replies (flush_ack)
+
+    def _on_install_reply(self, msg: P.InstallResponse | P.PushResponse | P.ErrorResponse, offset: int,
+                          now: int) -> None:
+        if isinstance(msg, P.InstallResponse):
+            self.core.on_install_response(offset, msg.code, now, received=msg.received,
+                                          installed=msg.installed)
+        else:
+            self.core.on_install_response(offset, msg.code, now)
+        if msg.code == RC.SUCCESS:  # the follower is alive and following
+            self.state.write_peer(self.slot, alive=1, last_ack_ms=now)
+        if self.core.installed is not None and self.core.state == PushState.COMPARE and self.sending:
+            self.log.info("%s installed snapshot %d/%d; continuing from the log", self.peer,
+                          self.sending.last_index, self.sending.last_term)
+            self.sending = None
+        elif self.core.state != PushState.INSTALL:
+            self.sending = None
 
     def flush_ack(self) -> None:
         """Wake the ack checker once per burst of replies that moved the watermark."""
@@ -309,6 +400,8 @@ class Dispatcher:
 
     def close(self) -> None:
         self.reader.close()
+        if self._snapshots is not None:
+            self._snapshots.close()
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:

@@ -60,9 +60,12 @@ from ipc.sockets import (
 from node import channels
 from node.core.follower import (
     FollowerCore,
+    ForwardInstall,
+    InstallReply,
     Reply,
     SetCommitted,
     StoreAppend,
+    StoreReset,
     StoreTruncate,
     same_leadership,
 )
@@ -71,6 +74,7 @@ from node.core.pending import Pending, PendingTable
 from node.core.results import AwaitingResults, ResultCache
 from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
 from node.member_lock import MemberLock
+from node.roles.handler_install import FollowerInstall
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT, MemberView
@@ -167,7 +171,7 @@ def store_error_code(e: BaseException) -> str:
     return "DISK_ERROR"
 
 
-class Handler:
+class Handler(FollowerInstall):
     def __init__(self, rc: RoleContext) -> None:
         self.rc = rc
         self.cfg = rc.cfg
@@ -199,7 +203,7 @@ class Handler:
         self.sm_link: StateMachineLink | None = None
         self.results = ResultCache()
         self.awaiting = AwaitingResults()
-        self.queries: dict[int, tuple[bytes, P.QueryRequest | P.SnapshotRequest, int]] = {}
+        self.queries: dict[int, tuple[bytes, P.QueryRequest | P.SnapshotRequest | P.InstallRequest, int]] = {}
         self.next_query_tag = 1
         self._hinted_commit = -1
         # follower side
@@ -808,6 +812,9 @@ class Handler:
         if q is None:
             return  # timed out already
         ident, req, _deadline = q
+        if isinstance(req, P.InstallRequest):
+            self._on_install_progress(ident, req, status, answer)
+            return
         m = self.state.read_member()
         if isinstance(req, P.SnapshotRequest) and status == channels.QUERY_OK:
             last_index, last_term = channels.SNAPSHOT_POSITION.unpack(answer)
@@ -923,9 +930,19 @@ class Handler:
             self._execute(effects, m)
 
     def _execute(self, effects: list, view: MemberView) -> None:
-        """Carry out the follower core's effects in order."""
+        """Carry out the follower core's effects in order. A failed `StoreReset` turns the
+        `installed` answer after it into an error (the leader tries again)."""
+        reset_failed = False
         for e in effects:
-            if isinstance(e, Reply):
+            if isinstance(e, InstallReply):
+                if reset_failed and e.installed:
+                    e = InstallReply(e.ident, e.req, RC.DISK_ERROR, e.term)  # noqa: PLW2901
+                self._install_reply(e)
+            elif isinstance(e, ForwardInstall):
+                self._forward_install(e, view)
+            elif isinstance(e, StoreReset):
+                reset_failed = not self._store_reset(e, view)
+            elif isinstance(e, Reply):
                 self._push_reply(e.ident, e.req, e.code, e.term, x_term=e.x_term, x_index=e.x_index)
             elif isinstance(e, SetCommitted):
                 self._follower_set_committed(e.index)
@@ -1027,6 +1044,7 @@ class Handler:
         P.OpenSessionRequest: "on_open_session",
         P.QueryRequest: "on_query",
         P.SnapshotRequest: "on_snapshot",
+        P.InstallRequest: "on_install",
     }
 
     # ------------------------------------------------------------------ loop

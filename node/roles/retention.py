@@ -45,7 +45,9 @@ class RetentionService:
             return RetentionPlan()  # the common case: no file listing, no stat calls
         files = [DataFile(*r) for r in self.store.data_file_ranges(self.policy.max_files + 1)]
         peers = {}
-        if leading:
+        # With a state machine a lagging peer does not hold files: what they held is covered
+        # by a snapshot, which the leader installs on that peer (issue 11 §4).
+        if leading and not self.cfg.state_machine:
             ids = self.cfg.peer_ids
             peers = {ids[p.slot]: p.match_index + 1 for p in self.state.read_peers()}
         floor = None
@@ -76,6 +78,7 @@ class RetentionService:
                       begin, self.store.ledger_begin_index,
                       " (forced: the disk is at the full ratio)" if plan.forced else "")
         if plan.strands:
-            self.log.error("retention forced past what %s had stored: snapshots are not "
-                           "supported, so re-seed them from a replica's store", ", ".join(plan.strands))
+            self.log.error("retention forced past what %s had stored: this group has no state "
+                           "machine, hence no snapshot to install; re-seed them from a replica's "
+                           "store (docs/operations.md)", ", ".join(plan.strands))
         return RetentionPlan(plan.delete_before, deleted, plan.forced, plan.strands, plan.held_by)

@@ -29,6 +29,10 @@ MESSAGES = [
     p.QueryRequest("default", "n0", b""),
     p.SnapshotRequest("default", "n1", request_id=45),
     p.SnapshotResponse(200, "default", 4, "n0", 99, 3, request_id=46),
+    p.InstallRequest("default", "n1", "n0", 4, b'{"last_index": 9}', 1 << 20, b"chunk", request_id=47),
+    p.InstallRequest("default", "n1", "n0", 4, b"{}", 0),
+    p.InstallResponse(200, "default", 4, "n0", 1 << 20, False, request_id=48),
+    p.InstallResponse(200, "default", 4, "n0", 77, True),
     p.QueryResponse(200, "default", 4, "n0", 77, b"answer", request_id=41),
     p.QueryResponse(404, "default", 4, "n1"),
     p.AppendResponse(200, "default", 4, "n0", 12, 4096, request_id=42, result=b"ok"),
@@ -415,3 +419,20 @@ def test_a_session_stamp_is_an_optional_trailer_older_frames_decode_unchanged():
         decode(plain + b"\0" * 7)  # neither a stamp nor nothing
     batch = encode(p.BatchAppendRequest("g", "n0", [b"a", b"b"], session=5, first_seq=9))
     assert decode(batch).first_seq == 9 and decode(batch[:-8]).session == 0
+
+
+def test_install_request_refuses_a_negative_offset_and_an_oversized_meta():
+    frame = bytearray(p.encode(p.InstallRequest("g", "n1", "n0", 1, b"{}", 0, b"x")))
+    at = len(frame) - 1 - 4 - 8  # the i64 offset before the chunk's length and its one byte
+    frame[at:at + 8] = (-5).to_bytes(8, "big", signed=True)
+    with pytest.raises(p.ProtocolError, match="negative install offset"):
+        p.decode(bytes(frame))
+    with pytest.raises(p.ProtocolError, match="install meta"):
+        p.encode(p.InstallRequest("g", "n1", "n0", 1, b"m" * (p.MAX_INSTALL_META + 1), 0))
+
+
+def test_install_response_refuses_an_installed_flag_other_than_0_or_1():
+    frame = bytearray(p.encode(p.InstallResponse(200, "g", 1, "n0", 5, True)))
+    frame[-1] = 2
+    with pytest.raises(p.ProtocolError, match="installed flag"):
+        p.decode(bytes(frame))

@@ -48,7 +48,8 @@ class BegunStore:
         self._terms = terms
 
     def term_at(self, i: int) -> int:
-        assert self.ledger_begin_index <= i <= self.ledger_end_index, i
+        if not self.ledger_begin_index <= i <= self.ledger_end_index:
+            raise StoreError(f"index {i} outside the log", "INDEX_OUT_OF_RANGE")  # as SegmentStore
         return self._terms[i - self.ledger_begin_index]
 
     def first_index_of_term(self, term: int, i: int) -> int:

@@ -1,0 +1,89 @@
+"""The follower handler's half of install snapshot (issue 11 §4), as a mixin of `Handler`.
+
+A leader whose log no longer holds what this follower needs streams its newest snapshot in
+INSTALL chunks. The handler checks each one like a push (this term, this leader:
+`FollowerCore.on_install`), then hands it to the applier, which owns the snapshot directory
+and the state machine: it writes the chunk, and once the snapshot is whole and verified it
+publishes it and restores its state from it. Only then does the handler touch the log
+(`FollowerCore.snapshot_installed`): keep it if it holds the snapshot's last entry, else
+`reset_to` it so it begins after the snapshot. That order is what makes a crash at any point
+safe: the log is never reset to a snapshot the state machine does not have, and a snapshot
+installed but not yet applied to the log is found again by the leader's next probe (the
+applier answers `installed` at once, and the reset happens then).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
+from node import channels
+from node.core.follower import ForwardInstall, InstallReply, StoreReset
+
+if TYPE_CHECKING:
+    from node.roles.handler import Handler
+    from node.shared_state import MemberView
+
+INSTALL_TIMEOUT_MS = 120_000  # the last chunk's answer waits for verify + restore of a big state
+
+
+class FollowerInstall:
+    """Mixin: INSTALL requests, the applier's answers to them, and the log reset."""
+
+    def on_install(self: Handler, ident: bytes, req: P.InstallRequest) -> None:
+        m = self.state.read_member()
+        if self.sm_link is None:
+            self._install_reply(InstallReply(ident, req, RC.UNSUPPORTED, m.current_term))
+            return
+        self._execute(self.follower.on_install(ident, req, m), m)
+
+    def _install_reply(self: Handler, e: InstallReply) -> None:
+        key = self.follower.key
+        self._reply(e.ident, P.InstallResponse(e.code, self.cfg.group, e.term,
+                                               self._slot_id(key[1]) if key else "",
+                                               e.received, e.installed, e.req.request_id))
+
+    def _forward_install(self: Handler, e: ForwardInstall, m: MemberView) -> None:
+        r = e.req
+        self._to_applier(e.ident, r, channels.INSTALL_CHUNK,
+                         channels.encode_install_chunk(bytes(r.meta), r.offset, r.data),
+                         INSTALL_TIMEOUT_MS, m)
+
+    def _on_install_progress(self: Handler, ident: bytes, req: P.InstallRequest, status: int,
+                             answer: bytes) -> None:
+        """The applier's answer to a chunk: progress, a refusal (where to continue), or done."""
+        m = self.state.read_member()
+        if status in (channels.QUERY_OK, channels.QUERY_REFUSED) \
+                and len(answer) == channels.INSTALL_PROGRESS.size:
+            received, installed, index, term = channels.INSTALL_PROGRESS.unpack(answer)
+            if status == channels.QUERY_REFUSED:
+                self._install_reply(InstallReply(ident, req, RC.INCONSISTENT_STATE, m.current_term, received))
+            elif installed:
+                self._execute(self.follower.snapshot_installed(ident, req, index, term, m, self.store), m)
+            else:
+                self._install_reply(InstallReply(ident, req, RC.SUCCESS, m.current_term, received))
+            return
+        reason = answer.decode(errors="replace")[:200]
+        self.log.error("install from %s refused by the applier: %s", req.leader_id, reason)
+        self._error(ident, req, RC.STATE_MACHINE_ERROR, reason, m=m)
+
+    def _store_reset(self: Handler, e: StoreReset, view: MemberView) -> bool:
+        """Reset the log to begin after the installed snapshot (under the member lock). False:
+        it failed (the caller answers an error instead of `installed`; the leader retries)."""
+        try:
+            with self.lock:
+                fresh = self.state.read_member()
+                if e.index <= self.store.committed_index:
+                    return True  # committed meanwhile: the log already holds that prefix
+                self.log.info("log reset to begin after the installed snapshot %d/%d (it held "
+                              "%d..%d, committed %d)", e.index, e.term, self.store.ledger_begin_index,
+                              self.store.ledger_end_index, self.store.committed_index)
+                self.store.reset_to(e.index, e.term)
+                self.publish_ledger()
+        except Exception as err:  # noqa: BLE001 - StoreError/OSError: any failure is answered
+            self.log.error("log reset to snapshot %d/%d failed: %s", e.index, e.term, err)
+            self._execute(self.follower.write_failed(view), view)
+            return False
+        self._execute(self.follower.reset_done(e.index, fresh), fresh)
+        return True
