@@ -67,6 +67,7 @@ class InstallSender:
 
     def _probe_again(self) -> None:
         self.received = -1
+        self.next_offset = 0  # the answer says where to continue (chunks after it may be lost)
         self.inflight.clear()
         self.rewinds += 1
 
