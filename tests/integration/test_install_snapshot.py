@@ -92,3 +92,94 @@ def test_a_follower_killed_in_the_middle_of_an_install_finishes_it_after_restart
     assert had >= 2 << 20
     with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
         assert len(kv.scan(b"k0", limit=5000)) == 1400
+
+
+SLOW_SM = '''
+import os
+import struct
+import time
+
+from node.statemachine.api import StateMachine
+
+
+class SlowSum(StateMachine):
+    """Sums the integers appended; its snapshot is written slowly (a big state on a slow disk)
+    when SLOW_SNAPSHOT_S is set, so a test can kill the node in the middle of taking one."""
+
+    def __init__(self, options=None):
+        self.total = 0
+
+    def apply(self, entries):
+        out = []
+        for e in entries:
+            self.total += int(bytes(e.body))
+            out.append(b"%d" % self.total)
+        return out
+
+    def snapshot(self, writer):
+        writer.write(struct.pack(">q", self.total))
+        for _ in range(20):
+            writer.write(b"\\0" * 4096)
+            time.sleep(float(os.environ.get("SLOW_SNAPSHOT_S", "0")) / 20)
+
+    def restore(self, reader):
+        raw = reader.read()
+        self.total = struct.unpack_from(">q", raw)[0]
+
+    def query(self, request):
+        return b"%d" % self.total
+'''
+
+
+def test_a_node_killed_in_the_middle_of_taking_a_snapshot_restores_the_previous_one(make_cluster, tmp_path):
+    """The first snapshot is quick; the second is slow and the node is SIGKILLed while its
+    temporary directory is being written. After the restart the leftover is gone, the node
+    restored the first snapshot and replayed the log after it: its sum is the group's."""
+    import threading
+
+    from ipc.client import DLedgerClient, DLedgerError
+
+    mod = tmp_path / "slowsum"
+    mod.mkdir()
+    (mod / "__init__.py").write_text(SLOW_SM)
+    c = make_cluster(3, start=False, state_machine="slowsum:SlowSum", snapshot_threshold=1_000_000)
+    c.env["PYTHONPATH"] = str(tmp_path)
+    c.start()
+    c.wait_leader(timeout=15)
+    victim = "n1"
+    with DLedgerClient(c.peers, group=c.group, timeout=10.0) as cl:
+        for i in range(1, 51):
+            cl.append(b"%d" % i)
+        c.wait_converged(timeout=20)
+        first = cl.take_snapshot(victim, timeout=30)
+        for i in range(51, 101):
+            cl.append(b"%d" % i)
+        c.wait_converged(timeout=20)
+        c.nodes[victim].stop()
+        c.env["SLOW_SNAPSHOT_S"] = "30"
+        c.nodes[victim].start()
+        c.wait_converged(timeout=30)
+        threading.Thread(target=lambda: _ignore(DLedgerError, cl.take_snapshot, victim, 60), daemon=True).start()
+        snaps = Path(c.nodes[victim].store_dir, "snapshots")
+        wait_for(lambda: any(p.name.startswith(".tmp-") for p in snaps.iterdir()), 20, "a snapshot being taken")
+        c.nodes[victim].kill()
+        del c.env["SLOW_SNAPSHOT_S"]
+        assert [p.name for p in snaps.glob("0*-*")] == [f"{first[0]:020d}-{first[1]:020d}"]
+        seen = len(c.nodes[victim].log_text())
+        c.nodes[victim].start()
+        wait_for(lambda: f"restored the snapshot at index {first[0]}" in c.nodes[victim].log_text()[seen:], 30,
+                 "the restart restored the first snapshot")
+        assert not any(p.name.startswith(".tmp-") for p in snaps.iterdir()), (list(snaps.iterdir()), c.nodes[victim].log_text()[-3000:])
+        cl.append(b"1000")
+        c.wait_converged(timeout=30)
+        # The victim's state is the group's: make it lead and ask it.
+        cl.transfer_leadership(victim, timeout=20)
+        assert c.wait_leader(timeout=15) == victim
+        assert bytes(cl.query(b"sum").answer) == b"%d" % (sum(range(1, 101)) + 1000)
+
+
+def _ignore(exc, fn, *args):  # noqa: ANN001, ANN202
+    try:
+        fn(*args)
+    except exc:
+        pass
