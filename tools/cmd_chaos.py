@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", action="store_true",
                    help="run the group as a KV store (--state-machine kv) with KV clients doing put/get/"
                         "cas/delete, and check the recorded history for linearizability")
+    p.add_argument("--compact", action="store_true",
+                   help="with --kv: 64 KiB data files, a snapshot every 300 entries and retention at once, "
+                        "so faulted followers fall behind the leader's log and are sent snapshots")
     p.add_argument("--kv-clients", type=int, default=4, metavar="N", help="KV clients with --kv (default: 4)")
     p.add_argument("--kv-keys", type=int, default=5, metavar="N", help="keys they share with --kv (default: 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
@@ -101,13 +104,15 @@ def _options(args: argparse.Namespace):  # noqa: ANN202 - run.Options, imported 
         raise CliError("--depth must be >= 1 and --size >= 24 bytes", 2)
     if args.kv and (args.kv_clients < 1 or args.kv_keys < 1):
         raise CliError("--kv-clients and --kv-keys must be >= 1", 2)
+    if args.compact and not args.kv:
+        raise CliError("--compact needs --kv: without a state machine there is no snapshot to install", 2)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big") % 1_000_000
     return Options(nodes=args.local, duration=args.duration, max_faults=args.max_faults, faults=kinds,
                    seed=seed, sequential_writers=args.writers, pipelined_writers=args.pipelined_writers,
                    depth=args.depth, readers=args.readers, size=args.size, leader_share=args.leader_share,
                    max_duration=min(args.max_fault_seconds, 60), min_gap=lo, max_gap=hi,
                    server_args=list(args.server_arg), keep=args.keep, kv=args.kv,
-                   kv_clients=args.kv_clients, kv_keys=args.kv_keys)
+                   kv_clients=args.kv_clients, kv_keys=args.kv_keys, compact=args.compact)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
@@ -168,7 +173,8 @@ def summary(report, args: argparse.Namespace) -> str:  # noqa: ANN001 - run.Repo
         facts = (f"{len(report.faults)} faults; {s.get('kv_operations', 0):,} KV operations "
                  f"({s.get('kv_indeterminate', 0)} indeterminate) on {s.get('kv_keys_checked', 0)} keys; "
                  f"committed log up to index {s['committed_end']:,} on {report.options.nodes} replicas; "
-                 f"{s['terms_with_leader']} terms with a leader")
+                 f"{s['terms_with_leader']} terms with a leader"
+                 + (f"; {s.get('installs', 0)} snapshot installs" if report.options.compact else ""))
         promise = "linearizable, identical committed prefixes, one leader per term"
     else:
         facts = (f"{len(report.faults)} faults; {s['acknowledged']:,} appends acknowledged, "

@@ -89,13 +89,17 @@ def test_bad_options_are_one_line_errors():
         assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_a_kv_run_is_checked_for_linearizability():
-    """--kv: the group runs the KV store; four clients put/get/cas/delete on five keys while
-    leaders are killed, paused and their roles (the applier included) killed; the recorded
-    history must be linearizable (tools/chaos/linearizability.py)."""
-    r, rep = _chaos("--local", "3", "--kv", "--duration", "25", "--seed", "4", "--gap", "0.5,1.5",
-                    "--faults", "kill,pause,role-kill", "--max-fault-seconds", "1.2", timeout=300)
+def test_a_kv_run_with_snapshot_installs_is_checked_for_linearizability():
+    """--kv --compact: the group runs the KV store with tiny data files, a snapshot every 300
+    entries and retention at once; four clients put/get/cas/delete on five keys while leaders
+    are killed, paused and their roles (the applier included) killed, so a node that was down
+    is behind the leader's log and is sent a snapshot. The recorded history must be
+    linearizable (tools/chaos/linearizability.py) and installs must have happened."""
+    r, rep = _chaos("--local", "3", "--kv", "--compact", "--duration", "30", "--seed", "4",
+                    "--gap", "0.5,1.5", "--faults", "kill,pause,role-kill", "--max-fault-seconds", "2",
+                    timeout=300)
     assert r.returncode == 0 and rep["ok"], rep["violations"]
     s = rep["stats"]
     assert s["kv_operations"] > 1000 and s["kv_keys_checked"] == 5 and s["violations"] == 0
     assert any(f["election_s"] is not None for f in rep["faults"])
+    assert s["installs"] >= 1, s
