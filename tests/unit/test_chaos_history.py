@@ -104,3 +104,21 @@ def test_the_schedule_is_a_function_of_the_seed():
     assert {f.kind for f in first} == set(KINDS)
     assert all(f.duration == 0 for f in first if f.kind == "role-kill")
     assert [f.kind for f in first] != [f.kind for f in (Schedule(8, list(KINDS)).next() for _ in range(50))]
+
+
+def test_entries_every_replica_deleted_are_counted_not_lost_and_others_are_still_compared():
+    """--compact: each replica holds a different suffix. What one still holds is compared; what
+    all deleted is counted as compacted_unchecked; a gap above that is still a loss."""
+    h, reps, log = _clean()
+    reps["n0"].entries = log[3:]  # n0 deleted 0..2
+    reps["n1"].entries = log[2:]  # n1 still holds 2
+    reps["n2"].entries = log[4:]
+    v = check(h, reps)
+    assert v.ok, v.violations
+    assert v.stats["compacted_below"] == 2
+    assert v.stats["compacted_unchecked"] == 1  # the append acknowledged at 1 (the read at 2 is held)
+    reps["n1"].entries = log[3:]  # now 2 is gone everywhere: the read at 2 is unchecked too
+    assert check(h, reps).stats["compacted_unchecked"] == 3
+    for r in reps.values():
+        r.entries = [e for e in r.entries if e.index != 4]  # a hole above what was compacted
+    assert "lost" in _kinds(check(h, reps))
