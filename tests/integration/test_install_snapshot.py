@@ -31,18 +31,26 @@ def compacted_past(c, nid: str, index: int) -> bool:
     return m is not None and m.ledger_begin_index > index + 1
 
 
-def test_a_follower_behind_a_compacted_log_installs_the_leaders_snapshot_and_catches_up(make_cluster):
-    c = make_cluster(3, **RETENTION)
+def strand_a_follower(c, first: int, total: int, size: int = 200, timeout: float = 30) -> tuple[str, int]:
+    """Write `first` keys, kill a follower, write up to `total` keys and wait until both live
+    nodes' retention deleted what the stopped follower has. Returns (its id, its last index)."""
     lead = c.wait_leader(timeout=15)
     lagger = next(n for n in c.nodes if n != lead)
-    fill(c, range(100))
+    fill(c, range(first), size)
     c.wait_converged(timeout=20)
     behind_at = c.metadata(lagger).ledger_end_index
     c.nodes[lagger].kill()
-    fill(c, range(100, 2500))
-    others = [n for n in c.nodes if n != lagger]
-    wait_for(lambda: all(compacted_past(c, n, behind_at) for n in others), 30,
+    fill(c, range(first, total), size)
+    wait_for(lambda: all(compacted_past(c, n, behind_at) for n in c.nodes if n != lagger), timeout,
              "retention deleted what the stopped follower has, on both live nodes")
+    return lagger, behind_at
+
+
+def test_a_follower_behind_a_compacted_log_installs_the_leaders_snapshot_and_catches_up(make_cluster):
+    from ipc.client import DLedgerClient
+
+    c = make_cluster(3, **RETENTION)
+    lagger, behind_at = strand_a_follower(c, 100, 2500)
     c.nodes[lagger].start()
     c.wait_converged(timeout=60)
     log = c.nodes[lagger].log_text()
@@ -50,15 +58,12 @@ def test_a_follower_behind_a_compacted_log_installs_the_leaders_snapshot_and_cat
     assert "log reset to begin after the installed snapshot" in log
     lead_log = c.nodes[c.wait_leader(timeout=15)].log_text()
     assert "installing snapshot" in lead_log and "re-seed" not in lead_log
-    # The lagger's state is the group's: make it the only one that can lead, read through it.
-    m = c.metadata(lagger)
-    assert m.ledger_begin_index > behind_at + 1  # its log now begins after the snapshot
-    for n in others:
-        c.nodes[n].kill()
-        c.nodes[n].start()
-    c.wait_leader(timeout=20)
+    assert c.metadata(lagger).ledger_begin_index > behind_at + 1  # its log begins after the snapshot
+    # Its state is the group's: make it lead, so the reads below are answered by its applier.
+    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
+        cl.transfer_leadership(lagger, timeout=20)
+    assert c.wait_leader(timeout=15) == lagger
     fill(c, range(2500, 2510))
-    c.wait_converged(timeout=30)
     with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
         assert kv.get(b"k00050").value.startswith(b"50-")
         assert kv.get(b"k02400").value.startswith(b"2400-")
@@ -71,15 +76,7 @@ def test_a_follower_killed_in_the_middle_of_an_install_finishes_it_after_restart
     transfer resumes (the follower's log says where) instead of starting from byte 0."""
     c = make_cluster(3, **{**RETENTION, "snapshot_threshold": 1000, "data_file_size": 1 << 20,
                            "peer_push_quota": 1 << 20})  # 1 MiB/s: a 4 MiB install takes seconds
-    lead = c.wait_leader(timeout=15)
-    lagger = next(n for n in c.nodes if n != lead)
-    fill(c, range(10))
-    c.wait_converged(timeout=20)
-    behind_at = c.metadata(lagger).ledger_end_index
-    c.nodes[lagger].kill()
-    fill(c, range(10, 1400), size=4000)  # ~5.6 MB of state
-    others = [n for n in c.nodes if n != lagger]
-    wait_for(lambda: all(compacted_past(c, n, behind_at) for n in others), 60, "retention ran")
+    lagger, _ = strand_a_follower(c, 10, 1400, size=4000, timeout=60)  # ~5.6 MB of state
     c.nodes[lagger].start()
     install = Path(c.nodes[lagger].store_dir, "snapshots", ".install", "data")
     wait_for(lambda: install.exists() and install.stat().st_size >= 2 << 20, 60, "two chunks arrived")
