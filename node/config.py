@@ -20,6 +20,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +28,8 @@ from typing import Any
 
 from ipc.sockets import format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
 from node.core.election_types import ElectionConfig
+from node.logfmt import LOG_FORMATS, LOG_LEVELS, configure_logging  # noqa: F401 - re-exported
+from node.ports import peers_problems
 from node.store.base import (
     DEFAULT_DATA_FILE_SIZE,
     DEFAULT_INDEX_FILE_SIZE,
@@ -96,6 +99,9 @@ class NodeConfig:
     role_restart_max_backoff_ms: int = 5_000
     stop_grace_ms: int = 3_000
     run_dir: str = ""  # where ipc:// sockets live; default: a short directory under /tmp
+    # logging (every role process reads these from RUN_DIR/config.json)
+    log_level: str = "info"
+    log_format: str = "text"  # "text" or "json" (one object per line, for log shippers)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ---- derived -------------------------------------------------------------------------
@@ -136,14 +142,17 @@ class NodeConfig:
     def validate(self) -> None:
         p: list[str] = []
         peers: dict[str, tuple[str, int]] = {}
-        try:
-            peers = parse_peers(self.peers)
-        except ValueError as e:
-            p.append(f"peers: {e}")
+        if not self.peers:
+            p.append("peers: required")
+        else:
+            conflicts = peers_problems(self.peers)
+            p.extend(f"peers: {m}" for m in conflicts)
+            if not conflicts:
+                peers = parse_peers(self.peers)
         if not self.id:
             p.append("id: required")
         elif peers and self.id not in peers:
-            p.append(f"id: {self.id!r} is not in peers ({', '.join(peers)})")
+            p.append(f"id: {self.id} is not in peers ({', '.join(peers)})")
         if not self.group or len(self.group.encode()) > 64:
             p.append("group: required, at most 64 bytes")
         if not self.store_dir:
@@ -163,7 +172,7 @@ class NodeConfig:
             p.append("file_reserved_hours: must be >= 0")
         p.extend(self.election_config().problems())
         if self.flush_mode not in FLUSH_MODES:
-            p.append(f"flush_mode: must be one of {', '.join(FLUSH_MODES)} (got {self.flush_mode!r})")
+            p.append(f"flush_mode: must be one of {', '.join(FLUSH_MODES)} (got {_shown(self.flush_mode)})")
         for name in ("disk_full_ratio", "disk_space_ratio_to_clean"):
             if not 0 < getattr(self, name) <= 1:
                 p.append(f"{name}: must be in (0, 1]")
@@ -186,11 +195,30 @@ class NodeConfig:
             if peers and pid.strip() not in peers:
                 p.append(f"preferred_leader_ids: {pid.strip()!r} is not a peer")
         if self.store_dir:
-            p.extend(f"store: {m}" for m in self.store_config().validate())
-            if self.max_body_size + 56 > self.data_file_size:
+            checked_here = ("flush_mode", "flush_interval_ms", "checkpoint_interval_ms")
+            for m in self.store_config().validate():  # "data_file_size must be ..." -> "...: must"
+                name, _, rest = m.partition(" ")
+                if name not in checked_here:
+                    p.append(f"{name}: {rest}" if name in _FIELDS else f"store: {m}")
+            if self.max_body_size + 56 > self.data_file_size >= 4096:  # (< 4096: said above)
                 p.append("max_body_size: must fit in a data file (data_file_size - 56)")
+        if self.log_level not in LOG_LEVELS:
+            p.append(f"log_level: must be one of {', '.join(LOG_LEVELS)} (got {_shown(self.log_level)})")
+        if self.log_format not in LOG_FORMATS:
+            p.append(f"log_format: must be one of {', '.join(LOG_FORMATS)} (got {_shown(self.log_format)})")
         if p:
             raise ConfigError(p)
+
+    def path_problems(self) -> list[str]:
+        """store_dir and run_dir must be (or become) directories this user can write: checked
+        before anything starts, so `--store-dir /etc/passwd` is one line, not `[Errno 17]`."""
+        out = []
+        for name in ("store_dir", "run_dir"):
+            value = getattr(self, name)
+            problem = _dir_problem(Path(value)) if value else None
+            if problem:
+                out.append(f"{name}: {problem}")
+        return out
 
     # ---- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> str:
@@ -204,55 +232,212 @@ class NodeConfig:
 
 
 _FIELDS = {f.name: f for f in fields(NodeConfig) if f.name != "extra"}
+_DEFAULTS = NodeConfig()
+
+SIZE_FIELDS = frozenset({"data_file_size", "index_file_size", "max_batch_push_size", "peer_push_quota",
+                         "max_body_size", "max_frame_size"})
+"""Fields given in bytes: they accept units (`64MiB`) on the command line and in a config file."""
+
+LOCAL_DATA_FILE_SIZE = 64 << 20
+LOCAL_INDEX_FILE_SIZE = 8 << 20
+"""Segment sizes of the groups the tools start on one machine (`dledger cluster`, `make run`,
+`bench --local`): a demo should not reserve 3.5 GB of disk for three nodes. `dledger server`
+keeps DLedger's 1 GiB / 160 MiB: fewer, larger files for a long-lived log."""
+
+# name -> (one line of help, unit). The unit is shown in --help and docs/operations.md; the
+# default is taken from NodeConfig so the help can never disagree with the code.
+FIELD_HELP: dict[str, tuple[str, str]] = {
+    "id": ("this node's id, one of --peers", "ID"),
+    "peers": ("the group, ID-HOST:PORT;... (each node also listens on PORT+1): the same on "
+              "every node", "PEERS"),
+    "group": ("group name; requests naming another group get UNKNOWN_GROUP", "NAME"),
+    "store_dir": ("this node's store directory (data/, index/, checkpoint, currterm)", "DIR"),
+    "heartbeat_interval_ms": ("leader -> follower heartbeat period", "ms"),
+    "max_heartbeat_leak": ("heartbeats missed before a follower stands (or a leader without a "
+                           "quorum steps down)", "count"),
+    "min_vote_interval_ms": ("lower bound of the randomized vote timer", "ms"),
+    "max_vote_interval_ms": ("upper bound of the randomized vote timer", "ms"),
+    "vote_round_timeout_ms": ("how long a vote round waits for answers", "ms"),
+    "preferred_leader_ids": ("comma-separated ids; a leader not among them hands over to one that "
+                             "is alive and caught up", "IDS"),
+    "on_role_change": ("command (no shell) run on every role change, DLEDGER_* variables set",
+                       "COMMAND"),
+    "transfer_timeout_ms": ("a leadership transfer not done by then fails, the leader resumes", "ms"),
+    "max_pending_requests": ("appends awaiting a quorum; more get LEADER_PENDING_FULL", "entries"),
+    "max_wait_ack_ms": ("an append not committed by then gets WAIT_QUORUM_ACK_TIMEOUT "
+                        "(indeterminate)", "ms"),
+    "max_push_timeout_ms": ("an unanswered push is resent from the follower's watermark", "ms"),
+    "enable_batch_push": ("push many entries per frame", "true|false"),
+    "max_batch_push_size": ("largest push frame", "bytes"),
+    "max_batch_push_interval_ms": ("reserved: pushes go out as soon as entries exist", "ms"),
+    "max_pending_pushes": ("pushes in flight per follower (also its out-of-order queue)", "pushes"),
+    "peer_push_quota": ("rate to a follower that is far behind", "bytes/s"),
+    "peer_push_throttle_point": ("entries not yet pushed that make a follower far behind", "entries"),
+    "max_body_size": ("largest body accepted (larger: UNEXPECTED_ARGUMENT)", "bytes"),
+    "max_frame_size": ("ZMQ_MAXMSGSIZE of network sockets (larger frames drop the connection)",
+                       "bytes"),
+    "connect_from_own_host": ("connect to peers from this node's own peers-string host (an IP)",
+                              "true|false"),
+    "max_sessions": ("client sessions a leader remembers (least recently appending go first)",
+                     "sessions"),
+    "session_window": ("per session, how many of its newest seqs keep their index", "seqs"),
+    "session_scan_entries": ("newest entries a new leader scans to rebuild its sessions", "entries"),
+    "state_machine": ('applied to the committed log: "kv" or package.module:Class; empty: a '
+                      "plain log", "NAME"),
+    "state_machine_options": ("the state machine's own options", "key=value,..."),
+    "snapshot_threshold": ("applied entries between two snapshots", "entries"),
+    "max_snapshots_kept": ("snapshots kept on disk", "snapshots"),
+    "data_file_size": ("data segment file size, fixed once the store exists", "bytes"),
+    "index_file_size": ("index segment file size (multiple of 32), fixed once the store exists",
+                        "bytes"),
+    "flush_mode": ("async: flushed every flush-interval-ms; sync: durable before the ack",
+                   "async|sync"),
+    "flush_interval_ms": ("async flush period", "ms"),
+    "checkpoint_interval_ms": ("how often committed and end index are checkpointed", "ms"),
+    "file_reserved_hours": ("retention keeps a data file written less than this long ago "
+                            "(below disk-full-ratio)", "hours"),
+    "disk_full_ratio": ("disk usage at which appends get DISK_FULL and retention forces",
+                        "ratio 0-1"),
+    "disk_space_ratio_to_clean": ("disk usage above which retention deletes old committed files",
+                                  "ratio 0-1"),
+    "role_restart_max_backoff_ms": ("cap of the backoff before a dead role is restarted", "ms"),
+    "stop_grace_ms": ("SIGTERM -> SIGKILL grace for the roles at stop", "ms"),
+    "run_dir": ("ipc:// sockets and config.json (path < 100 bytes); empty: /tmp/dl-ID-*, "
+                "reclaimed by the next start if the node was killed", "DIR"),
+    "log_level": ("least important log level shown (--debug: debug)", "|".join(LOG_LEVELS)),
+    "log_format": ("text, or json: one object per line; timestamps ISO 8601 with offset",
+                   "|".join(LOG_FORMATS)),
+}
+REQUIRED = ("id", "peers", "store_dir")
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
+               "mb": 1000**2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000**3, "t": 1 << 40,
+               "tib": 1 << 40, "tb": 1000**4}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from `64MiB`, `1GiB`, `512KiB`, `1.5g`, `4096` (K/M/G/T and KiB/MiB/GiB/TiB are
+    powers of 1024, KB/MB/GB/TB of 1000). The one parser of sizes, used by the command line
+    and the config file alike, so a value means the same wherever it is written."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE_RE.fullmatch(str(text).strip().replace("_", "").lower())
+    if m is None or m.group(2) not in _SIZE_UNITS:
+        raise ValueError(f'expected a size such as 64MiB, 1GiB, 512KiB or bytes, got "{text}"')
+    value = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    if value != int(value):
+        raise ValueError(f'"{text}" is not a whole number of bytes')
+    return int(value)
+
+
+def format_size(n: int) -> str:
+    """`1GiB`, `160MiB`, `4096` bytes: the largest binary unit that divides `n` exactly."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def _shown(value: Any) -> str:
+    """A config value as a user wrote it (never a Python repr: `a list`, `"abc"`, `3`)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    names = {list: "a list", dict: "a table", tuple: "a list"}
+    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def _coerce(name: str, value: Any) -> Any:
-    kind = type(getattr(NodeConfig(), name))
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    text = str(value).strip()
+    """`value` (a command-line string, or a TOML/INI value) as the field's type; ValueError
+    with one line naming the field otherwise. TOML values must already have the right type
+    (a list for `peers` is an error, not `str(list)`); strings are parsed as on the CLI."""
+    kind = type(getattr(_DEFAULTS, name))
+    is_num = isinstance(value, int | float) and not isinstance(value, bool)
     try:
+        if name in SIZE_FIELDS and (isinstance(value, str) or (is_num and isinstance(value, int))):
+            return parse_size(value)
+        if kind is str and isinstance(value, str):
+            return value.strip().lower() if name in ("log_level", "log_format") else value.strip()
         if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
                 return True
-            if text.lower() in ("0", "false", "no", "off"):
+            if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
                 return False
-            raise ValueError(text)
         if kind is int:
-            return int(text.replace("_", ""))
+            if is_num and isinstance(value, int):
+                return value
+            if isinstance(value, str):
+                return int(value.strip().replace("_", ""))
         if kind is float:
-            return float(text)
-        return text
-    except ValueError:
-        raise ValueError(f"{name}: expected {kind.__name__}, got {value!r}") from None
+            if is_num:
+                return float(value)
+            if isinstance(value, str):
+                v = float(value.strip())
+                if v == v and abs(v) != float("inf"):
+                    return v
+    except ValueError as e:
+        if name in SIZE_FIELDS:
+            raise ValueError(f"{name}: {e}") from None
+    want = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}[kind]
+    if name in SIZE_FIELDS:
+        want = "a size such as 64MiB or a number of bytes"
+    raise ValueError(f"{name}: expected {want}, got {_shown(value)}")
+
+
+_INI_SUFFIXES = (".ini", ".cfg", ".conf")
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """TOML (`.toml`) or INI: a `[node]` table/section, or top-level keys. Unknown keys → error."""
+    """TOML (`.toml`) or INI (`.ini`, `.cfg`, `.conf`): a `[node]` table/section, or top-level
+    keys. Any other suffix is refused rather than guessed at (a YAML file read as INI gave
+    nonsense). Unknown keys are reported by build_config."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ConfigError([f"config: cannot read {p}: it is a directory, not a file"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"config: {p} is not UTF-8 text"]) from None
     except OSError as e:
-        raise ConfigError([f"config: cannot read {p}: {e.strerror}"]) from None
+        raise ConfigError([f"config: cannot read {p}: {e.strerror or e}"]) from None
+    if p.suffix.lower() not in (".toml", *_INI_SUFFIXES):
+        raise ConfigError([f"config: {p}: unsupported format {p.suffix or '(no suffix)'}: "
+                           "use a .toml or .ini file"])
     raw: dict[str, Any]
     try:
-        if p.suffix == ".toml":
+        if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
-            raw = data.get("node", data)
+            node = data.get("node", data)
+            if not isinstance(node, dict):
+                raise ConfigError([f"config: {p}: [node] must be a table"])
+            raw = node if "node" in data else data
         else:
-            cp = configparser.ConfigParser()
+            cp = configparser.ConfigParser(interpolation=None)
             cp.read_string(text if text.lstrip().startswith("[") else "[node]\n" + text)
-            raw = dict(cp["node"]) if cp.has_section("node") else {}
-    except (tomllib.TOMLDecodeError, configparser.Error) as e:
-        raise ConfigError([f"config: {p}: {e}"]) from None
+            if not cp.has_section("node"):
+                raise ConfigError([f"config: {p}: no [node] section"])
+            raw = dict(cp["node"])
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"config: {p}: not valid TOML: {e}"]) from None
+    except configparser.Error as e:
+        first = " ".join(str(e).split())
+        raise ConfigError([f"config: {p}: not valid INI: {first}"]) from None
     return {k.replace("-", "_"): v for k, v in raw.items()}
 
 
-def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> NodeConfig:
-    """File values first, then command-line values on top; every problem reported at once."""
+def merge_values(*sources: tuple[str, dict[str, Any]]
+                 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """Later sources win: (values, where each came from, one problem per bad value)."""
     problems: list[str] = []
     values: dict[str, Any] = {}
-    for source in (file_values, cli_values):
+    origin: dict[str, str] = {}
+    for label, source in sources:
         for k, v in source.items():
             if v is None:
                 continue
@@ -261,27 +446,117 @@ def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Nod
                 continue
             try:
                 values[k] = _coerce(k, v)
+                origin[k] = label
             except ValueError as e:
                 problems.append(str(e))
+    return values, origin, problems
+
+
+def build_config(file_values: dict[str, Any], cli_values: dict[str, Any],
+                 check_paths: bool = True) -> NodeConfig:
+    """File values first, then command-line values on top; every problem reported at once."""
+    return build_config_with_sources(file_values, cli_values, check_paths=check_paths)[0]
+
+
+def build_config_with_sources(file_values: dict[str, Any], cli_values: dict[str, Any],
+                              base: dict[str, Any] | None = None, check_paths: bool = True,
+                              ) -> tuple[NodeConfig, dict[str, str]]:
+    """build_config, also saying where each field's value came from: `default`, `tool default`
+    (`base`: a tool's own defaults such as `dledger cluster`'s small files), `file` or `flag`."""
+    values, origin, problems = merge_values(("tool default", base or {}), ("file", file_values),
+                                            ("flag", cli_values))
+    bad = {m.partition(":")[0] for m in problems}
+    cfg = NodeConfig(**values)
+    try:
+        cfg.validate()
+    except ConfigError as e:  # all at once; not again for a field whose value was unusable
+        problems += [m for m in e.problems if m.partition(":")[0] not in bad]
+    if check_paths:
+        problems += cfg.path_problems()
     if problems:
         raise ConfigError(problems)
-    cfg = NodeConfig(**values)
-    cfg.validate()
-    return cfg
+    return cfg, {name: origin.get(name, "default") for name in _FIELDS}
+
+
+def _dir_problem(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a directory this process writes, or None."""
+    try:
+        if path.exists():
+            if not path.is_dir():
+                return f"{path} exists and is not a directory"
+            if not os.access(path, os.W_OK | os.X_OK):
+                return f"{path} is not writable"
+            return None
+        for parent in path.absolute().parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    return f"cannot create {path}: {parent} is not a directory"
+                if not os.access(parent, os.W_OK | os.X_OK):
+                    return f"cannot create {path}: {parent} is not writable"
+                return None
+    except OSError as e:
+        return f"cannot check {path}: {e.strerror or e}"
+    return None
+
+
+def help_text(name: str) -> str:
+    """The one line of `--help` for field `name`: what it does, its unit and its default."""
+    text, unit = FIELD_HELP[name]
+    default = getattr(_DEFAULTS, name)
+    if name in REQUIRED:
+        return f"{text} (required)"
+    if name in SIZE_FIELDS:
+        shown = format_size(default)
+    elif isinstance(default, bool):
+        shown = "true" if default else "false"
+    else:
+        shown = str(default) if default != "" else "none"
+    unit_note = f" [{unit}]" if unit.islower() or "|" in unit else ""
+    return f"{text}{unit_note} (default: {shown})"
+
+
+_METAVARS = {"ms": "MS", "bytes": "SIZE", "bytes/s": "SIZE", "hours": "HOURS", "ratio 0-1": "RATIO",
+             "true|false": "BOOL"}
 
 
 def add_node_arguments(parser: Any, skip: tuple[str, ...] = ()) -> None:
     """Add one `--flag` per NodeConfig field (default None = "not given", so a config file's
-    value is not overridden by an argparse default)."""
+    value is not overridden by an argparse default; the real default is in the help line)."""
     for name in _FIELDS:
         if name in skip:
             continue
-        kind = type(getattr(NodeConfig(), name))
-        flag = "--" + name.replace("_", "-")
-        default = getattr(NodeConfig(), name)
-        parser.add_argument(flag, dest=name, default=None, metavar=kind.__name__.upper(),
-                            help=f"(default: {default!r})" if default != "" else None)
+        unit = FIELD_HELP[name][1]
+        metavar = _METAVARS.get(unit) or (unit if unit.isupper() else unit.split()[0].upper())
+        if "|" in unit:
+            metavar = "{" + unit.replace("|", ",") + "}" if name.startswith("log_") or name == "flush_mode" else "BOOL"
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
+                            help=help_text(name))
 
 
 def cli_values(args: Any) -> dict[str, Any]:
     return {k: getattr(args, k) for k in _FIELDS if getattr(args, k, None) is not None}
+
+
+# ---- printing the effective configuration ---------------------------------------------------
+def _toml_value(name: str, value: Any) -> str:
+    if name in SIZE_FIELDS:
+        return json.dumps(format_size(value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_config(cfg: NodeConfig, sources: dict[str, str], fmt: str = "toml") -> str:
+    """The effective configuration, loadable again with `--config`: TOML (a `[node]` table, each
+    line commented with where its value came from) or JSON (`{"node": {...}, "source": {...}}`)."""
+    values = {name: getattr(cfg, name) for name in _FIELDS}
+    if fmt == "json":
+        return json.dumps({"node": values, "source": sources}, indent=2)
+    width = max(len(f"{k} = {_toml_value(k, v)}") for k, v in values.items())
+    lines = ["# dledger server: effective configuration (TOML; load it with --config FILE)",
+             "# each value's source: default, tool default, file (--config) or flag", "[node]"]
+    lines += [f"{f'{k} = {_toml_value(k, v)}':<{width}}  # {sources.get(k, 'default')}"
+              for k, v in values.items()]
+    return "\n".join(lines)

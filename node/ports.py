@@ -17,6 +17,7 @@ on one machine rarely try the same port, and when they do the bind check catches
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 from pathlib import Path
@@ -26,6 +27,65 @@ DEFAULT_EPHEMERAL = (32768, 60999)  # Linux's default, used when the file cannot
 LOWEST = 10_000  # stay clear of the well-known and commonly configured service ports
 MIN_POOL = 2_000  # below this many candidate ports, fall back to the kernel's choice
 MAX_TRIES = 10_000
+
+
+def elector_port(port: int) -> int:
+    """The port a node's elector listens on: its data port + 1 (DLedger's rule, docs/operations.md).
+    Nodes on one host therefore need data ports at least 2 apart."""
+    return port + 1
+
+
+def _same_host(host: str) -> str:
+    """A host as compared for collisions: IP literals normalized, `localhost` as 127.0.0.1.
+    (Other names are compared as written: resolving them here could hang on DNS.)"""
+    h = host.strip().lower()
+    if h == "localhost":
+        return "127.0.0.1"
+    try:
+        return ipaddress.ip_address(h).compressed
+    except ValueError:
+        return h
+
+
+def peers_problems(peers: str) -> list[str]:
+    """Everything wrong with a peers string, one line each, naming both nodes of a collision:
+    syntax, an id given twice, two nodes on one address, and a node whose data port is another
+    node's elector port (`...:20911;...:20912`: n1 cannot listen, and n0's elector answers in
+    its place). Checked before a server, a local group or a client starts."""
+    from ipc.sockets import PeersError, parse_peers
+
+    out: list[str] = []
+    nodes: list[tuple[str, str, int, str]] = []  # (id, host, port, item as written)
+    for raw in peers.split(";"):
+        item = raw.strip()
+        if not item:
+            continue
+        try:
+            ((nid, (host, port)),) = parse_peers(item).items()
+        except PeersError as e:
+            out.append(str(e))
+            continue
+        nodes.append((nid, _same_host(host), port, item))
+    if not nodes and not out:
+        out.append("no peers given (expected ID-HOST:PORT;ID-HOST:PORT...)")
+    seen: dict[str, str] = {}
+    for nid, _host, _port, item in nodes:
+        if nid in seen:
+            out.append(f"id {nid} is given twice ({seen[nid]} and {item})")
+        seen.setdefault(nid, item)
+    for i, (a, ha, pa, item_a) in enumerate(nodes):
+        for b, hb, pb, item_b in nodes[i + 1:]:
+            if ha != hb or a == b:
+                continue
+            if pa == pb:
+                out.append(f"{a} and {b} have the same address ({item_a}, {item_b})")
+            elif pb == elector_port(pa) or pa == elector_port(pb):
+                lo, hi = (a, b) if pb == elector_port(pa) else (b, a)
+                lo_port = min(pa, pb)
+                out.append(f"{hi}'s port {lo_port + 1} is {lo}'s elector port ({lo} listens on "
+                           f"{lo_port} and {lo_port + 1}): give nodes on one host ports at least "
+                           f"2 apart, e.g. {lo_port}, {lo_port + 2}, {lo_port + 4}")
+    return out
 
 
 def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:

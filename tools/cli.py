@@ -1,17 +1,25 @@
 """`dledger`: one command, one module per subcommand (tools/cmd_<name>.py).
 
 Each subcommand module has a docstring (its --help text), `add_arguments(parser)` and
-`run(args) -> int`. Errors become one line on stderr and a non-zero exit; `--debug` shows the
-traceback. Modules are imported lazily so `dledger dump` never pays for pyspark or zmq.
+`run(args) -> int`. Errors become one line on stderr and a non-zero exit (2: bad usage, 1: it
+failed at run time); `--debug` shows the traceback. Modules are imported lazily so `dledger
+dump` never pays for pyspark or zmq.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from node.logfmt import configure_logging
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
 
 SUBCOMMANDS: dict[str, str] = {
     "server": "tools.cmd_server",
@@ -27,6 +35,7 @@ SUBCOMMANDS: dict[str, str] = {
     "chaos": "tools.cmd_chaos",
     "kv": "tools.cmd_kv",
     "snapshot": "tools.cmd_snapshot",
+    "config": "tools.cmd_config",
 }
 
 
@@ -52,7 +61,119 @@ HELP: dict[str, str] = {
     "chaos": "seeded fault injection with a history check",
     "kv": "the replicated KV store (put, get, del, cas, scan)",
     "snapshot": "snapshot the state machine now",
+    "config": "check a node config file",
 }
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the subcommand (`dledger server: error:
+    unrecognized arguments: --bogus (see dledger server --help)`), not a usage block: scripts
+    and people read the last line, and an unknown server flag used to print the top-level
+    usage, which hid where the mistake was."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def version() -> str:
+    """The installed package's version; from setup.cfg when running from a checkout that was
+    never installed (so `dledger --version` answers in every way the tool can be run)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("dledger-py")
+    except metadata.PackageNotFoundError:
+        import configparser
+
+        cp = configparser.ConfigParser()
+        cp.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+        return cp.get("metadata", "version", fallback="0+unknown")
+
+
+# ---- argparse types: a bad value is a one-line usage error (exit 2) before anything runs ----
+def _number(kind: Callable[[str], float], text: str) -> float:
+    try:
+        v = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1 (counts: nodes, entries, threads)."""
+    v = int(_number(int, text))
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An int >= 0."""
+    v = int(_number(int, text))
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+MAX_INDEX = (1 << 63) - 1
+
+
+def log_index(text: str) -> int:
+    """A log index: 0 .. 2^63-1 (the wire's i64), so a huge number is a usage error here and not
+    a response code from the server."""
+    v = int(_number(int, text))
+    if not 0 <= v <= MAX_INDEX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_INDEX}, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (durations and timeouts, in seconds)."""
+    v = float(_number(float, text))
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0."""
+    v = float(_number(float, text))
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1]."""
+    v = float(_number(float, text))
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return v
+
+
+def size_arg(text: str) -> int:
+    """A size in bytes with an optional unit (`64MiB`, `1GiB`, `512KiB`, `4096`): the same
+    parser as the config file's (node.config.parse_size)."""
+    from node.config import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def peers_arg(text: str) -> str:
+    """A peers string with no duplicate id or address and no data port on another node's
+    elector port (node.ports.peers_problems), all found before any client or node starts."""
+    from node.ports import peers_problems
+
+    problems = peers_problems(text)
+    if problems:
+        raise argparse.ArgumentTypeError("; ".join(problems))
+    return text
 
 
 def _chosen(argv: Sequence[str]) -> str | None:
@@ -66,10 +187,12 @@ def _chosen(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dledger", description="DLedger for Python: a Raft-replicated commit log. "
         "Run `dledger COMMAND --help` for one command.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"dledger {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = _chosen(argv)
     for name, modname in SUBCOMMANDS.items():
@@ -92,13 +215,26 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+def innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command actually chosen (`dledger kv put`): the one whose name a
+    usage error should carry."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            child = action.choices.get(getattr(args, action.dest, None) or "")
+            if child is not None:
+                return innermost_parser(child, args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     debug = getattr(args, "debug", False)
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(getattr(args, "log_level", None) or "info",
+                      getattr(args, "log_format", None) or "text", debug=debug, force=False)
     try:
         if hasattr(args, "_missing"):
             raise CliError(f"{args.command}: missing dependency: {args._missing}")
@@ -110,8 +246,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI's one place that turns errors into a line
         if debug:
             raise
-        print(f"dledger {args.command}: error: {e}", file=sys.stderr)
-        return e.code if isinstance(e, CliError) else 1
+        print(f"dledger {args.command}: error: {one_line(e)}", file=sys.stderr)
+        return e.code if isinstance(e, CliError) else EXIT_RUNTIME
+
+
+def one_line(e: BaseException) -> str:
+    """An unexpected error as one readable line: an OSError as `path: reason`, never `[Errno N]`."""
+    if isinstance(e, OSError) and e.strerror:
+        where = " -> ".join(str(x) for x in (e.filename, e.filename2) if x is not None)
+        return f"{where}: {e.strerror}" if where else e.strerror
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED) says "(indeterminate: it may still be com
 exits 3: check with `dledger get` before appending it again, or it may be stored twice.
 
 Example:
-  dledger append --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913" hello world
+  dledger append --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" hello world
   seq 1000 | dledger append --peers "$PEERS" --batch 100 -
 """
 
@@ -21,13 +21,13 @@ import itertools
 import sys
 from collections.abc import Iterator
 
-from tools.cli import CliError
+from tools.cli import CliError, positive_int
 from tools.cmd_metadata import EXIT_USAGE, add_client_arguments, cli_error, open_client
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p)
-    p.add_argument("--batch", type=int, default=1, metavar="K",
+    p.add_argument("--batch", type=positive_int, default=1, metavar="K",
                    help="entries per request (BATCH_APPEND when > 1; default: %(default)s)")
     p.add_argument("data", nargs="+", metavar="DATA", help='entry bodies; "-" = stdin lines')
 

@@ -24,18 +24,18 @@ from typing import TextIO
 
 from node.store.decoder import DecodedEntry, StoreDecoder
 from node.store.layout import LayoutError
-from tools.cli import CliError
+from tools.cli import CliError, log_index, nonneg_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store-dir", required=True, metavar="DIR", help="the node's store directory")
-    parser.add_argument("--from", dest="from_index", type=int, metavar="I",
+    parser.add_argument("--store-dir", required=True, metavar="DIR", help="the node's store directory (required)")
+    parser.add_argument("--from", dest="from_index", type=log_index, metavar="I",
                         help="first index (default: the log's begin)")
-    parser.add_argument("--to", dest="to_index", type=int, metavar="J",
+    parser.add_argument("--to", dest="to_index", type=log_index, metavar="J",
                         help="last index, inclusive (default: the log's end)")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
                         help="output format (default: text)")
-    parser.add_argument("--preview", type=int, default=40, metavar="N",
+    parser.add_argument("--preview", type=nonneg_int, default=40, metavar="N",
                         help="body bytes shown in text format (default: 40)")
 
 

@@ -21,14 +21,15 @@ from tools.cmd_dump import open_reader
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store-dir", required=True, metavar="DIR", help="the node's store directory")
-    parser.add_argument("--out", required=True, metavar="PATH", help="Parquet output path (local or URL)")
+    parser.add_argument("--store-dir", required=True, metavar="DIR", help="the node's store directory (required)")
+    parser.add_argument("--out", required=True, metavar="PATH", help="Parquet output path, local or URL (required)")
     parser.add_argument("--master", default="local[*]", metavar="URL",
                         help="Spark master URL, passed through (default: local[*])")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out (default: refuse)")
     parser.add_argument("--no-ship", dest="ship", action="store_false",
-                        help="do not ship our packages to executors (they are installed there)")
-    parser.add_argument("--node", help="value of the node column (default: the directory name)")
+                        help="do not ship our packages to executors, they are installed there (default: ship)")
+    parser.add_argument("--node", metavar="NAME",
+                        help="value of the node column (default: the directory name)")
 
 
 def run(args: argparse.Namespace) -> int:

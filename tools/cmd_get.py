@@ -9,7 +9,7 @@ Fewer than --count lines are printed at the committed end; an --index that is no
 an error (INDEX_OUT_OF_RANGE).
 
 Example:
-  dledger get --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913" --index 0 --count 10
+  dledger get --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" --index 0 --count 10
 """
 
 from __future__ import annotations
@@ -20,19 +20,21 @@ import json
 import re
 import sys
 
-from tools.cli import CliError
+from tools.cli import CliError, log_index, positive_int
 from tools.cmd_metadata import EXIT_USAGE, add_client_arguments, cli_error, open_client
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p)
-    p.add_argument("--index", type=int, required=True, metavar="I", help="first index")
-    p.add_argument("--count", type=int, default=1, metavar="N", help="entries (default: %(default)s)")
+    p.add_argument("--index", type=log_index, required=True, metavar="I",
+                   help="first index, 0 or more (required)")
+    p.add_argument("--count", type=positive_int, default=1, metavar="N",
+                   help="at most this many entries (default: %(default)s)")
     p.add_argument("--linearizable", action="store_true",
-                   help="the leader confirms its leadership before answering")
+                   help="the leader confirms its leadership before answering (default: off)")
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--raw", action="store_true", help="bodies only, as bytes, newline-separated")
-    fmt.add_argument("--json", action="store_true", help="one JSON object per entry")
+    fmt.add_argument("--raw", action="store_true", help="bodies only, as bytes, newline-separated (default: off)")
+    fmt.add_argument("--json", action="store_true", help="one JSON object per entry (default: off)")
 
 
 _SIMPLE = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}

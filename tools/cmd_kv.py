@@ -26,30 +26,33 @@ import argparse
 import json
 import sys
 
-from tools.cli import CliError
+from tools.cli import CliError, positive_int
 from tools.cmd_metadata import EXIT_DEFINITE, EXIT_USAGE, add_client_arguments, cli_error
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="kv_op", metavar="OP", required=True)
+    doc = __doc__
     for name, help_text in (("put", "set KEY to VALUE"), ("get", "print KEY's value"),
                             ("del", "delete KEY"), ("cas", "compare-and-set"),
                             ("scan", "keys with a prefix, in order")):
-        sp = sub.add_parser(name, help=help_text)
+        sp = sub.add_parser(name, help=help_text, description=doc,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         add_client_arguments(sp)
         if name == "scan":
             sp.add_argument("prefix", nargs="?", default="", metavar="PREFIX", help="key prefix (default: all)")
-            sp.add_argument("--limit", type=int, default=None, metavar="N", help="at most N keys")
+            sp.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                            help="at most N keys (default: all)")
         else:
-            sp.add_argument("key", metavar="KEY")
+            sp.add_argument("key", metavar="KEY", help="the key (UTF-8, at most 4 KiB)")
         if name == "put":
-            sp.add_argument("value", metavar="VALUE")
+            sp.add_argument("value", metavar="VALUE", help="the value (UTF-8, at most 1 MiB)")
         if name == "cas":
             sp.add_argument("operands", nargs="+", metavar="EXPECTED NEW",
                             help="the expected value and the new one (with --absent: only NEW)")
-            sp.add_argument("--absent", action="store_true", help="swap only if KEY does not exist")
+            sp.add_argument("--absent", action="store_true", help="swap only if KEY does not exist (default: off)")
         if name in ("get", "scan"):
-            sp.add_argument("--json", action="store_true", help="JSON output")
+            sp.add_argument("--json", action="store_true", help="JSON output (default: text)")
 
 
 def _b(s: str) -> bytes:

@@ -13,7 +13,7 @@ Exit codes (all client subcommands): 0 success, 1 definite failure, 2 bad argume
 3 indeterminate failure (an append or transfer may still take effect).
 
 Example:
-  dledger metadata --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913" --json
+  dledger metadata --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" --json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from tools.cli import CliError
+from tools.cli import CliError, peers_arg, positive_float
 
 if TYPE_CHECKING:
     from ipc.client import DLedgerClient
@@ -34,10 +34,11 @@ EXIT_INDETERMINATE = 3
 
 # Shared by the client subcommands (append, get, metadata, transfer).
 def add_client_arguments(p: argparse.ArgumentParser, timeout: float = 3.0) -> None:
-    p.add_argument("--peers", required=True,
-                   help='the group, DLedger format: "n0-127.0.0.1:20911;n1-127.0.0.1:20912"')
+    p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS",
+                   help='the group, ID-HOST:PORT;... e.g. "n0-127.0.0.1:20911;n1-127.0.0.1:20913" '
+                        "(each node also uses PORT+1) (required)")
     p.add_argument("--group", default="default", help="group name (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=timeout, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=timeout, metavar="S",
                    help="overall timeout per call in seconds, retries included (default: %(default)s)")
 
 
@@ -63,7 +64,7 @@ def cli_error(e: Exception, prefix: str = "") -> CliError:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
 
 
 def run(args: argparse.Namespace) -> int:

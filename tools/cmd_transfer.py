@@ -7,7 +7,7 @@ dead or lagging: TAKE_LEADERSHIP_FAILED) exits 1; an accepted transfer not yet o
 timeout ends exits 3 (it may still complete).
 
 Example:
-  dledger transfer --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20912;n2-127.0.0.1:20913" --to n1
+  dledger transfer --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" --to n1
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tools.cmd_metadata import EXIT_USAGE, add_client_arguments, cli_error, open
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p, timeout=10.0)
-    p.add_argument("--to", required=True, metavar="ID", help="the node that should lead")
+    p.add_argument("--to", required=True, metavar="ID", help="the node that should lead (required)")
 
 
 def run(args: argparse.Namespace) -> int:

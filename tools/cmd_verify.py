@@ -19,19 +19,19 @@ import argparse
 import json
 import sys
 
-from tools.cli import CliError
+from tools.cli import CliError, positive_int
 from tools.cmd_dump import open_reader
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store-dir", action="append", required=True, metavar="DIR",
-                        help="a node's store directory; repeat once per node")
+                        help="a node's store directory; repeat once per node (required)")
     parser.add_argument("--master", default="local[*]", metavar="URL",
                         help="Spark master URL, passed through (default: local[*])")
-    parser.add_argument("--json", action="store_true", help="print one JSON summary object")
+    parser.add_argument("--json", action="store_true", help="print one JSON summary object (default: a table)")
     parser.add_argument("--no-ship", dest="ship", action="store_false",
-                        help="do not ship our packages to executors (they are installed there)")
-    parser.add_argument("--partition-entries", type=int, metavar="P",
+                        help="do not ship our packages to executors, they are installed there (default: ship)")
+    parser.add_argument("--partition-entries", type=positive_int, metavar="P",
                         help="entries per compared range (default: from 128 MiB partitions)")
 
 

@@ -17,7 +17,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ import zmq
 
 from ipc.sockets import ipc_path, make_context
 from node import channels
-from node.config import NodeConfig
+from node.config import NodeConfig, configure_logging
 from node.shared_state import SharedState, monotonic_ms, segment_name
 
 _PR_SET_PDEATHSIG = 1
@@ -79,10 +78,11 @@ def keep_buffers_in_heap() -> bool:
                 and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
-def setup_logging(node_id: str, role: str, debug: bool = False) -> logging.Logger:
-    fmt = f"%(asctime)s %(levelname)s {node_id} {role}[%(process)d] %(name)s: %(message)s"
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format=fmt, stream=sys.stderr,
-                        force=True)
+def setup_logging(node_id: str, role: str, debug: bool = False, level: str = "info",
+                  fmt: str = "text") -> logging.Logger:
+    """The node's --log-level/--log-format (node.config.configure_logging, shared with the CLI
+    and the supervisor so every process of a node writes the same kind of line)."""
+    configure_logging(level, fmt, node=node_id, role=role, debug=debug)
     return logging.getLogger(f"dledger.{role.split('[')[0]}")
 
 
@@ -166,7 +166,8 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
     role_name = role
     if args.peer is not None:
         role_name = f"{role}[{cfg.peer_ids.index(args.peer)}]"
-    log = setup_logging(cfg.id, role_name if args.peer is None else f"{role}-{args.peer}", args.debug)
+    log = setup_logging(cfg.id, role_name if args.peer is None else f"{role}-{args.peer}", args.debug,
+                        cfg.log_level, cfg.log_format)
     ctx_holder: list[RoleContext] = []
 
     def on_signal(signum: int, _frame: object) -> None:
