@@ -70,7 +70,8 @@ def run(state_mib: int, value_kib: int, quota: int) -> dict:
             for f in futs:
                 f.result(timeout=120)
             fill_s = time.monotonic() - t0
-            out["fill"] = {"puts": n, "seconds": round(fill_s, 2), "mib_per_s": round(state_mib / fill_s, 1)}
+            out["fill"] = {"puts": n, "seconds": round(fill_s, 2), "mib_per_s": round(state_mib / fill_s, 1),
+                           "group_rss_mib": round(sum(g.rss_by_process().values()) / (1 << 20))}
             t0 = time.monotonic()
             idx, term = c.take_snapshot(lead, timeout=600)
             out["take"] = {"seconds": round(time.monotonic() - t0, 2), "last_index": idx,
