@@ -3,7 +3,7 @@
     python -m tools.simulate --seeds 1000 [--first 0] [--nodes 3|5] [--store memory|segment]
                              [--faults drop,delay,dup,reorder,partition,crash,role-crash,truncate,clock]
                              [--steps 2500] [--jobs 2] [--mutate NAME] [--sessions]
-                             [--state-machine [kv|chain]]
+                             [--state-machine [kv|chain]] [--no-installs]
     python -m tools.simulate --seed 1234 ...        # replay one seed, print its trace
 
 Every seed runs a whole group (the real role classes, one process, virtual time) through a
@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from tools.sim.world import ALL_FAULTS, OPT_IN_FAULTS, Result, SimConfig, _tmp_root, run_seed
@@ -47,6 +48,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="every node runs the applier with this state machine (kv if none named), "
                          "snapshots and (segment store) retention; its state is checked against the "
                          "committed history after every step")
+    ap.add_argument("--no-installs", action="store_true",
+                    help="with --state-machine --store segment: retention only deletes what every "
+                         "replica committed, so no follower ever needs an install (the simulator "
+                         "before install snapshot; replays older seeds)")
     a = ap.parse_args(argv)
     faults = [] if a.faults in ("", "none") else [f.strip() for f in a.faults.split(",") if f.strip()]
     bad = [f for f in faults if f not in ALL_FAULTS + OPT_IN_FAULTS]
@@ -58,26 +63,39 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _config(a: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(seed=seed, nodes=a.nodes, faults=a.fault_list, steps=a.steps, store=a.store,
-                     trace_len=a.trace_len, sessions=a.sessions, state_machine=a.state_machine)
+                     trace_len=a.trace_len, sessions=a.sessions, state_machine=a.state_machine,
+                     installs=not a.no_installs)
 
 
-def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result], float]:
-    """Worker: run seeds [lo, hi); return how many ran, the failures, and the time taken."""
+# Counters summed over a run's seeds and printed with its summary line (when non-zero): what
+# shows that a run exercised installs (tools/sim/world.py, actors.py, smcheck.py count them).
+SUMMARY_STATS = ("installs_started", "installs_completed", "installs_abandoned", "install_probes_sent",
+                 "install_chunks_sent", "install_rewinds", "install_resumes", "install_chunks_corrupted",
+                 "install_checksum_refusals", "applier_installs", "install_resets", "install_faults",
+                 "lagging_install_shapes", "retention_deletions")
+
+
+def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result], float, Counter]:
+    """Worker: run seeds [lo, hi); return how many ran, the failures, the time taken and the
+    summed SUMMARY_STATS (plus `seeds_with_installs`)."""
     from tools.sim import mutations
 
     a, lo, hi = job
     fails: list[Result] = []
     t0 = time.perf_counter()
     ran = 0
+    stats: Counter = Counter()
     with mutations.apply(a.mutate):
         for seed in range(lo, hi):
             r = run_seed(_config(a, seed))
             ran += 1
+            stats.update({k: r.stats[k] for k in SUMMARY_STATS if r.stats.get(k)})
+            stats["seeds_with_installs"] += bool(r.stats.get("installs_completed"))
             if not r.ok:
                 fails.append(r)
                 if not a.keep_going:
                     break
-    return ran, fails, time.perf_counter() - t0
+    return ran, fails, time.perf_counter() - t0, stats
 
 
 def _remove_leftovers(since: float, lo: int, hi: int) -> None:
@@ -106,7 +124,14 @@ def _report(r: Result, a: argparse.Namespace) -> None:
         opts.append("--sessions")
     if a.state_machine:
         opts.append(f"--state-machine {a.state_machine}")
+    if a.no_installs:
+        opts.append("--no-installs")
     print(f"replay: python -m tools.simulate {' '.join(opts)}")
+
+
+def _fmt_stats(stats: Counter) -> str:
+    shown = [f"{k} {stats[k]}" for k in ("seeds_with_installs", *SUMMARY_STATS) if stats.get(k)]
+    return f"\n  {', '.join(shown)}" if shown else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,24 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
     if a.seed is not None:
         a.trace_len = max(a.trace_len, 60)
-        ran, fails, dt = _chunk((a, a.seed, a.seed + 1))
+        ran, fails, dt, stats = _chunk((a, a.seed, a.seed + 1))
         if fails:
             _report(fails[0], a)
             return 1
-        print(f"seed {a.seed}: ok ({dt * 1000:.0f} ms)")
+        print(f"seed {a.seed}: ok ({dt * 1000:.0f} ms){_fmt_stats(stats)}")
         return 0
     lo, hi = a.first, a.first + a.seeds
     t0, wall0 = time.perf_counter(), time.time()
     if a.jobs <= 1:
-        ran, fails, _dt = _chunk((a, lo, hi))
+        ran, fails, _dt, stats = _chunk((a, lo, hi))
     else:
         size = max(1, min(500, (hi - lo) // (a.jobs * 4) or 1))
         jobs = [(a, s, min(s + size, hi)) for s in range(lo, hi, size)]
-        ran, fails = 0, []
+        ran, fails, stats = 0, [], Counter()
         with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
-            for n, f, _dt in pool.imap(_chunk, jobs):
+            for n, f, _dt, st in pool.imap(_chunk, jobs):
                 ran += n
                 fails += f
+                stats.update(st)
                 if fails and not a.keep_going:
                     pool.terminate()
                     _remove_leftovers(wall0, lo, hi)
@@ -146,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{ran} seeds ({a.nodes} nodes, {a.store} store, faults={','.join(a.fault_list) or 'none'}"
           f"{', state machine ' + a.state_machine if a.state_machine else ''}"
           f"{', mutate=' + a.mutate if a.mutate else ''}): {len(fails)} failed; {dt:.1f} s, "
-          f"{dt / max(ran, 1) * 1000:.1f} ms/seed with {a.jobs} job(s)")
+          f"{dt / max(ran, 1) * 1000:.1f} ms/seed with {a.jobs} job(s){_fmt_stats(stats)}")
     return 1 if fails else 0
 
 

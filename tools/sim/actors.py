@@ -44,6 +44,8 @@ class SimLog:
 
     def _rec(self, level: str, msg: str, args: tuple) -> None:
         self.sim.trace_event(self.key, "log", (level, msg, args))
+        if level == "W" and msg.startswith("install of snapshot"):  # the applier: checksum mismatch
+            self.sim.stats["install_checksum_refusals"] += 1
 
     def debug(self, msg: str, *args: Any, **kw: Any) -> None:
         pass
@@ -143,15 +145,27 @@ class SimSegmentStore(_DiskFullable, SegmentStore):
     """The real SegmentStore without its flush thread: the simulator flushes and checkpoints at
     virtual times (a thread would run on wall-clock time and break determinism)."""
 
-    retention_floor: Any = None  # --state-machine: () -> the highest index every replica committed
+    retention_floor: Any = None  # --no-installs: () -> the highest index every replica committed
+    on_reset: Any = None  # install snapshot: (store, phase "before"/"after", index, term) -> None
 
     def _flush_service(self) -> None:
         return
 
+    def reset_to(self, snapshot_index: int, snapshot_term: int) -> None:
+        """The real `reset_to`, with the install checks around it (smcheck.InstallChecks): the
+        handler resets its log only to a snapshot its applier has restored, and afterwards the
+        log begins right after it."""
+        if self.on_reset is not None:
+            self.on_reset(self, "before", snapshot_index, snapshot_term)
+        super().reset_to(snapshot_index, snapshot_term)
+        if self.on_reset is not None:
+            self.on_reset(self, "after", snapshot_index, snapshot_term)
+
     def data_file_ranges(self, limit: int) -> list[tuple[int, int, float]]:
-        """What retention may look at: with a state machine, only files every replica has
-        committed (plus the next one, which the decision never deletes). Without installs a
-        replica that needs a deleted entry never catches up; tools/sim/smcheck.py."""
+        """What retention may look at. By default all of it: a replica that needs an entry
+        retention deleted is sent the leader's snapshot (install). With `SimConfig.installs`
+        off, only files every replica has committed (plus the next one, which the decision
+        never deletes), the simulator's behaviour before installs existed (old seeds)."""
         files = super().data_file_ranges(limit)
         if self.retention_floor is None:
             return files
@@ -253,7 +267,10 @@ class HandlerActor(Actor):
         node, sim = self.node, self.sim
         h.store.disk_full = lambda: node.disk_full_until > sim.now
         if sim.smc is not None and isinstance(h.store, SimSegmentStore):
-            h.store.retention_floor = sim.smc.retention_floor
+            if sim.installs:
+                h.store.on_reset = lambda st, phase, s, t: sim.smc.on_reset(node, st, phase, s, t)
+            else:
+                h.store.retention_floor = sim.smc.retention_floor
         h.open()
         self.node.store = h.store
         self.node.checked = -1
@@ -428,6 +445,41 @@ class DispatcherActor(Actor):
         self.ident = b"d:%d:%d:%d" % (node.idx, self.slot, self.inc)
         self.eager_due = False  # fault eager-commit: send a COMMIT on the next step
         d.transport = DispatcherTransport(sim, node, self)
+        self.sender: Any = None  # the core's InstallSender looked at last (for the stats)
+        if sim.install_cfg is not None:
+            self._configure_installs(d)
+
+    def _configure_installs(self, d: Any) -> None:
+        """The seed's InstallConfig (small chunks, so a snapshot is several; a short chunk
+        timeout) for every install this dispatcher starts, through the core's own `cfg`
+        parameter (the real dispatcher passes none: 1 MiB chunks). Counts installs started."""
+        core, sim = d.core, self.sim
+        start = core.start_install
+
+        def start_install(last_index: int, last_term: int, size: int, cfg: Any = None) -> None:
+            sim.stats["installs_started"] += 1
+            sim.trace_event(self.key, "install", f"start snapshot {last_index}/{last_term} ({size} bytes)")
+            start(last_index, last_term, size, sim.install_cfg)
+
+        core.start_install = start_install
+
+    def _install_stats(self) -> None:
+        """Install progress of this dispatcher's core, after each step: a transfer that ended
+        adds its rewinds (refusals and timeouts that moved it back); one that ended with the
+        follower's `installed` counts as completed."""
+        core = self.d.core
+        ins = core.install
+        if ins is self.sender:
+            return
+        old, self.sender = self.sender, ins
+        if old is not None:
+            self.sim.stats["install_rewinds"] += old.rewinds
+            if old.done:
+                self.sim.stats["installs_completed"] += 1
+                self.sim.trace_event(self.key, "install", f"done snapshot {old.last_index}/{old.last_term}")
+                self.sim.smc.on_install_done(self.node, self.sim.nodes[self.slot], old.last_index, old.last_term)
+            else:
+                self.sim.stats["installs_abandoned"] += 1
 
     def step(self) -> None:
         d = self.d
@@ -438,6 +490,8 @@ class DispatcherActor(Actor):
                 d.on_reply(payload)
         d.flush_ack()
         d.tick()
+        if self.sim.install_cfg is not None:
+            self._install_stats()
         self._check_unmapped(d.reader, deleted_below)
         sim = self.sim
         if self.eager_due or (sim.faulting and sim.p_eager_commit and sim.rng.random() < sim.p_eager_commit):
@@ -554,6 +608,14 @@ class ApplierActor(Actor):
             ap.reader.close()
             ap.reader = MemReader(node)
         ap.transport = ApplierTransport(sim, node, self)
+        if sim.installs:
+            restore_installed = ap._restore_installed
+
+            def _restore_installed(meta: Any) -> None:
+                restore_installed(meta)
+                sim.smc.on_restore_installed(node, meta)
+
+            ap._restore_installed = _restore_installed
         self.started = False
         self.restored = -1  # the snapshot index its restore started from
 

@@ -40,6 +40,19 @@ With `--state-machine` (the applier, snapshots and retention; tools/sim/smcheck.
 - `no-compaction-floor`: retention ignores the newest snapshot (`--store segment`).
 - `applier-keeps-deleted`: the applier never unmaps the data files retention deleted (the fix
   reverted: `follow_begin` in `Applier.apply_some`; `--store segment`).
+
+Install snapshot (`--state-machine --store segment`: retention strands lagging followers):
+
+- `reset-before-restore`: the follower's handler resets its log to begin after the snapshot as
+  soon as it forwards the last chunk to the applier, before the applier verified and restored
+  it (a crash, a checksum mismatch or a slow applier leaves a log after a state nobody has).
+- `install-keeps-conflicting-suffix`: after the install the follower keeps its log whenever it
+  was not compacted past the snapshot, without checking that it holds (S, T): it only marks S
+  committed, on a log that ends before S or holds another entry there.
+- `install-match-past-snapshot`: the leader counts the installed follower as holding its whole
+  log (match index = the leader's end) instead of the snapshot's last entry.
+- `install-no-verify`: the follower's receiver skips the whole-file checksum; with the
+  `corrupt` fault (which also flips a byte of install chunks) a damaged snapshot is installed.
 """
 
 from __future__ import annotations
@@ -337,6 +350,78 @@ def _applier_keeps_deleted() -> Callable[[], None]:
             del reader.follow_begin
 
     return _patch(Applier, "apply_some", apply_some)
+
+
+@_mutation("reset-before-restore")
+def _reset_before_restore() -> Callable[[], None]:
+    from node.core.follower import StoreReset
+    from node.roles.handler_install import FollowerInstall
+    from node.statemachine.snapshot_meta import SnapshotError, SnapshotMeta
+
+    orig = FollowerInstall._forward_install
+
+    def _forward_install(self: Any, e: Any, m: Any) -> None:
+        r = e.req
+        try:
+            meta = SnapshotMeta.from_json(bytes(r.meta), "install meta")
+        except SnapshotError:
+            meta = None
+        if meta is not None and len(r.data) and r.offset + len(r.data) == meta.size:
+            self._execute([StoreReset(meta.last_index, meta.last_term)], m)  # "the last chunk is here"
+        orig(self, e, m)
+
+    return _patch(FollowerInstall, "_forward_install", _forward_install)
+
+
+@_mutation("install-keeps-conflicting-suffix")
+def _install_keeps_conflicting_suffix() -> Callable[[], None]:
+    from ipc.codes import ResponseCode as RC
+    from ipc.codes import Role
+    from node.core.follower import FollowerCore, InstallReply, SetCommitted, StoreReset
+
+    def snapshot_installed(self: FollowerCore, ident: bytes, req: Any, index: int, term: int, view: Any,
+                           store: Any) -> list:
+        done = InstallReply(ident, req, RC.SUCCESS, view.current_term, installed=True)
+        if view.role == Role.LEADER or index <= store.committed_index:
+            return [done]
+        if store.ledger_begin_index >= 0 and store.ledger_begin_index - 1 <= index:
+            return [SetCommitted(index), done]  # no check that the log holds (index, term)
+        return [StoreReset(index, term), done]
+
+    return _patch(FollowerCore, "snapshot_installed", snapshot_installed)
+
+
+@_mutation("install-match-past-snapshot")
+def _install_match_past_snapshot() -> Callable[[], None]:
+    from node.core.replication import PushState
+    from node.roles.dispatcher import Dispatcher
+
+    orig = Dispatcher._on_install_reply
+
+    def _on_install_reply(self: Dispatcher, msg: Any, offset: int, now: int) -> None:
+        was = self.core.state
+        orig(self, msg, offset, now)
+        if was == PushState.INSTALL and self.core.state == PushState.COMPARE and self.core.installed:
+            end = self.state.read_ledger().ledger_end_index
+            self.core.match_index = max(self.core.match_index, end)  # "it is caught up"
+            self.state.write_peer(self.slot, match_index=self.core.match_index, match_term=self.core.term)
+            self._moved = True
+
+    return _patch(Dispatcher, "_on_install_reply", _on_install_reply)
+
+
+@_mutation("install-no-verify")
+def _install_no_verify() -> Callable[[], None]:
+    from node.statemachine.snapshot_install import SnapshotReceiver
+
+    orig = SnapshotReceiver.install
+
+    def install(self: SnapshotReceiver) -> Any:
+        if self.complete:
+            self._crc = self.meta.crc32c  # the checksum "matches"
+        return orig(self)
+
+    return _patch(SnapshotReceiver, "install", install)
 
 
 @contextlib.contextmanager

@@ -13,9 +13,27 @@ module holds what the simulator knows that the nodes do not:
   `check_query`, `check_snapshot_reply`), at convergence (`converged`) and at the end
   (`final_check`). docs/testing.md, "State machines in the simulator", lists them.
 
-Installs (a leader's snapshot streamed to a follower that needs entries retention deleted) are
-not modelled yet; `retention_floor` is what keeps the simulated retention from creating such a
-follower until they are.
+Installs (`--store segment`; docs/testing.md "Installs"). Retention deletes what the leader's
+snapshots cover whatever a lagging follower still needs, so the leader's dispatcher streams that
+follower its newest snapshot (node/core/install.py) in chunks of a size drawn per seed, through
+every network and process fault plus faults aimed at the install in progress
+(world.Sim._install_frame) and the lagging-follower shape (world.Sim._lagging_install_shape).
+What is checked here besides the state itself (`on_reset`, `on_restore_installed`,
+`on_install_done`, `_check_matches`):
+- the snapshot a follower's applier installs, and the one its handler resets the log to, is a
+  committed (index, term) of the group;
+- the handler resets its log only when its applier has restored a state at or past the
+  snapshot and a snapshot covering it is on its disk (so a crash right after the reset is
+  safe), and after `reset_to(S, T)` the log is empty, begins at S + 1, ends and is committed
+  at S, and its base's term is T;
+- a follower the leader counts as installed holds (S, T) (its log begins right after S or has
+  that entry);
+- a leader never counts a follower of its term past what the follower's log holds (the match
+  index the ack checker counts);
+- liveness: convergence (every log equal to the leader's and applied) needs every lagging
+  follower to have been installed and to have caught up.
+`SimConfig.installs = False` (`--no-installs`) restores the simulator before installs:
+`retention_floor` keeps retention below what every replica committed.
 """
 
 from __future__ import annotations
@@ -27,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
+from ipc.codes import Role
 from node.statemachine import kv
 from node.statemachine.api import CommittedEntry, StateMachine
 from node.statemachine.loader import load_state_machine
@@ -34,6 +53,7 @@ from node.statemachine.snapshot_files import TMP_PREFIX
 from node.statemachine.snapshot_meta import SNAPSHOTS_DIR, SnapshotError
 from node.statemachine.snapshot_store import SnapshotStore
 from node.store import codec
+from node.store.base import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from tools.sim.actors import ApplierActor
@@ -104,6 +124,7 @@ class NodeView:
     max_committed: int = -1  # highest committed index of its store or block, ever
     newest_snapshot: int = -1  # newest snapshot index seen on its disk, ever
     begin: int = 0  # its store's ledger begin when last looked at
+    installed: int = -1  # highest snapshot index a leader installed on it (its applier restored)
     checked: set[tuple[str, int]] = field(default_factory=set)  # (name, crc32c) of verified snapshots
 
 
@@ -116,6 +137,7 @@ class StateMachineChecks:
         self.views = [NodeView() for _ in sim.nodes]
         self.waiting: dict[int, list[tuple[bytes, str]]] = {}  # results for indexes not committed yet
         self.last_value: dict[bytes, bytes] = {}  # per key, the value a writer sent last
+        self.positions: list[tuple[Node, int, int, str]] = []  # snapshot positions not committed yet
 
     # ------------------------------------------------------------------ what clients send
     def command(self, rng: Any, tag: bytes, pad: int) -> bytes:
@@ -203,6 +225,10 @@ class StateMachineChecks:
             for i in [i for i in self.waiting if i < len(self.ref)]:
                 for result, who in self.waiting.pop(i):
                     self.on_result(i, result, who)
+            if self.positions:
+                due, self.positions = self.positions, []
+                for n, s, t, what in due:
+                    self._committed_position(n, s, t, what)
         for n in sim.nodes:
             v = self.views[n.idx]
             # what its store says, and what a handler published before dying (a restarted one
@@ -213,6 +239,8 @@ class StateMachineChecks:
             if n.up and a is not None and a.alive and a.started:
                 self._check_applier(n, a, v)  # type: ignore[arg-type]
             self._check_compaction(n, v)
+        if sim.installs:
+            self._check_matches()
 
     def _check_applier(self, n: Node, a: ApplierActor, v: NodeView) -> None:
         ap = a.ap
@@ -223,7 +251,7 @@ class StateMachineChecks:
         if i < v.max_applied:
             self.sim.fail(f"{n.id}: applied index went back from {v.max_applied} to {i} in one applier incarnation")
         v.max_applied = i
-        if i > max(v.max_committed, a.restored):
+        if i > max(v.max_committed, a.restored, v.installed):
             self.sim.fail(f"{n.id}: applied index {i} beyond its committed index {v.max_committed}")
         if i != v.applied and i < len(self.ref):
             # (i beyond the reference: the handler published i committed and died before the
@@ -250,7 +278,9 @@ class StateMachineChecks:
                 continue
             s, t = snap.last_index, snap.last_term
             if s >= len(self.ref):
-                if final or s > v.max_committed:
+                # (a snapshot a leader installed here may be past this node's committed index,
+                # not past the group's)
+                if final or s > max(v.max_committed, v.installed):
                     self.sim.fail(f"{n.id}: snapshot at index {s}, beyond the committed history ({len(h) - 1})")
                 done = False
                 continue
@@ -295,12 +325,120 @@ class StateMachineChecks:
                 self.sim.fail(f"{n.id}: retention deleted entries up to {s.ledger_begin_index - 1}, past the newest "
                               f"snapshot ({v.newest_snapshot}): a restart cannot rebuild the state")
 
+    # ------------------------------------------------------------------ install snapshot
+    def _committed_position(self, n: Node, s: int, t: int, what: str, final: bool = False) -> None:
+        """(s, t) must be a committed entry. One beyond the history is looked at again when the
+        history reaches it (a leader's applier follows the commit index its ack checker
+        published, which the simulator reads from the stores a little later)."""
+        h = self.sim.chist
+        if s >= len(h) and not final:
+            self.positions.append((n, s, t, what))
+            return
+        if not 0 <= s < len(h) or h[s][0] != t:
+            self.sim.fail(f"{n.id}: {what} snapshot {s}/{t}, which is no committed entry (the history "
+                          f"{'has term ' + str(h[s][0]) + ' there' if 0 <= s < len(h) else 'ends at ' + str(len(h) - 1)})")
+
+    def on_reset(self, n: Node, store: Any, phase: str, s: int, t: int) -> None:
+        """Around a follower handler's `reset_to(s, t)` (install snapshot). Before: its applier
+        has restored a state at or past s and a snapshot covering s is on its disk -- so a
+        crash right after the reset leaves a log that begins after a state a restart can
+        restore. After: the log is empty and begins right after the snapshot, committed at it,
+        and (s, t) is a committed entry of the group."""
+        sim = self.sim
+        if phase == "before":
+            sim.stats["install_resets"] += 1
+            self._committed_position(n, s, t, "resets its log to")
+            a = n.roles.get("applier")
+            if a is not None and a.alive and a.started and a.ap.applied < s:  # type: ignore[attr-defined]
+                sim.fail(f"{n.id}: its handler resets the log to begin after snapshot {s}/{t} while its applier "
+                         f"has applied only up to {a.ap.applied}: the log was reset before the "  # type: ignore[attr-defined]
+                         f"applier restored the snapshot")
+            on_disk = [x.last_index for x in SnapshotStore(n.cfg.store_dir, writable=False).list()]
+            if max(on_disk, default=-1) < s:
+                sim.fail(f"{n.id}: its handler resets the log to begin after snapshot {s}/{t}, but no snapshot "
+                         f"on its disk covers {s} (newest {max(on_disk, default=-1)}): a crash now leaves a "
+                         f"log that begins after a state nothing can restore")
+            return
+        got = (store.ledger_begin_index, store.ledger_end_index, store.committed_index)
+        if got != (s + 1, s, s):
+            sim.fail(f"{n.id}: after reset_to({s}, {t}) the log is begin {got[0]}, end {got[1]}, committed "
+                     f"{got[2]}; it must begin right after the snapshot ({s + 1}), end and be committed at {s}")
+        try:
+            base = store.term_at(s)
+        except StoreError as e:
+            sim.fail(f"{n.id}: after reset_to({s}, {t}) the log base's term is unknown: {e}")
+        if base != t:
+            sim.fail(f"{n.id}: after reset_to({s}, {t}) the log base says term {base}")
+
+    def on_restore_installed(self, n: Node, meta: Any) -> None:
+        """The applier restored a snapshot a leader installed: it names a committed entry."""
+        self.sim.stats["applier_installs"] += 1
+        v = self.views[n.idx]
+        v.installed = max(v.installed, meta.last_index)
+        self._committed_position(n, meta.last_index, meta.last_term, "its applier installed")
+
+    def on_install_done(self, leader: Node, f: Node, s: int, t: int) -> None:
+        """The leader's dispatcher took the follower's `installed` for snapshot (s, t): the
+        follower's log now holds (s, t) -- it begins right after it (reset), or it kept a log
+        that has that entry, or it had committed past it -- whenever the follower is up in the
+        leader's term (else its log is another leader's business)."""
+        fs = f.store
+        if fs is None or not f.up or f.block.member.current_term != leader.block.member.current_term:
+            return
+        why = ""
+        if fs.ledger_end_index < s:
+            why = f"its log ends at {fs.ledger_end_index}"
+        elif fs.ledger_begin_index <= s:
+            try:
+                ft = fs.term_at(s)
+            except StoreError as e:
+                ft, why = -1, f"its entry there is unreadable: {e}"
+            if not why and ft != t:
+                why = f"its entry there is of term {ft}"
+        if why:
+            self.sim.fail(f"{f.id} answered {leader.id} that snapshot {s}/{t} is installed, but {why} "
+                          f"(log {fs.ledger_begin_index}..{fs.ledger_end_index}, committed {fs.committed_index})")
+
+    def _check_matches(self) -> None:
+        """A leader's watermark for a follower in its own term (the block's peer match index,
+        what the ack checker counts) never exceeds what that follower's log holds: an entry
+        it stores with the leader's term, or one below its log's begin (covered by a snapshot,
+        committed there). A leader that counted an installed follower past the snapshot's last
+        entry could commit what only it holds."""
+        sim = self.sim
+        for n in sim.nodes:
+            m = n.block.member
+            ls = n.store
+            if m.role != Role.LEADER or ls is None or not n.up:
+                continue
+            for p in n.block.peers:
+                if p.slot == n.idx or p.match_term != m.current_term or p.match_index < 0:
+                    continue
+                f = sim.nodes[p.slot]
+                fs = f.store
+                if fs is None or not f.up or f.block.member.current_term != m.current_term:
+                    continue  # down, or in another term (its log is another leader's business)
+                mi = p.match_index
+                why = ""
+                if fs.ledger_end_index < mi:
+                    why = f"its log ends at {fs.ledger_end_index}"
+                elif fs.ledger_begin_index <= mi and ls.ledger_begin_index <= mi <= ls.ledger_end_index:
+                    try:
+                        ft, lt = fs.term_at(mi), ls.term_at(mi)
+                    except StoreError:
+                        continue
+                    if ft != lt:
+                        why = f"its entry there is of term {ft}, the leader's of term {lt}"
+                if why:
+                    sim.fail(f"{n.id} (leader, term {m.current_term}) counts {f.id} as holding its log up to "
+                             f"{mi}, but {why} (begin {fs.ledger_begin_index})")
+
     # ------------------------------------------------------------------ retention, convergence
     def retention_floor(self) -> int:
-        """The highest index the simulated retention may delete: one below what every replica
-        has committed (a leader's COMPARE with a replica whose log ends at its committed index
-        reads the term of that entry). Without install-snapshot a replica that needs a deleted
-        entry can never catch up (docs/operations.md); that shape is for the install tests."""
+        """With `SimConfig.installs` off (the simulator before installs; old seeds): the highest
+        index the simulated retention may delete, one below what every replica has committed
+        (a leader's COMPARE with a replica whose log ends at its committed index reads the
+        term of that entry), so no replica ever needs an install."""
         return min(v.max_committed for v in self.views) - 1
 
     def converged(self, end: int) -> str | None:
@@ -317,6 +455,8 @@ class StateMachineChecks:
         for n in self.sim.nodes:
             self.check_snapshots_on_disk(n, final=True)
             self._check_compaction(n, self.views[n.idx])
+        for n, s, t, what in self.positions:
+            self._committed_position(n, s, t, what, final=True)
         if self.waiting:
             i = min(self.waiting)
             self.sim.fail(f"a result for index {i} was returned but the group never committed it")

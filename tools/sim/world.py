@@ -90,6 +90,8 @@ class SimConfig:
     tmp_root: str | None = None
     sessions: bool = False  # about half the writers use client sessions and resend (exactly-once)
     state_machine: str = ""  # "kv" or "chain": every node runs an applier (tools/sim/smcheck.py)
+    installs: bool = True  # with a state machine and the segment store: retention may strand a
+    # lagging follower, which the leader then sends its snapshot (False: the old retention floor)
 
 
 @dataclass
@@ -525,6 +527,18 @@ class Sim:
             os.makedirs(d, exist_ok=True)
             self.nodes.append(Node(self, k, nid, ncfg, d))
         self.smc: Any = None
+        # Install snapshot (smcheck.py): retention strands lagging followers, the leader sends
+        # them its snapshot in chunks of a size drawn per seed (real snapshots here are a few
+        # hundred bytes to a few KB: 1 MiB chunks would make every install one chunk).
+        self.installs = bool(cfg.state_machine and cfg.store == "segment" and cfg.installs)
+        self.install_cfg: Any = None
+        self.p_install_fault = 0.0
+        if self.installs:  # drawn only then: other seeds keep their histories
+            from node.core.install import InstallConfig
+            self.install_cfg = InstallConfig(chunk_bytes=r.choice((64, 200, 512, 1500)),
+                                             window=r.choice((1, 2, 4)),
+                                             chunk_timeout_ms=r.choice((300, 1000, 5000)))
+            self.p_install_fault = r.uniform(0.01, 0.08)
         if cfg.state_machine:
             from tools.sim.smcheck import StateMachineChecks
             self.smc = StateMachineChecks(self, cfg.state_machine)
@@ -667,7 +681,7 @@ class Sim:
         a.wake_at = min(a.wake_at, self.now)
         self.trace_event(a.key, "resume", "")
 
-    def crash_node(self, n: Node, torn: bool) -> None:
+    def crash_node(self, n: Node, torn: bool, down_ms: int | None = None) -> None:
         if not n.up:
             return
         for a in list(n.roles.values()):
@@ -680,7 +694,9 @@ class Sim:
             what = " torn tail: " + A.write_torn_tail(n, self.rng)
         self.trace_event(n.id, "crash", "node" + what)
         self.stats["node_crashes"] += 1
-        self.schedule(self.now + self.rng.randint(50, 2500), "call", lambda: self.restart_node(n))
+        if down_ms is None:
+            down_ms = self.rng.randint(50, 2500)
+        self.schedule(self.now + down_ms, "call", lambda: self.restart_node(n))
 
     def restart_node(self, n: Node) -> None:
         if n.up:
@@ -751,10 +767,51 @@ class Sim:
         a = self._node_actor(dst, "handler")
         if a is None:
             return False
+        if self.installs:
+            self._install_frame(n, dst, src, payload[1])
         if self.faulting and self.p_corrupt and self.rng.random() < self.p_corrupt:
             payload = self._corrupt_push(payload, src.key)
         self.net_send(n.idx, dst.idx, a, "frame", payload, src.key)
         return True
+
+    def _install_frame(self, n: Node, dst: Node, src: A.Actor, frame: bytes) -> None:
+        """An INSTALL chunk leaving a leader's dispatcher: counted, and (while faulting, with
+        the seed's `p_install_fault`) the cue for a fault aimed at the install in progress: kill
+        the follower's applier or handler, the leader's dispatcher, or the whole leader or
+        follower node; pause the follower's applier; or cut the leader off (a new leader
+        takes over mid-install), 0-30 ms after the chunk left."""
+        hdr = P.peek_header(frame)
+        if hdr is None or hdr[1] != P.MsgType.INSTALL:
+            return
+        msg = P.decode(frame)
+        self.stats["install_chunks_sent" if len(msg.data) else "install_probes_sent"] += 1
+        r = self.rng
+        if not self.faulting or r.random() >= self.p_install_fault:
+            return
+        what = r.choice(("follower-applier", "follower-handler", "leader-dispatcher", "follower-node",
+                         "leader-node", "pause-applier", "new-leader"))
+        self.stats["install_faults"] += 1
+
+        def strike() -> None:
+            if not self.faulting:
+                return
+            self.trace_event("sim", "install-fault", f"{what} (install {n.id} -> {dst.id})")
+            if what == "follower-applier" and (a := self._node_actor(dst, "applier")) is not None:
+                self.kill_actor(a, "install fault")
+            elif what == "follower-handler" and (a := self._node_actor(dst, "handler")) is not None:
+                self.kill_actor(a, "install fault")
+            elif what == "leader-dispatcher" and src.alive:
+                self.kill_actor(src, "install fault")
+            elif what == "follower-node":
+                self.crash_node(dst, torn=r.random() < 0.5)
+            elif what == "leader-node":
+                self.crash_node(n, torn=r.random() < 0.5)
+            elif what == "pause-applier" and (a := self._node_actor(dst, "applier")) is not None:
+                self.pause_actor(a, r.choice((100, 300, 1000, 3000)))
+            elif what == "new-leader":
+                self._cut(self._isolate([n.idx]), f"isolate installing leader {n.id}", r.randint(500, 3000))
+
+        self.schedule(self.now + r.randint(0, 30), "call", strike)
 
     def _corrupt_push(self, payload: tuple[bytes, bytes], src_key: str) -> tuple[bytes, bytes]:
         """Fault `corrupt`: flip one byte of the entries a push carries, between nodes (a bad
@@ -762,6 +819,15 @@ class Sim:
         history check must know what was written."""
         ident, frame = payload
         msg = P.decode(frame)
+        if isinstance(msg, P.InstallRequest) and len(msg.data):
+            # a chunk of the leader's snapshot: only the follower's whole-file checksum can tell
+            data = bytearray(msg.data)
+            at = self.rng.randrange(len(data))
+            data[at] ^= 1 << self.rng.randrange(8)
+            msg.data = bytes(data)
+            self.trace_event(src_key, "corrupt", f"install chunk at {msg.offset} byte {at}")
+            self.stats["install_chunks_corrupted"] += 1
+            return ident, P.encode(msg)
         if not isinstance(msg, P.PushRequest) or msg.kind != P.PushKind.APPEND or not msg.entries:
             return payload
         blob = bytearray(msg.entries)
@@ -894,6 +960,8 @@ class Sim:
             kinds.append("disk-full")
         if self.smc is not None and "role-crash" in self.faults:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
+        if self.installs:
+            kinds += ["lagging-install", "lagging-install"]
         if not kinds:
             return
         k = r.choice(kinds)
@@ -931,6 +999,8 @@ class Sim:
             self._truncate_shape()
         elif k == "lagging-follower":
             self._lagging_follower_shape()
+        elif k == "lagging-install":
+            self._lagging_install_shape()
         elif k == "disk-full":
             ms = r.randint(100, 3000)
             n.disk_full_until = self.now + ms
@@ -1035,6 +1105,28 @@ class Sim:
         self.schedule(self.now + r.randint(500, 900), "call", stall_handler)
         self.quiet_until = until + 500
 
+    def _lagging_install_shape(self) -> None:
+        """A follower (or the leader, which then comes back as a follower with an uncommitted
+        tail) is kept away -- cut off, or its node down -- for 2-8 s while the writers write:
+        snapshots are taken and retention deletes the entries it would need, so when it is back
+        the leader must install its snapshot. Other faults are held off while it is away, not
+        during the install that follows (the install faults of `_install_frame` aim at it)."""
+        r = self.rng
+        up = [m for m in self.nodes if m.up]
+        if not up:
+            return
+        lead = [m for m in up if m.block.member.role == Role.LEADER]
+        followers = [m for m in up if m not in lead]
+        z = lead[0] if lead and (not followers or r.random() < 0.2) else r.choice(followers or up)
+        ms = r.randint(2000, 8000)
+        self.quiet_until = self.now + ms
+        self.stats["lagging_install_shapes"] += 1
+        if r.random() < 0.6:
+            self._cut(self._isolate([z.idx]), f"keep {z.id} away (install)", ms)
+        else:
+            self.trace_event("sim", "lagging", f"{z.id} down for {ms} ms (install)")
+            self.crash_node(z, torn=r.random() < 0.5, down_ms=ms)
+
     def _cut(self, links: list[tuple[int, int]], desc: str, ms: int) -> None:
         if not self.faulting:
             return  # a shape's later step after the heal: faults are over
@@ -1119,14 +1211,20 @@ class Sim:
             if c > s.ledger_end_index:
                 self.fail(f"{n.id}: committed {c} > ledger end {s.ledger_end_index}")
             if c > n.checked:
-                self._check_committed(n, s, n.checked + 1, c)
-                n.checked = c
+                n.checked = self._check_committed(n, s, n.checked + 1, c)
         if self.smc is not None:
             self.smc.check()
 
-    def _check_committed(self, n: Node, s: Any, lo: int, hi: int) -> None:
+    def _check_committed(self, n: Node, s: Any, lo: int, hi: int) -> int:
+        """Check the node's committed entries lo..hi against the history (extending it); return
+        the highest index checked (the history's end when the node's log begins after it)."""
         lo = max(lo, s.ledger_begin_index, 0)
         h = self.chist
+        if lo > len(h):
+            # Its log begins after the history's end: a leader installed a snapshot here that
+            # its own store has not marked committed yet (its ack checker publishes the commit
+            # first). Entries before the log's begin are not here to read: wait for the history.
+            return len(h) - 1
         for i in range(lo, hi + 1):
             try:
                 e = s.get(i)
@@ -1158,6 +1256,7 @@ class Sim:
             if a is not None and a != (got[2], got[0]):
                 self.fail(f"acknowledged append {a[0][:24]!r} at {i} term {a[1]}, but {got[2][:24]!r} term "
                           f"{got[0]} was committed there")
+        return hi
 
     def converged(self) -> str | None:
         """None when the group is settled: one leader everyone follows, identical logs, every
@@ -1180,7 +1279,10 @@ class Sim:
         for n in self.nodes:
             s = n.store
             if s.ledger_end_index != end or s.committed_index != end:
-                return f"{n.id}: end {s.ledger_end_index} committed {s.committed_index}, leader end {end}"
+                lag = ""
+                if s.ledger_end_index < ls.ledger_begin_index - 1:  # liveness of install snapshot
+                    lag = f" (the leader's log begins at {ls.ledger_begin_index}: it needs an install)"
+                return f"{n.id}: end {s.ledger_end_index} committed {s.committed_index}, leader end {end}{lag}"
         missing = [i for i in self.acked if i >= len(self.chist)]
         if missing:
             return f"acknowledged indexes {missing[:5]} not in the committed history"
@@ -1217,6 +1319,10 @@ class Sim:
             for n in self.nodes:  # final: every replica's whole log is the history
                 n.checked = -1
             self.check()
+            top = max(n.store.committed_index for n in self.nodes)
+            if len(self.chist) - 1 < top:
+                self.fail(f"entries {len(self.chist)}..{top} are committed but no replica's log held them "
+                          f"where the history check could read them")
             if self.smc is not None:
                 self.smc.final_check()
         finally:
@@ -1246,6 +1352,8 @@ class _TraceLogs(logging.Handler):
         s = _ACTIVE
         if s is not None and record.levelno >= logging.INFO:
             s.trace_event(record.name.rsplit(".", 1)[-1], "log", (record.levelname[0], record.msg, record.args))
+            if isinstance(record.msg, str) and record.msg.startswith("resuming install"):
+                s.stats["install_resumes"] += 1  # a receiver reopened a partial install (restart)
 
 
 def _capture_logs() -> Any:
@@ -1299,6 +1407,21 @@ def _install_clock() -> None:
                 return _ACTIVE.disk_ratio if _ACTIVE is not None else _real(path)
             ratio._sim = True  # type: ignore[attr-defined]
             mod.disk_usage_ratio = ratio
+    from node.statemachine import snapshot_take
+
+    real_utc_now = snapshot_take.utc_now
+    if not getattr(real_utc_now, "_sim", False):
+        def utc_now() -> str:
+            """A snapshot's `created` (informational) on the virtual clock: it travels in every
+            install chunk's meta, so a wall-clock one would make traces differ between replays."""
+            s = _ACTIVE
+            if s is None:
+                return real_utc_now()
+            from datetime import UTC, datetime
+            t = datetime.fromtimestamp(s.now / 1000, UTC)
+            return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        utc_now._sim = True  # type: ignore[attr-defined]
+        snapshot_take.utc_now = utc_now
     from node.roles import retention
 
     if not isinstance(retention.time, _RetentionTime):
