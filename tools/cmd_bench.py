@@ -50,7 +50,16 @@ from dataclasses import dataclass, field
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 from node.statemachine import kv as K
-from tools.cli import CliError
+from tools.cli import (
+    CliError,
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    peers_arg,
+    positive_float,
+    positive_int,
+    size_arg,
+)
 from tools.local_group import LocalGroup
 
 _SEQ = struct.Struct(">Q")
@@ -58,29 +67,45 @@ _SEQ = struct.Struct(">Q")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     tgt = p.add_mutually_exclusive_group(required=True)
-    tgt.add_argument("--peers", help="a running group (DLedger peers string)")
-    tgt.add_argument("--local", type=int, metavar="N", help="start and stop an N-node local group")
-    p.add_argument("--group", default="default")
-    p.add_argument("--size", type=int, default=1024, help="body size in bytes (default 1024)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds to measure (default 10)")
-    p.add_argument("--count", type=int, default=None, help="entries to write instead of --duration")
-    p.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
-    p.add_argument("--batch", type=int, default=1, help="bodies per request (1 = single appends)")
-    p.add_argument("--mode", choices=("async", "sync"), default="async")
-    p.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring (default 1)")
-    p.add_argument("--verify-sample", type=int, default=1000, help="acknowledged indexes to read back")
-    p.add_argument("--max-error-rate", type=float, default=0.0,
-                   help="fail (exit 1) above this fraction of failed requests (default 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE.png", help="draw throughput and latency over time")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request client timeout")
+    tgt.add_argument("--peers", type=peers_arg, metavar="PEERS",
+                     help="a running group, DLedger peers string (required: --peers or --local)")
+    tgt.add_argument("--local", type=positive_int, metavar="N",
+                     help="start and stop an N-node local group, 64MiB/8MiB files in a temporary "
+                          "directory (required: --peers or --local)")
+    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    p.add_argument("--size", type=size_arg, default=1024, metavar="SIZE",
+                   help="body size, bytes or 1KiB-style (default: %(default)s)")
+    p.add_argument("--duration", type=positive_float, default=10.0, metavar="S",
+                   help="seconds to measure (default: %(default)s)")
+    p.add_argument("--count", type=positive_int, default=None, metavar="N",
+                   help="entries to write instead of --duration (default: use --duration)")
+    p.add_argument("--concurrency", type=positive_int, default=64, metavar="C",
+                   help="requests in flight (default: %(default)s)")
+    p.add_argument("--batch", type=positive_int, default=1, metavar="K",
+                   help="bodies per request, 1 = single appends (default: %(default)s)")
+    p.add_argument("--mode", choices=("async", "sync"), default="async",
+                   help="async: one pipelined client; sync: --concurrency waiting threads "
+                        "(default: %(default)s)")
+    p.add_argument("--warmup", type=nonneg_float, default=1.0, metavar="S",
+                   help="seconds before measuring (default: %(default)s)")
+    p.add_argument("--verify-sample", type=nonneg_int, default=1000, metavar="N",
+                   help="acknowledged indexes to read back (default: %(default)s)")
+    p.add_argument("--max-error-rate", type=fraction, default=0.0, metavar="F",
+                   help="fail (exit 1) above this fraction of failed requests (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: a line)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw throughput and latency over time (default: no plot)")
+    p.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
+                   help="per-request client timeout in seconds (default: %(default)s)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra `dledger server` argument for --local (repeatable)")
+                   help="extra `dledger server` argument for --local, repeatable (default: none)")
     p.add_argument("--kv", action="store_true",
-                   help="bench the KV store (--state-machine kv): puts and linearizable gets")
+                   help="bench the KV store (--state-machine kv): puts and linearizable gets "
+                        "(default: the log)")
     p.add_argument("--kv-op", choices=("put", "get", "mixed"), default="put",
-                   help="--kv: what each op is (default put; mixed = alternate put and get)")
-    p.add_argument("--keys", type=int, default=10_000, help="--kv: key space (default 10000)")
+                   help="--kv: what each op is; mixed = alternate put and get (default: %(default)s)")
+    p.add_argument("--keys", type=positive_int, default=10_000, metavar="N",
+                   help="--kv: key space (default: %(default)s)")
 
 
 @dataclass

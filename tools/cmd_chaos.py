@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="schedule seed (default: random, printed so the run can be replayed)")
     p.add_argument("--max-faults", type=int, default=None, metavar="N",
-                   help="stop after N faults even if --duration is not over")
+                   help="stop after N faults even if --duration is not over (default: no limit)")
     p.add_argument("--leader-share", type=float, default=0.6, metavar="P",
                    help="share of faults aimed at the leader, 0..1 (default: 0.6)")
     p.add_argument("--max-fault-seconds", type=float, default=2.5, metavar="S",
@@ -64,10 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-clients", type=int, default=4, metavar="N", help="KV clients with --kv (default: 4)")
     p.add_argument("--kv-keys", type=int, default=5, metavar="N", help="keys they share with --kv (default: 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
-    p.add_argument("--plot", metavar="FILE.png", help="draw throughput and fault windows over time")
+    p.add_argument("--plot", metavar="FILE.png", help="draw throughput and fault windows over time (default: no plot)")
     p.add_argument("--keep", action="store_true", help="keep the stores and logs even if the run passes")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra `dledger server` option, e.g. --server-arg=--heartbeat-interval-ms=50")
+                   help="extra `dledger server` option, e.g. --server-arg=--heartbeat-interval-ms=50 "
+                        "(repeatable; default: none)")
 
 
 def _options(args: argparse.Namespace):  # noqa: ANN202 - run.Options, imported lazily

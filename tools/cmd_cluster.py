@@ -1,12 +1,19 @@
 """Run a local N-node group on 127.0.0.1 in the foreground (one `dledger server` per node).
 
-Prints the peers string first (so another terminal can use `--peers`), then the nodes' logs.
-SIGTERM/SIGINT stops every node cleanly (SIGTERM, grace, SIGKILL) and exits 0. Without
---store-dir the stores live in a temporary directory that is removed at the end; with it, node
-i uses DIR/n<i> and the data stays.
+Prints the peers string first, alone on its line (so another terminal or a script can use
+`--peers`), then the nodes' logs. SIGTERM/SIGINT stops every node cleanly (SIGTERM, grace,
+SIGKILL) and exits 0. Without --store-dir the stores live in a temporary directory removed at
+the end (also on SIGTERM/SIGINT; one left by a cluster that was SIGKILLed is removed by the
+next `dledger cluster`); with it, node i uses DIR/n<i> and the data stays.
+
+Segment files default to 64MiB data / 8MiB index here (`dledger server`: 1GiB / 160MiB), so a
+3-node demo reserves about 220 MB of disk, not 3.5 GB; --data-file-size/--index-file-size
+choose others, and an existing --store-dir keeps the sizes it was created with. Every other
+option is passed to each `dledger server` (see `dledger server --help`).
 
 Example:
   dledger cluster --nodes 3
+  dledger cluster --nodes 3 --base-port 20911 --log-format json
   dledger metadata --peers "<the printed peers string>" --json
 """
 
@@ -15,44 +22,90 @@ from __future__ import annotations
 import argparse
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from node.config import ConfigError, add_node_arguments, build_config, cli_values
+from node.config import (
+    LOCAL_DATA_FILE_SIZE,
+    LOCAL_INDEX_FILE_SIZE,
+    ConfigError,
+    add_node_arguments,
+    build_config,
+    cli_values,
+    configure_logging,
+    format_size,
+)
 from node.ports import free_port_pairs
-from tools.cli import CliError
+from tools.cli import EXIT_USAGE, CliError
+
+MAX_NODES = 15
+TEMP_PREFIX = "dledger-cluster-"
+
+
+def _nodes(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= n <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_NODES}, got {n}")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= n <= 65534:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 65534, got {n}")
+    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
-    p.add_argument("--base-port", type=int, default=None,
-                   help="node i listens on BASE+2i (and BASE+2i+1); default: free ports")
-    p.add_argument("--store-dir", dest="cluster_store_dir", default=None,
-                   help="parent directory for the nodes' stores (default: a temporary one)")
+    p.add_argument("--nodes", type=_nodes, default=3, metavar="N",
+                   help=f"number of nodes, 1-{MAX_NODES} (default: %(default)s)")
+    p.add_argument("--base-port", type=_port, default=None, metavar="PORT",
+                   help="node i listens on PORT+2i (and PORT+2i+1) (default: free ports)")
+    p.add_argument("--store-dir", dest="cluster_store_dir", default=None, metavar="DIR",
+                   help="parent of the nodes' stores, kept at exit (default: a temporary one, removed)")
     add_node_arguments(p, skip=("id", "peers", "store_dir", "run_dir"))
 
 
+def _existing_file_size(d: Path) -> int | None:
+    """The size of the segment files already in `d` (a store made earlier), else None."""
+    try:
+        return next((f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()), None)
+    except OSError:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
-    if not 1 <= args.nodes <= 15:
-        raise CliError("--nodes must be between 1 and 15", 2)
+    if args.base_port is not None and args.base_port + 2 * args.nodes > 65535:
+        raise CliError(f"--base-port {args.base_port} leaves no room for {args.nodes} nodes "
+                       "(each needs 2 ports)", EXIT_USAGE)
     ports = ([args.base_port + 2 * i for i in range(args.nodes)] if args.base_port
              else free_port_pairs(args.nodes))
     peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
     options = cli_values(args)
+    for name, small, sub in (("data_file_size", LOCAL_DATA_FILE_SIZE, "data"),
+                             ("index_file_size", LOCAL_INDEX_FILE_SIZE, "index")):
+        if name not in options:
+            existing = (_existing_file_size(Path(args.cluster_store_dir) / "n0" / sub)
+                        if args.cluster_store_dir else None)
+            options[name] = format_size(existing or small)
     try:  # validate once here so a bad option is one clear message, not N crashed servers
-        build_config({}, {**options, "id": "n0", "peers": peers, "store_dir": "/tmp/x"})
+        build_config({}, {**options, "id": "n0", "peers": peers,
+                          "store_dir": str(Path(args.cluster_store_dir or "/tmp") / "n0")})
     except ConfigError as e:
         for problem in e.problems:
             print(f"dledger cluster: invalid option: {problem}", file=sys.stderr)
-        return 2
-    own_root = args.cluster_store_dir is None
-    root = Path(args.cluster_store_dir or tempfile.mkdtemp(prefix="dledger-cluster-"))
-    print(peers, flush=True)
+        return EXIT_USAGE
+    debug = getattr(args, "debug", False)
+    configure_logging(options.get("log_level", "info"), options.get("log_format", "text"), debug=debug)
     flags = [x for k, v in options.items() for x in ("--" + k.replace("_", "-"), str(v))]
     procs: list[subprocess.Popen] = []
     stop = {"now": False}
@@ -60,17 +113,33 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stop["now"] = True
 
+    # Signals first, the temporary directory second: a SIGTERM at any moment after this
+    # line ends in the `finally` that removes it.
     r, w = os.pipe()
     os.set_blocking(w, False)
     old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    root: Path | None = None
+    root_fd: int | None = None
     try:
+        if args.cluster_store_dir:
+            root = Path(args.cluster_store_dir)
+        else:
+            from node.rundirs import make_owned_tempdir
+
+            root, root_fd = make_owned_tempdir(TEMP_PREFIX)
+        print(peers, flush=True)
+        from node.roles.runtime import die_with_parent
+
         for i in range(args.nodes):
+            if stop["now"]:
+                break
             cmd = [sys.executable, "-m", "tools.cli", "server", "--id", f"n{i}", "--peers", peers,
                    "--store-dir", str(root / f"n{i}"), *flags]
-            if getattr(args, "debug", False):
+            if debug:
                 cmd.insert(3, "--debug")
-            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+            # die_with_parent: a cluster killed with SIGKILL still stops its nodes (SIGTERM).
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))
         while not stop["now"]:
             select.select([r], [], [], 1.0)
             for i, p in enumerate(procs):
@@ -93,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, h)
         os.close(r)
         os.close(w)
-        if own_root:
-            shutil.rmtree(root, ignore_errors=True)
+        if root_fd is not None:
+            from node.rundirs import release
+
+            release(root, root_fd)
     return 0

@@ -1,31 +1,43 @@
 """A local group of `dledger server` processes that a tool starts and stops itself.
 
-Used by `make run` (tools/demo.py), `dledger bench --local N` and tools/bench_failover.py:
-free loopback ports, stores in a temporary directory, each node in its own process group so a
-"crash" is one SIGKILL to all its processes, and everything stopped by PID in `close()`.
-Servers are tied to the *thread* that started them (Linux PDEATHSIG): start them from a thread
-that lives as long as the group, as the tools do from their main thread.
+Used by `make run` (tools/demo.py), `dledger bench --local N`, `dledger chaos` and
+tools/bench_failover.py: free loopback ports, stores in a temporary directory, each node in its
+own process group so a "crash" is one SIGKILL to all its processes, and everything stopped by
+PID in `close()`. Servers are tied to the *thread* that started them (Linux PDEATHSIG): start
+them from a thread that lives as long as the group, as the tools do from their main thread.
+
+Footprint and clean-up: segment files are 64 MiB data / 8 MiB index unless the tool passes its
+own sizes (a demo should not reserve gigabytes). The temporary directory goes in `close()`;
+SIGTERM is turned into SystemExit while a group runs (when the tool left SIGTERM at its default)
+so `finally: group.close()` runs then too; and a directory left by a tool that was SIGKILLed is
+reclaimed by the next LocalGroup (node.rundirs).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import zmq
 
 from ipc import protocol as P
 from ipc.codes import Role
+from node.config import LOCAL_DATA_FILE_SIZE, LOCAL_INDEX_FILE_SIZE
 from node.ports import free_port_pairs
 from node.roles.runtime import die_with_parent
+from node.rundirs import make_owned_tempdir, release
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+TEMP_PREFIX = "dledger-local-"
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 class LocalGroup:
@@ -33,8 +45,13 @@ class LocalGroup:
                  group: str = "default", hosts: list[str] | None = None) -> None:
         """`hosts`: one loopback address per node (default 127.0.0.1 for all); distinct ones
         let routing rules cut one node off (`dledger chaos` partitions)."""
-        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="dledger-local-"))
         self._own_root = root is None
+        self._root_fd: int | None = None
+        if root:
+            self.root = Path(root)
+        else:
+            self.root, self._root_fd = make_owned_tempdir(TEMP_PREFIX)
+        self._old_sigterm: object = None
         self.group = group
         self.ports = free_port_pairs(n)
         self.ids = [f"n{i}" for i in range(n)]
@@ -46,13 +63,15 @@ class LocalGroup:
 
     # ---- processes -------------------------------------------------------------------------
     def start(self, nid: str | None = None) -> LocalGroup:
+        self._catch_sigterm()
         for x in [nid] if nid else self.ids:
             log = open(self.root / f"{x}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 self.procs[x] = subprocess.Popen(
                     [sys.executable, "-m", "tools.cli", "server", "--id", x, "--peers", self.peers,
                      "--group", self.group, "--store-dir", str(self.root / x),
-                     "--data-file-size", str(256 << 20), "--index-file-size", str(32 << 20), *self.extra],
+                     "--data-file-size", str(LOCAL_DATA_FILE_SIZE),
+                     "--index-file-size", str(LOCAL_INDEX_FILE_SIZE), *self.extra],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                     # If the tool dies without close() (SIGKILL, the OOM killer), each server
                     # gets SIGTERM and stops cleanly instead of running on unowned.
@@ -69,37 +88,37 @@ class LocalGroup:
     def pids(self) -> list[int]:
         """Every process of every node (supervisors and their role children)."""
         out: list[int] = []
-        todo = [p.pid for p in self.procs.values() if p.poll() is None]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
+        for p in self.procs.values():
+            if p.poll() is not None:
+                continue
             try:
-                todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-            except OSError:
+                proc = psutil.Process(p.pid)
+                out += [proc.pid, *(c.pid for c in proc.children(recursive=True))]
+            except psutil.Error:  # it exited meanwhile
                 pass
         return out
 
     def cpu_seconds(self) -> float:
+        """User + system CPU of every live process of the group."""
         total = 0.0
         for pid in self.pids():
             try:
-                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(f[11]) + int(f[12])) / CLK_TCK
-            except (OSError, IndexError, ValueError):
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
                 pass
         return total
 
     def rss_by_process(self) -> dict[int, int]:
         """Anonymous resident memory (bytes) per pid: to check memory stays flat under load.
         (Plain RSS would also count the touched pages of the mapped store files, which grow
-        with the log by design and belong to the page cache.)"""
+        with the log by design and belong to the page cache; rss - shared is /proc's RssAnon.)"""
         out = {}
         for pid in self.pids():
             try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("RssAnon:"):
-                        out[pid] = int(line.split()[1]) * 1024
-            except OSError:
+                m = psutil.Process(pid).memory_info()
+                out[pid] = m.rss - m.shared
+            except psutil.Error:
                 pass
         return out
 
@@ -151,7 +170,23 @@ class LocalGroup:
                 p.wait()
         self.ctx.destroy(linger=0)
         if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
+            release(self.root, self._root_fd)
+            self._root_fd = None
+        self._restore_sigterm()
+
+    def _catch_sigterm(self) -> None:
+        """SIGTERM -> SystemExit while the group runs, so the tool's `finally: close()` removes
+        the stores; only when the tool has no SIGTERM handler of its own, and only from the
+        main thread (where Python runs signal handlers)."""
+        if self._old_sigterm is not None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+    def _restore_sigterm(self) -> None:
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
+            self._old_sigterm = None
 
     def __enter__(self) -> LocalGroup:
         return self

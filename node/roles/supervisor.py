@@ -21,12 +21,10 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from pathlib import Path
 
 from node.config import NodeConfig
 from node.roles.runtime import EXIT_FATAL, fatal_file, state_name
+from node.rundirs import make_owned_tempdir, release
 from node.shared_state import SharedState, monotonic_ms
 
 HANG_MS = 10_000
@@ -94,6 +93,7 @@ class Supervisor:
         self.state: SharedState | None = None
         self.run_dir: Path | None = None
         self._own_run_dir = False
+        self._run_dir_fd: int | None = None
         self._lock_fd: int | None = None
         self._stop_requested = False
         self._child_exited = False
@@ -137,8 +137,10 @@ class Supervisor:
         if self.cfg.run_dir:
             self.run_dir = Path(self.cfg.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        else:  # short: ipc:// socket paths must stay under ~100 bytes
-            self.run_dir = Path(tempfile.mkdtemp(prefix=f"dl-{self.node}-", dir="/tmp"))
+        else:  # short: ipc:// socket paths must stay under ~100 bytes. Owned (node.rundirs):
+            # the run dirs of nodes that were SIGKILLed are reclaimed here, not left in /tmp.
+            self.run_dir, self._run_dir_fd = make_owned_tempdir(f"dl-{self.node}-", "/tmp",
+                                                                sweep_prefix="dl-")
             self._own_run_dir = True
         cfg = json.loads(self.cfg.to_json())
         cfg["store_dir"] = str(self.store_dir)
@@ -304,7 +306,8 @@ class Supervisor:
             self.state = None
         (self.store_dir / "run.json").unlink(missing_ok=True)
         if self.run_dir is not None and self._own_run_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            release(self.run_dir, self._run_dir_fd)
+            self._run_dir_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
