@@ -84,3 +84,31 @@ def test_version(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("dledger ") and out.split()[1][0].isdigit()
+
+
+def test_operations_md_lists_every_server_option_with_its_default():
+    """docs/operations.md "Every option" is the --help of `dledger server` for readers: the
+    same options, the same defaults (it once said 200 ms heartbeats after the code said 100)."""
+    from pathlib import Path
+
+    from node.config import _DEFAULTS, _FIELDS, REQUIRED, SIZE_FIELDS, format_size
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = cells[1].strip("`")
+    for name in _FIELDS:
+        flag = name.replace("_", "-")
+        assert flag in rows, f"docs/operations.md does not list --{flag}"
+        d = getattr(_DEFAULTS, name)
+        if name in REQUIRED:
+            want = "—"
+        elif name in SIZE_FIELDS:
+            want = format_size(d)
+        elif isinstance(d, bool):
+            want = "true" if d else "false"
+        else:
+            want = str(d) if d != "" else "(none)"
+        assert rows[flag] == want, f"--{flag}: docs/operations.md says {rows[flag]}, the code {want}"
