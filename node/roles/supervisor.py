@@ -139,8 +139,8 @@ class Supervisor:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         else:  # short: ipc:// socket paths must stay under ~100 bytes. Owned (node.rundirs):
             # the run dirs of nodes that were SIGKILLed are reclaimed here, not left in /tmp.
-            self.run_dir, self._run_dir_fd = make_owned_tempdir(f"dl-{self.node}-", "/tmp",
-                                                                sweep_prefix="dl-")
+            self.run_dir, self._run_dir_fd = make_owned_tempdir(
+                f"dl-{self.node}-", "/tmp", sweep_prefix="dl-", legacy_run_dirs=True)
             self._own_run_dir = True
         cfg = json.loads(self.cfg.to_json())
         cfg["store_dir"] = str(self.store_dir)

@@ -139,8 +139,11 @@ def test_run_dir_of_a_sigkilled_node_is_reclaimed_at_the_next_start(tmp_path):
         b_run = Path(json.loads((store_b / "run.json").read_text())["run_dir"])
         c, store_c = _server(tmp_path, "c")
         try:
-            wait_for(lambda: (store_c / "run.json").exists(), 20, "node c to start")
+            c_info = wait_for(lambda: json.loads((store_c / "run.json").read_text()), 20, "node c's run.json")
             assert b_run.exists()
+            # (its roles bind their sockets after its signal handlers are in place)
+            wait_for(lambda: any(f.is_socket() for f in Path(c_info["run_dir"]).iterdir()), 20,
+                     "node c's roles to start")
         finally:
             c.send_signal(signal.SIGTERM)
             assert c.wait(timeout=30) == 0
