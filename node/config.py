@@ -499,10 +499,15 @@ def _dir_problem(path: Path) -> str | None:
     return None
 
 
-def help_text(name: str) -> str:
-    """The one line of `--help` for field `name`: what it does, its unit and its default."""
+_CHOICE_FIELDS = ("flush_mode", "log_level", "log_format")  # argparse's metavar lists the choices
+
+
+def help_text(name: str, default: Any = None) -> str:
+    """The one line of `--help` for field `name`: what it does, its unit and its default (the
+    node's, or `default`: a tool's own, such as `dledger cluster`'s small files)."""
     text, unit = FIELD_HELP[name]
-    default = getattr(_DEFAULTS, name)
+    if default is None:
+        default = getattr(_DEFAULTS, name)
     if name in REQUIRED:
         return f"{text} (required)"
     if name in SIZE_FIELDS:
@@ -511,7 +516,7 @@ def help_text(name: str) -> str:
         shown = "true" if default else "false"
     else:
         shown = str(default) if default != "" else "none"
-    unit_note = f" [{unit}]" if unit.islower() or "|" in unit else ""
+    unit_note = f" [{unit}]" if (unit.islower() or "|" in unit) and name not in _CHOICE_FIELDS else ""
     return f"{text}{unit_note} (default: {shown})"
 
 
@@ -519,9 +524,11 @@ _METAVARS = {"ms": "MS", "bytes": "SIZE", "bytes/s": "SIZE", "hours": "HOURS", "
              "true|false": "BOOL"}
 
 
-def add_node_arguments(parser: Any, skip: tuple[str, ...] = ()) -> None:
+def add_node_arguments(parser: Any, skip: tuple[str, ...] = (),
+                       defaults: dict[str, Any] | None = None) -> None:
     """Add one `--flag` per NodeConfig field (default None = "not given", so a config file's
-    value is not overridden by an argparse default; the real default is in the help line)."""
+    value is not overridden by an argparse default; the real default is in the help line, or
+    the tool's own from `defaults`)."""
     for name in _FIELDS:
         if name in skip:
             continue
@@ -530,7 +537,7 @@ def add_node_arguments(parser: Any, skip: tuple[str, ...] = ()) -> None:
         if "|" in unit:
             metavar = "{" + unit.replace("|", ",") + "}" if name.startswith("log_") or name == "flush_mode" else "BOOL"
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
-                            help=help_text(name))
+                            help=help_text(name, (defaults or {}).get(name)))
 
 
 def cli_values(args: Any) -> dict[str, Any]:

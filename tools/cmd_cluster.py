@@ -72,7 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="node i listens on PORT+2i (and PORT+2i+1) (default: free ports)")
     p.add_argument("--store-dir", dest="cluster_store_dir", default=None, metavar="DIR",
                    help="parent of the nodes' stores, kept at exit (default: a temporary one, removed)")
-    add_node_arguments(p, skip=("id", "peers", "store_dir", "run_dir"))
+    add_node_arguments(p, skip=("id", "peers", "store_dir", "run_dir"),
+                       defaults={"data_file_size": LOCAL_DATA_FILE_SIZE,
+                                 "index_file_size": LOCAL_INDEX_FILE_SIZE})
 
 
 def _existing_file_size(d: Path) -> int | None:

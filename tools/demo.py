@@ -1,7 +1,8 @@
 """`make run`: the main job, end to end, printed as it happens.
 
 Starts a local 3-node group (three `dledger server` processes on free loopback ports, stores
-in a temporary directory), appends entries through the client library and reads them back.
+in a temporary directory with 64 MiB data / 8 MiB index files: tools/local_group.py), appends
+entries through the client library and reads them back.
 Then a failover, measured rather than estimated:
 
 * a sequential writer (its own client, sessions on) appends small bodies one at a time from
@@ -15,7 +16,8 @@ sight: before the kill an APPEND stamped (session, seq 1) goes to the old leader
 failover the very same stamped APPEND is resent to the new leader, which answers with the
 original index and writes nothing. Finally the killed node rejoins, and the committed log is
 checked: every acknowledged body exactly once, at its acknowledged index (exit 1 otherwise).
-Everything is stopped by PID, even on Ctrl-C or an error.
+Everything is stopped by PID and the stores removed, even on Ctrl-C, SIGTERM or an error (a
+run that was SIGKILLed leaves them for the next local group to reclaim).
 """
 
 from __future__ import annotations
