@@ -24,7 +24,7 @@ def _command_parsers():
         top = cli.build_parser([name])
         sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
         child = sub.choices[name]
-        if hasattr(child.parse_args.__self__, "_defaults") and "_missing" in child._defaults:
+        if "_missing" in child._defaults:
             continue  # an optional dependency (pyspark) is not installed here
         yield from _walk(child, name)
 
