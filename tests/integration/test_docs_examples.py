@@ -2,7 +2,7 @@
 README's Python snippet once hard-coded ports `dledger cluster` never uses, and a newcomer's
 first script ended in a TIMEOUT traceback). The cluster picks free ports; its first line is the
 peers string the README tells the reader to paste where it says `<peers>`. The dry parse of
-every example is tests/unit/test_docs_examples.py."""
+every example is tests/unit/test_cli_docs_examples.py."""
 
 from __future__ import annotations
 
