@@ -146,6 +146,11 @@ class DispatcherCore:
         self.backup: tuple[int, int, int] | None = None  # (x_term, x_index, compared index)
         self.install: InstallSender | None = None  # the snapshot being sent (state INSTALL)
         self.installed: tuple[int, int] | None = None  # (index, term) the follower installed
+        # A compare below the leader's log begin, at a known snapshot position, that the
+        # follower refused: it lacks that position, and nothing below it can be sent, so the
+        # next compare there must be an install instead (else compare → refuse → clamp → compare
+        # again at the same position, for ever: found by the simulator, seeds 19 and 27).
+        self.known_compare_refused = -1
 
     # ---- lifecycle ------------------------------------------------------------------------
     def become_leader(self, term: int, ledger_end: int) -> None:
@@ -161,6 +166,7 @@ class DispatcherCore:
         self.backup = None
         self.install = None
         self.installed = None
+        self.known_compare_refused = -1
 
     def step_down(self) -> None:
         self.state = PushState.IDLE
@@ -197,6 +203,7 @@ class DispatcherCore:
             return
         if ins.on_response(offset, code == RC.SUCCESS, received, installed and code == RC.SUCCESS, now_ms):
             self.installed = (ins.last_index, ins.last_term)
+            self.known_compare_refused = -1
             self.install = None
             self._to_compare(now_ms)
             self.write_index = ins.last_index + 1
@@ -245,8 +252,8 @@ class DispatcherCore:
                 return Compare(-1, -1)  # empty leader log, or compare from the very start
             if pre < begin:
                 known = self.known_position(pre, snapshot)
-                if known is not None:  # a snapshot's last entry: compare there (after an install)
-                    return Compare(pre, known)
+                if known is not None and pre != self.known_compare_refused:
+                    return Compare(pre, known)  # a snapshot's last entry (after an install)
                 self.inflight_request = None
                 return NeedSnapshot(pre)
             return Compare(pre, term_at(pre))
@@ -312,6 +319,7 @@ class DispatcherCore:
                 self.state = PushState.TRUNCATE
                 return True
             if code == RC.INCONSISTENT_STATE:
+                self.known_compare_refused = first_index
                 if x_term != -1:  # fast backup, resolved against our log in next_action
                     self.backup = (x_term, x_index, self.write_index - 1)
                 else:  # the follower lacks the entry: continue from its end

@@ -255,3 +255,20 @@ def test_after_a_reset_the_log_base_answers_the_leaders_compare_and_the_next_app
     assert decide_compare(s, 9, 3).code == RC.INCONSISTENT_STATE  # inside the snapshot: unknown
     c = core()
     assert c.reset_done(10, follower_view()) == [] and c.verified_end == 10
+
+
+def test_a_refused_compare_at_the_snapshot_position_below_the_log_begin_becomes_an_install():
+    """Found by the simulator (seeds 19, 27): the leader's log begins right after its snapshot
+    S; a follower whose log ends before S is compared at S (its term known from the snapshot),
+    refuses, is clamped back to S... for ever. The second time it must be an install."""
+    d = DispatcherCore()
+    d.become_leader(3, 300)
+    ta = terms(251, 300)
+    d.write_index = 100  # the follower said its log ends at 99
+    assert d.next_action(0, 251, 300, 300, ta, snapshot=(250, 2)) == Compare(250, 2)
+    d.on_response("COMPARE", RC.INCONSISTENT_STATE, 1, end_index=99, first_index=250)
+    assert d.next_action(2, 251, 300, 300, ta, snapshot=(250, 2)) == NeedSnapshot(250)
+    d.start_install(250, 2, 0, CFG)
+    d.sent(d.next_action(3, 251, 300, 300, ta), 3)
+    d.on_install_response(0, RC.SUCCESS, 4, received=0, installed=True)
+    assert d.next_action(5, 251, 300, 300, ta, snapshot=(250, 2)) == Compare(250, 2)  # now it holds it
