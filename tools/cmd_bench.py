@@ -36,6 +36,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import gc
 import json
@@ -515,6 +516,7 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
         "requests_per_s": len(meas) / span, "p50_ms": f["p50_ms"], "p99_ms": f["p99_ms"],
         "p999_ms": f["p999_ms"], "max_ms": f["max_ms"], "errors": len(errs),
         "error_kinds": sorted({e[1] for e in errs}), "error_rate": len(errs) / requests if requests else 0.0,
+        "errors_by_code": dict(sorted(collections.Counter(e[1] for e in errs).items())),
         unit: entries, "seconds": span,
         "config": {k: getattr(args, k) for k in keys},
         "samples": samples,
@@ -689,7 +691,9 @@ def run(args: argparse.Namespace) -> int:
                     if v.get("gets_compared") else "")
         print(f"{res[unit + '_per_s']:,.0f} {unit}/s  {res['mb_per_s']:.1f} MB/s  "
               f"({res['requests_per_s']:,.0f} requests/s)  latency p50 {res['p50_ms']:.2f} ms  "
-              f"p99 {res['p99_ms']:.2f} ms  p99.9 {res['p999_ms']:.2f} ms  errors {res['errors']}  "
+              f"p99 {res['p99_ms']:.2f} ms  p99.9 {res['p999_ms']:.2f} ms  errors {res['errors']}"
+              + (" (" + ", ".join(f"{k} x{n:,}" for k, n in res["errors_by_code"].items()) + ")"
+                 if res["errors"] else "") + "  "
               f"verified {res['verified']['checked'] - res['verified']['mismatched']}/"
               f"{res['verified']['checked']}" + retired_note(res["verified"]) + compared)
     return 0 if ok else 1

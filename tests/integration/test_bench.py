@@ -102,6 +102,7 @@ def test_bench_counts_failures_and_stays_small_when_every_append_fails():
     assert r.returncode == 1, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["errors"] > 1000 and res["error_kinds"] == ["DISK_FULL"] and res["entries"] == 0
+    assert res["errors_by_code"] == {"DISK_FULL": res["errors"]}
     assert res["client_max_rss_mb"] < 400, res["client_max_rss_mb"]
     assert not _leaked(before), "the bench left a node's shared block behind"
 
