@@ -137,7 +137,7 @@ class StateMachineChecks:
         self.views = [NodeView() for _ in sim.nodes]
         self.waiting: dict[int, list[tuple[bytes, str]]] = {}  # results for indexes not committed yet
         self.last_value: dict[bytes, bytes] = {}  # per key, the value a writer sent last
-        self.positions: list[tuple[Node, int, int, str]] = []  # snapshot positions not committed yet
+        self.positions: list[tuple[str, int, int, str]] = []  # snapshot positions not committed yet
 
     # ------------------------------------------------------------------ what clients send
     def command(self, rng: Any, tag: bytes, pad: int) -> bytes:
@@ -210,12 +210,10 @@ class StateMachineChecks:
         if msg.code != RC.SUCCESS or not isinstance(msg, P.SnapshotResponse):
             return
         self.sim.stats["snapshot_requests_ok"] += 1
-        h = self.sim.chist
         s, t = msg.last_index, msg.last_term
         if (s, t) == (-1, -1):
             return  # nothing applied there yet: nothing to snapshot
-        if not 0 <= s < len(h) or h[s][0] != t:
-            self.sim.fail(f"{node}: snapshot request answered ({s}, term {t}), which is no committed entry")
+        self._committed_position(node, s, t, "a snapshot request was answered with")
 
     # ------------------------------------------------------------------ after every step
     def check(self) -> None:
@@ -227,8 +225,8 @@ class StateMachineChecks:
                     self.on_result(i, result, who)
             if self.positions:
                 due, self.positions = self.positions, []
-                for n, s, t, what in due:
-                    self._committed_position(n, s, t, what)
+                for who, s, t, what in due:
+                    self._committed_position(who, s, t, what)
         for n in sim.nodes:
             v = self.views[n.idx]
             # what its store says, and what a handler published before dying (a restarted one
@@ -326,16 +324,16 @@ class StateMachineChecks:
                               f"snapshot ({v.newest_snapshot}): a restart cannot rebuild the state")
 
     # ------------------------------------------------------------------ install snapshot
-    def _committed_position(self, n: Node, s: int, t: int, what: str, final: bool = False) -> None:
+    def _committed_position(self, who: str, s: int, t: int, what: str, final: bool = False) -> None:
         """(s, t) must be a committed entry. One beyond the history is looked at again when the
         history reaches it (a leader's applier follows the commit index its ack checker
         published, which the simulator reads from the stores a little later)."""
         h = self.sim.chist
         if s >= len(h) and not final:
-            self.positions.append((n, s, t, what))
+            self.positions.append((who, s, t, what))
             return
         if not 0 <= s < len(h) or h[s][0] != t:
-            self.sim.fail(f"{n.id}: {what} snapshot {s}/{t}, which is no committed entry (the history "
+            self.sim.fail(f"{who}: {what} snapshot {s}/{t}, which is no committed entry (the history "
                           f"{'has term ' + str(h[s][0]) + ' there' if 0 <= s < len(h) else 'ends at ' + str(len(h) - 1)})")
 
     def on_reset(self, n: Node, store: Any, phase: str, s: int, t: int) -> None:
@@ -347,7 +345,7 @@ class StateMachineChecks:
         sim = self.sim
         if phase == "before":
             sim.stats["install_resets"] += 1
-            self._committed_position(n, s, t, "resets its log to")
+            self._committed_position(n.id, s, t, "resets its log to")
             a = n.roles.get("applier")
             if a is not None and a.alive and a.started and a.ap.applied < s:  # type: ignore[attr-defined]
                 sim.fail(f"{n.id}: its handler resets the log to begin after snapshot {s}/{t} while its applier "
@@ -375,7 +373,7 @@ class StateMachineChecks:
         self.sim.stats["applier_installs"] += 1
         v = self.views[n.idx]
         v.installed = max(v.installed, meta.last_index)
-        self._committed_position(n, meta.last_index, meta.last_term, "its applier installed")
+        self._committed_position(n.id, meta.last_index, meta.last_term, "its applier installed")
 
     def on_install_done(self, leader: Node, f: Node, s: int, t: int) -> None:
         """The leader's dispatcher took the follower's `installed` for snapshot (s, t): the
@@ -455,8 +453,8 @@ class StateMachineChecks:
         for n in self.sim.nodes:
             self.check_snapshots_on_disk(n, final=True)
             self._check_compaction(n, self.views[n.idx])
-        for n, s, t, what in self.positions:
-            self._committed_position(n, s, t, what, final=True)
+        for who, s, t, what in self.positions:
+            self._committed_position(who, s, t, what, final=True)
         if self.waiting:
             i = min(self.waiting)
             self.sim.fail(f"a result for index {i} was returned but the group never committed it")
