@@ -131,3 +131,45 @@ def test_a_follower_behind_a_leader_whose_log_begins_right_after_its_snapshot_ca
     probed again."""
     r = run_seed(SimConfig(seed=seed, store="segment", state_machine="kv", steps=steps))
     assert r.ok, _explain(r)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug (reported): a follower whose own retention "
+                   "moved its log begin to committed + 1, with a divergent uncommitted tail from there, cannot "
+                   "be brought back: it cannot read the term of begin - 1, and its store refuses a TRUNCATE at "
+                   "the begin (strict: remove once fixed)")
+@pytest.mark.parametrize(("seed", "faults"), [(60045, ALL_FAULTS), (50664, ALL_FAULTS + ("corrupt",))])
+def test_a_follower_with_a_divergent_tail_right_after_its_compacted_prefix_catches_up(
+        seed: int, faults: tuple[str, ...]) -> None:
+    """Found by the simulator with installs (production code at f7fd561). In seed 50664 n1, an
+    old leader restarted with entries up to 191 of term 2 (committed 135, its retention then
+    deleting everything up to 135), follows a new leader n0 whose log begins at 136 (its
+    snapshot is 135/2). n0 compares at 136: refused (term 2 there); backs up to 135, a known snapshot
+    position: n1 cannot read the term of 135 (its log base is gone with retention) and
+    refuses; n0 compares at 136 again, and so on for ever. Answering the compare from the
+    committed index instead is not enough: the TRUNCATE at 136 that follows is refused by the
+    store (at or below the ledger begin). Seed 60045: the same at 151/152."""
+    r = run_seed(SimConfig(seed=seed, store="segment", state_machine="kv", steps=STEPS, faults=faults))
+    if not r.ok and "no convergence" not in r.error:
+        pytest.fail(f"another failure than the known bug: {_explain(r)}")  # not an AssertionError
+    assert r.ok, _explain(r)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug (reported): a late `installed` answer to "
+                   "a chunk of an abandoned transfer completes the next transfer, of another snapshot "
+                   "(strict: remove once fixed)")
+def test_an_answer_to_an_abandoned_transfer_does_not_complete_the_next_one() -> None:
+    """Found by the simulator with installs (production code at f7fd561). The leader n0 sends
+    snapshot 49/3 to n2; n2's applier is killed near the end and the restarted one resumes at
+    byte 1800. A late error answer to a chunk sent while the applier was down ("the applier is
+    not taking requests") makes the leader abandon the transfer, and its last chunk, already
+    on its way, installs 49/3. When the leader starts over, its newest snapshot is 52/3; the
+    answer to 49/3's last chunk (`installed`) arrives 2 ms later: `InstallResponse` does not
+    say which snapshot, and the dispatcher still maps its request id to an INSTALL chunk, so
+    the leader counts 52/3 as installed on a follower whose log ends at 49. It recovers (the compare at 52 is refused,
+    and 52/3 is installed again), but the belief is false: "a follower the leader counts as
+    installed holds (S, T)" fails."""
+    r = run_seed(SimConfig(seed=91743, store="segment", state_machine="kv", steps=STEPS,
+                           faults=ALL_FAULTS + ("corrupt",)))
+    if not r.ok and "is installed, but its log" not in r.error:
+        pytest.fail(f"another failure than the known bug: {_explain(r)}")  # not an AssertionError
+    assert r.ok, _explain(r)

@@ -539,6 +539,12 @@ class Sim:
                                              window=r.choice((1, 2, 4)),
                                              chunk_timeout_ms=r.choice((300, 1000, 5000)))
             self.p_install_fault = r.uniform(0.01, 0.08)
+            self.install_faults = [w for w, f in (
+                ("follower-applier", "role-crash"), ("follower-handler", "role-crash"),
+                ("leader-dispatcher", "role-crash"), ("follower-node", "crash"), ("leader-node", "crash"),
+                ("pause-applier", "pause"), ("new-leader", "partition")) if f in self.faults]
+            if not self.install_faults:
+                self.p_install_fault = 0.0
         if cfg.state_machine:
             from tools.sim.smcheck import StateMachineChecks
             self.smc = StateMachineChecks(self, cfg.state_machine)
@@ -788,8 +794,7 @@ class Sim:
         r = self.rng
         if not self.faulting or r.random() >= self.p_install_fault:
             return
-        what = r.choice(("follower-applier", "follower-handler", "leader-dispatcher", "follower-node",
-                         "leader-node", "pause-applier", "new-leader"))
+        what = r.choice(self.install_faults)
         self.stats["install_faults"] += 1
 
         def strike() -> None:
@@ -960,7 +965,7 @@ class Sim:
             kinds.append("disk-full")
         if self.smc is not None and "role-crash" in self.faults:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
-        if self.installs:
+        if self.installs and ("partition" in self.faults or "crash" in self.faults):
             kinds += ["lagging-install", "lagging-install"]
         if not kinds:
             return
@@ -1121,7 +1126,7 @@ class Sim:
         ms = r.randint(2000, 8000)
         self.quiet_until = self.now + ms
         self.stats["lagging_install_shapes"] += 1
-        if r.random() < 0.6:
+        if r.random() < 0.6 and "partition" in self.faults or "crash" not in self.faults:
             self._cut(self._isolate([z.idx]), f"keep {z.id} away (install)", ms)
         else:
             self.trace_event("sim", "lagging", f"{z.id} down for {ms} ms (install)")
