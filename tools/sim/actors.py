@@ -147,6 +147,7 @@ class SimSegmentStore(_DiskFullable, SegmentStore):
 
     retention_floor: Any = None  # --no-installs: () -> the highest index every replica committed
     on_reset: Any = None  # install snapshot: (store, phase "before"/"after", index, term) -> None
+    before_delete: Any = None  # retention: (store) -> None, the simulator reads what it commits first
 
     def _flush_service(self) -> None:
         return
@@ -160,6 +161,15 @@ class SimSegmentStore(_DiskFullable, SegmentStore):
         super().reset_to(snapshot_index, snapshot_term)
         if self.on_reset is not None:
             self.on_reset(self, "after", snapshot_index, snapshot_term)
+
+    def delete_before(self, index: int, wait: bool = True) -> int | None:
+        """The real `delete_before`, once the simulator has read this store's committed entries
+        into the history: with installs, retention may delete entries no other replica's store
+        ever showed committed (their leader's store commits a moment after its block; the
+        others were installed past them), and the history must not have a hole."""
+        if self.before_delete is not None:
+            self.before_delete(self)
+        return super().delete_before(index, wait)
 
     def data_file_ranges(self, limit: int) -> list[tuple[int, int, float]]:
         """What retention may look at. By default all of it: a replica that needs an entry
@@ -269,6 +279,7 @@ class HandlerActor(Actor):
         if sim.smc is not None and isinstance(h.store, SimSegmentStore):
             if sim.installs:
                 h.store.on_reset = lambda st, phase, s, t: sim.smc.on_reset(node, st, phase, s, t)
+                h.store.before_delete = lambda st: sim.record_committed(node, st)
             else:
                 h.store.retention_floor = sim.smc.retention_floor
         h.open()

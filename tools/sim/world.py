@@ -1220,6 +1220,12 @@ class Sim:
         if self.smc is not None:
             self.smc.check()
 
+    def record_committed(self, n: Node, s: Any) -> None:
+        """Read (and check) the node's committed entries into the history now, before its
+        retention deletes some of them (SimSegmentStore.delete_before)."""
+        if s.committed_index > n.checked:
+            n.checked = self._check_committed(n, s, n.checked + 1, s.committed_index)
+
     def _check_committed(self, n: Node, s: Any, lo: int, hi: int) -> int:
         """Check the node's committed entries lo..hi against the history (extending it); return
         the highest index checked (the history's end when the node's log begins after it)."""
