@@ -259,6 +259,12 @@ class Dispatcher:
             self.core.not_before_ms = now + NO_SNAPSHOT_RETRY_MS
             return False
         self.sending = snap
+        # Answers to chunks of an earlier transfer must not count for this one: an INSTALL
+        # answer does not say which snapshot it is about, and a late `installed` of another
+        # snapshot would make the leader believe the follower holds this one (found by the
+        # simulator, seed 91743).
+        for rid in [r for r, (kind, _o) in self.inflight.items() if kind == "INSTALL"]:
+            del self.inflight[rid]
         self.core.start_install(snap.last_index, snap.last_term, snap.size)
         self.log.info("%s needs entry %d, which this leader's log no longer holds: installing "
                       "snapshot %d/%d (%d bytes)", self.peer, need.index, snap.last_index,

@@ -154,9 +154,6 @@ def test_a_follower_with_a_divergent_tail_right_after_its_compacted_prefix_catch
     assert r.ok, _explain(r)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug (reported): a late `installed` answer to "
-                   "a chunk of an abandoned transfer completes the next transfer, of another snapshot "
-                   "(strict: remove once fixed)")
 def test_an_answer_to_an_abandoned_transfer_does_not_complete_the_next_one() -> None:
     """Found by the simulator with installs (production code at f7fd561). The leader n0 sends
     snapshot 49/3 to n2; n2's applier is killed near the end and the restarted one resumes at
