@@ -114,6 +114,7 @@ class StoreTruncate:
     ident: bytes
     req: P.PushRequest
     cut: int
+    base_term: int = -1  # the term of entry cut - 1 when it is committed here, else -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +310,13 @@ class FollowerCore:
             # follower has since stored and committed, and its TRUNCATE there was refused on
             # every retry (found by the simulator, seeds 2579 and 99589).
             cut = max(req.first_index, self.verified_end + 1, store.committed_index + 1)
-            return [*out, StoreTruncate(ident, req, cut)]
+            # Cutting at the log's begin empties it, which needs the term of the entry before
+            # (the new log base). After an install the store has it; after this follower's own
+            # retention only the leader does: it rides on the TRUNCATE (pre_log_*), and the
+            # entry is committed here, so it is the leader's (see decide_compare).
+            base_term = (req.pre_log_term if req.pre_log_index == cut - 1 and req.pre_log_term >= 0
+                         and cut - 1 <= store.committed_index else -1)
+            return [*out, StoreTruncate(ident, req, cut, base_term)]
         return [*out, Reply(ident, req, RC.UNEXPECTED_ARGUMENT, term)]
 
     def _on_append(self, ident: bytes, req: P.PushRequest, frame: bytes, term: int, now_ms: int,

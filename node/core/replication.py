@@ -402,12 +402,18 @@ def decide_compare(store, pre_index: int, pre_term: int) -> CompareAnswer:  # no
     if pre_index < begin - 1:
         return CompareAnswer(RC.INCONSISTENT_STATE)  # deleted here: needs a snapshot/reset
     if pre_index == begin - 1:
-        # Known only as the log base of a log that begins after an installed snapshot (term_at
-        # answers it); after retention it is as unknown as any deleted entry.
+        # Known as the log base of a log that begins after an installed snapshot (term_at
+        # answers it). After this follower's own retention it is deleted; if it is committed
+        # here it is still the leader's entry (a committed entry is in every later leader's
+        # log at the same index and term), so the compare succeeds, and the TRUNCATE that
+        # follows carries its term. Refusing it left a follower whose retention cut its log
+        # right after its committed index, with an old leader's tail from there, compared at
+        # that index for ever (found by the simulator, seeds 50664, 60045).
         try:
             mine = store.term_at(pre_index)
         except StoreError:
-            return CompareAnswer(RC.INCONSISTENT_STATE)
+            ok = 0 <= pre_index <= store.committed_index
+            return CompareAnswer(RC.SUCCESS if ok else RC.INCONSISTENT_STATE)
     else:
         mine = store.term_at(pre_index)
     if mine == pre_term:

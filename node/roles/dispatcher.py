@@ -306,7 +306,11 @@ class Dispatcher:
                                 pre_log_term=action.pre_term, **base)
             return P.encode(msg), "COMPARE", action.pre_index, 0, 0
         if isinstance(action, Truncate):
-            msg = P.PushRequest(kind=P.PushKind.TRUNCATE, first_index=action.index, **base)
+            # The entry before the cut rides along (the compare matched it): a follower whose
+            # own retention deleted it needs its term to empty its log (FollowerCore TRUNCATE).
+            pre = action.index - 1
+            msg = P.PushRequest(kind=P.PushKind.TRUNCATE, first_index=action.index, pre_log_index=pre,
+                                pre_log_term=self._term_of(pre, led, known) if pre >= 0 else -1, **base)
             return P.encode(msg), "TRUNCATE", action.index, 0, 0
         if isinstance(action, Append):
             if not self._quota_ok(now, led.ledger_end_index, action.first_index):

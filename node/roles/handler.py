@@ -997,10 +997,18 @@ class Handler(FollowerInstall):
                 if not same_leadership(view, fresh):
                     self._push_reply(e.ident, e.req, RC.INCONSISTENT_TERM, fresh.current_term)
                     return
-                if e.cut <= self.store.ledger_end_index:
+                s = self.store
+                if e.cut <= s.ledger_end_index:
                     self.log.info("truncating from index %d (leader %s, term %d)", e.cut,
                                   e.req.leader_id, e.req.term)
-                    self.store.truncate(e.cut)
+                    if (e.cut == s.ledger_begin_index and e.cut > 0 and s.log_base is None
+                            and e.base_term >= 0):
+                        # The whole log goes, and retention deleted the entry before it: the
+                        # empty log begins after that (committed) entry, whose term the leader
+                        # sent (FollowerCore TRUNCATE).
+                        s.reset_to(e.cut - 1, e.base_term)
+                    else:
+                        s.truncate(e.cut)
                     self.publish_ledger()
         except (StoreError, OSError) as err:
             self._write_refused(err, f"truncate({e.cut})", e.ident, e.req, view)

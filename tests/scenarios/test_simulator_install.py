@@ -133,10 +133,6 @@ def test_a_follower_behind_a_leader_whose_log_begins_right_after_its_snapshot_ca
     assert r.ok, _explain(r)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug (reported): a follower whose own retention "
-                   "moved its log begin to committed + 1, with a divergent uncommitted tail from there, cannot "
-                   "be brought back: it cannot read the term of begin - 1, and its store refuses a TRUNCATE at "
-                   "the begin (strict: remove once fixed)")
 @pytest.mark.parametrize(("seed", "faults"), [(60045, ALL_FAULTS), (50664, ALL_FAULTS + ("corrupt",))])
 def test_a_follower_with_a_divergent_tail_right_after_its_compacted_prefix_catches_up(
         seed: int, faults: tuple[str, ...]) -> None:

@@ -42,9 +42,10 @@ class BegunStore:
     """A log whose first entries were deleted by retention (begin > 0): MemoryStore cannot
     express that, and decide_compare only reads these four things."""
 
-    def __init__(self, begin: int, terms: list[int]) -> None:
+    def __init__(self, begin: int, terms: list[int], committed: int = -1) -> None:
         self.ledger_begin_index = begin
         self.ledger_end_index = begin + len(terms) - 1
+        self.committed_index = committed
         self._terms = terms
 
     def term_at(self, i: int) -> int:
@@ -90,13 +91,17 @@ def test_decide_compare_table(terms: list[int], pre: tuple[int, int], answer: Co
 @pytest.mark.parametrize(("pre", "answer"), [
     pytest.param((3, 2), CompareAnswer(X), id="pre-below-my-begin-needs-snapshot"),
     pytest.param((4, 2), CompareAnswer(X), id="pre-just-below-my-begin"),
+    pytest.param((4, 2, 4), CompareAnswer(S), id="pre-just-below-my-begin-committed-here-is-the-leaders"),
+    pytest.param((3, 2, 4), CompareAnswer(X), id="pre-further-below-even-if-committed"),
     pytest.param((5, 2), CompareAnswer(S), id="pre-at-my-begin"),
     pytest.param((7, 4), CompareAnswer(X, 3, 7), id="different-term-at-my-end"),
     pytest.param((6, 3), CompareAnswer(X, 2, 5), id="x-run-cut-at-my-begin"),
 ])
-def test_decide_compare_with_a_ledger_begin(pre: tuple[int, int], answer: CompareAnswer) -> None:
-    # entries 0..4 deleted here; 5, 6 of term 2, 7 of term 3
-    assert decide_compare(BegunStore(5, [2, 2, 3]), *pre) == answer
+def test_decide_compare_with_a_ledger_begin(pre: tuple[int, ...], answer: CompareAnswer) -> None:
+    # entries 0..4 deleted here (by retention: no log base); 5, 6 of term 2, 7 of term 3;
+    # committed here: pre[2] if given, else nothing
+    committed = pre[2] if len(pre) > 2 else -1
+    assert decide_compare(BegunStore(5, [2, 2, 3], committed), *pre[:2]) == answer
 
 
 # ------------------------------------------------------------------------------------------
@@ -512,3 +517,19 @@ def test_duplicate_truncate_must_not_drop_entries_already_acknowledged(leader_lo
     assert f.answer(f.append(leader_log, 2, 5, commit=-1)).code == RC.SUCCESS
     f.push(P.PushKind.TRUNCATE, first=2)  # the same TRUNCATE, again
     assert f.terms() == [1, 1, 2, 2, 2, 2], "acknowledged entries were truncated"
+
+
+def test_a_truncate_that_empties_a_log_retention_cut_carries_the_base_term_only_when_it_is_committed():
+    """Seeds 50664/60045: this follower's retention deleted everything up to its committed
+    index 4, and 5.. is an old leader's tail. The new leader compares at 4 (answered from the
+    committed index) and truncates at 5 with the term of 4: the core hands that term on so the
+    handler can empty the log to begin after 4. An uncommitted 4 gets no base term."""
+    core = FollowerCore(["n0", "n1", "n2"], 100, 1000)
+    store = BegunStore(5, [2, 2, 3], committed=4)
+    t = P.PushRequest("g", "n1", "n0", TERM, P.PushKind.TRUNCATE, first_index=5, pre_log_index=4,
+                      pre_log_term=2)
+    out = core.on_push(b"id", t, b"", view(), 0, store)
+    assert out[-1] == StoreTruncate(b"id", t, 5, 2)
+    store.committed_index = 3
+    out = core.on_push(b"id", t, b"", view(), 0, store)
+    assert out[-1] == StoreTruncate(b"id", t, 5, -1)
