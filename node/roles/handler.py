@@ -88,7 +88,7 @@ NOOP_RETRY_MAX_MS = 1000
 ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has room again
 QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by then: TIMEOUT
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
-READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
+READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
 
@@ -1007,7 +1007,13 @@ class Handler:
         self.transfers[fid] = (ident, req.request_id)
 
     def on_control_reply(self, frame: bytes) -> None:
-        """Input: a frame from the elector's control socket (a transfer's answer)."""
+        """Input: a frame from the elector's control socket: a transfer's answer, or
+        LEADERSHIP_CONFIRMED (a quorum round that started after a CONFIRM_LEADERSHIP landed):
+        serve the parked reads now, by what the block says (C4), not on the next poll."""
+        if frame == channels.LEADERSHIP_CONFIRMED:
+            if self.reads:
+                self._serve_reads(self.state.read_member(), self.now())
+            return
         try:
             msg = P.decode(frame)
         except P.ProtocolError:
