@@ -82,6 +82,10 @@ class NodeConfig:
     state_machine: str = ""  # "kv" or package.module:Class, applied by the applier role
     state_machine_options: str = ""  # "key=value,key=value": the class's own options
     snapshot_threshold: int = 100_000  # applied entries between two snapshots
+    # Linearizable reads without a heartbeat round while the leader's lease holds: assumes
+    # bounded clock drift and no election while the leader's heartbeats still reach a quorum
+    # (docs/statemachine.md "Lease reads"). Off: every read waits for a confirming round.
+    read_lease: bool = False
     max_snapshots_kept: int = 3
     # store
     data_file_size: int = DEFAULT_DATA_FILE_SIZE

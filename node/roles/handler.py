@@ -422,10 +422,37 @@ class Handler:
             self._error(ident, req, RC.UNEXPECTED_ARGUMENT, "index must be >= 0 and count > 0", m=m)
             return
         if req.linearizable:
-            self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
-            self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
+            self._linearizable_read(ident, req, m, now)
             return
         self._serve_get(ident, req, m)
+
+    def _linearizable_read(self, ident: bytes, req: P.GetRequest | P.QueryRequest, m: MemberView,
+                           now: int) -> None:
+        """Serve at once under a lease (`read_lease`), else park the read until a quorum round
+        that started after it arrived confirms this leader (C4, `_serve_reads`)."""
+        if self._lease_read_ok(m, now):
+            self._read_now(ident, req, m)
+            return
+        self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
+        self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
+
+    def _lease_read_ok(self, m: MemberView, now: int) -> bool:
+        """A lease read (option `read_lease`, off by default): no other leader can exist while
+        the lease from the last quorum round holds (node/core/lease.py), so the committed index
+        now is a valid read index, provided this term's NOOP is committed (it carries every
+        earlier term's entries) and no leadership transfer is under way (its target may be
+        elected within our lease). Assumes bounded clock drift: docs/statemachine.md."""
+        return (self.cfg.read_lease and m.role == Role.LEADER and m.current_term == self.leader_term
+                and m.transferee_slot == NO_SLOT and self.store.committed_index >= self.noop_index
+                and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
+
+    def _read_now(self, ident: bytes, req: P.GetRequest | P.QueryRequest, m: MemberView) -> None:
+        """Leadership is confirmed for this read: answer a GET from the log, send a query to
+        the applier with the committed index as its read index."""
+        if isinstance(req, P.QueryRequest):
+            self._forward_query(ident, req, m)
+        else:
+            self._serve_get(ident, req, m)
 
     def _serve_get(self, ident: bytes, req: P.GetRequest, m: MemberView) -> None:
         self.state.incr("gets")
@@ -462,10 +489,7 @@ class Handler:
             if m.role != Role.LEADER or m.current_term != r.term or self.leader_term != r.term:
                 self._error(r.ident, r.req, RC.NOT_LEADER, m=m)
             elif m.last_quorum_heartbeat_ms >= r.arrived_ms and self.store.committed_index >= self.noop_index:
-                if isinstance(r.req, P.QueryRequest):
-                    self._forward_query(r.ident, r.req, m)
-                else:
-                    self._serve_get(r.ident, r.req, m)
+                self._read_now(r.ident, r.req, m)
             elif now >= r.deadline_ms:
                 self._error(r.ident, r.req, RC.TIMEOUT, "leadership not confirmed in time", m=m)
             else:
@@ -775,8 +799,7 @@ class Handler:
         if not self._leading(m, now):
             self._error(ident, req, RC.NOT_LEADER, m=m)
             return
-        self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
-        self.transport.control(channels.CONFIRM_LEADERSHIP)
+        self._linearizable_read(ident, req, m, now)
 
     def _forward_query(self, ident: bytes, req: P.QueryRequest, m: MemberView) -> None:
         self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)

@@ -4,6 +4,7 @@ a read index from the leader, and appends answered at commit when no result is w
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ipc import protocol as P
@@ -60,3 +61,54 @@ def test_a_wake_up_serves_parked_state_machine_reads_too(tmp_path: Path) -> None
     state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)
     h.on_control_reply(channels.LEADERSHIP_CONFIRMED)
     assert [q[1] for q in h.sm_link.queries] == [h.store.committed_index]
+
+
+# ------------------------------------------------------------------ B: lease reads
+def test_without_read_lease_every_read_waits_for_a_confirming_round(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    commit_all(h, state)
+    clock.now += 10
+    get(h, 1, 0, linearizable=True)
+    assert wire.answer(1) is None and wire.controls == [channels.CONFIRM_LEADERSHIP]
+
+
+def test_with_read_lease_a_read_is_served_at_once_while_the_lease_holds(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock, read_lease=True)
+    h.sm_link = FakeLink()
+    commit_all(h, state)
+    clock.now += 10
+    get(h, 1, 0, linearizable=True)
+    assert wire.answer(1).code == RC.SUCCESS and wire.controls == []
+    query(h, 2)
+    assert [q[1] for q in h.sm_link.queries] == [h.store.committed_index] and wire.controls == []
+
+
+def test_a_lease_read_waits_for_the_terms_noop_to_commit(tmp_path: Path) -> None:
+    """The committed index is a read index only once this term's NOOP is committed: before
+    that it may miss entries an earlier leader committed."""
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock, read_lease=True)
+    get(h, 1, 0, linearizable=True)
+    assert wire.answer(1) is None and wire.controls == [channels.CONFIRM_LEADERSHIP]
+    commit_all(h, state)
+    clock.now += 1
+    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)
+    h.tick()
+    assert wire.answer(1).code == RC.SUCCESS
+
+
+def test_a_lease_read_is_not_served_once_the_lease_lapsed_or_during_a_transfer(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock, read_lease=True)
+    commit_all(h, state)
+    clock.now += h.lease - 1  # the last quorum round is almost a lease ago: the lease still holds
+    get(h, 1, 0, linearizable=True)
+    assert wire.answer(1).code == RC.SUCCESS
+    state.member = dataclasses.replace(member(Role.LEADER, 3, 1, quorum_ms=clock.now), transferee_slot=2)
+    get(h, 2, 0, linearizable=True)
+    assert wire.answer(2) is None, "a lease read while a transfer's target may be elected"
+    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now - h.lease)
+    get(h, 3, 0, linearizable=True)
+    assert wire.answer(3).code == RC.NOT_LEADER  # no lease: not even a parked read
