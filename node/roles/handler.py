@@ -49,6 +49,7 @@ from ipc.sockets import (
     data_address,
     dealer,
     drain,
+    from_source,
     pub,
     pull,
     push,
@@ -100,6 +101,10 @@ class HandlerTransport(Protocol):
     def reply(self, ident: bytes, frame: bytes) -> None: ...
     def appended(self, end: int) -> None: ...
     def control(self, frame: bytes) -> bool: ...
+    # Optional (a node with a state machine): a request to another member's data port, whose
+    # answer comes back through `Handler.on_peer_reply`. A transport without it (the
+    # simulator's) makes follower reads answer NOT_LEADER.
+    # def to_peer(self, peer_id: str, frame: bytes) -> bool: ...
 
 
 class StateMachineLink:
@@ -124,10 +129,24 @@ class StateMachineLink:
 
 
 class ZmqHandlerTransport:
-    """The real sockets: the data port ROUTER, the "appended" PUB and the control DEALER."""
+    """The real sockets: the data port ROUTER, the "appended" PUB, the control DEALER and (a
+    node with a state machine) one DEALER per other member, for follower reads' read indexes."""
 
-    def __init__(self, sock: zmq.Socket, appended_pub: zmq.Socket, ctl: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, appended_pub: zmq.Socket, ctl: zmq.Socket,
+                 peers: dict[str, zmq.Socket] | None = None) -> None:
         self.sock, self.appended_pub, self.ctl = sock, appended_pub, ctl
+        self.peers = peers or {}
+
+    def to_peer(self, peer_id: str, frame: bytes) -> bool:
+        """False: not sent (no connection to that member now: IMMEDIATE)."""
+        s = self.peers.get(peer_id)
+        if s is None:
+            return False
+        try:
+            s.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def reply(self, ident: bytes, frame: bytes) -> None:
         send_routed(self.sock, ident, frame)
@@ -146,14 +165,28 @@ class ZmqHandlerTransport:
         return True
 
 
+ReadRequest = P.GetRequest | P.QueryRequest | P.ReadIndexRequest
+
+
 @dataclass(slots=True)
 class ParkedRead:
-    """A linearizable GET waiting for a quorum heartbeat round that started after it arrived."""
+    """A linearizable read (a GET, a query, a follower's READ_INDEX) waiting for a quorum
+    heartbeat round that started after it arrived."""
 
     ident: bytes
-    req: P.GetRequest | P.QueryRequest
+    req: ReadRequest
     arrived_ms: int
     term: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class FollowerRead:
+    """A client's query this follower serves: waiting for the leader's read index."""
+
+    ident: bytes
+    req: P.QueryRequest
+    leader_id: str
     deadline_ms: int
 
 
@@ -202,6 +235,8 @@ class Handler:
         self.queries: dict[int, tuple[bytes, P.QueryRequest | P.SnapshotRequest, int]] = {}
         self.next_query_tag = 1
         self._hinted_commit = -1
+        # follower reads (FLAG_ANY_MEMBER): READ_INDEX requests sent to the leader, by tag
+        self.follower_reads: dict[int, FollowerRead] = {}
         # follower side
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
         self.disk_ratio = 0.0  # disk_usage_ratio(store dir), measured at most once a second
@@ -426,8 +461,7 @@ class Handler:
             return
         self._serve_get(ident, req, m)
 
-    def _linearizable_read(self, ident: bytes, req: P.GetRequest | P.QueryRequest, m: MemberView,
-                           now: int) -> None:
+    def _linearizable_read(self, ident: bytes, req: ReadRequest, m: MemberView, now: int) -> None:
         """Serve at once under a lease (`read_lease`), else park the read until a quorum round
         that started after it arrived confirms this leader (C4, `_serve_reads`)."""
         if self._lease_read_ok(m, now):
@@ -446,11 +480,14 @@ class Handler:
                 and m.transferee_slot == NO_SLOT and self.store.committed_index >= self.noop_index
                 and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
 
-    def _read_now(self, ident: bytes, req: P.GetRequest | P.QueryRequest, m: MemberView) -> None:
+    def _read_now(self, ident: bytes, req: ReadRequest, m: MemberView) -> None:
         """Leadership is confirmed for this read: answer a GET from the log, send a query to
-        the applier with the committed index as its read index."""
+        the applier with the committed index as its read index, give a follower that index."""
         if isinstance(req, P.QueryRequest):
             self._forward_query(ident, req, m)
+        elif isinstance(req, P.ReadIndexRequest):
+            self._reply(ident, P.ReadIndexResponse(RC.SUCCESS, self.cfg.group, m.current_term, self.cfg.id,
+                                                   self.store.committed_index, req.request_id))
         else:
             self._serve_get(ident, req, m)
 
@@ -582,7 +619,8 @@ class Handler:
             positions, pos = None, r.pos
         self.sessions.record(session, seq, first, n)
         self.pending.register(term, last, Pending(ident, req.request_id, first, positions, pos,
-                                                  now + self.cfg.max_wait_ack_ms))
+                                                  now + self.cfg.max_wait_ack_ms,
+                                                  no_result=not batch and req.no_result))
         self._register_appended(1, n)
 
     def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
@@ -616,7 +654,7 @@ class Handler:
         deadline = now + self.cfg.max_wait_ack_ms
         for i, r in enumerate(reqs):
             self.pending.register(term, first + i, Pending(ident, r.request_id, first + i, None, positions[i],
-                                                           deadline))
+                                                           deadline, no_result=r.no_result))
         self._register_appended(n, n)
 
     # ------------------------------------------------------------------ client sessions
@@ -689,7 +727,8 @@ class Handler:
         batch = isinstance(req, P.BatchAppendRequest)
         last = first + n - 1
         p = Pending(ident, req.request_id, first, positions if batch else None, positions[0],
-                    now + self.cfg.max_wait_ack_ms, entry_term=entries[0].term)
+                    now + self.cfg.max_wait_ack_ms, entry_term=entries[0].term,
+                    no_result=not batch and req.no_result)
         if last <= self.store.committed_index:
             self._complete(self.leader_term, last, p, RC.SUCCESS)
         else:
@@ -747,9 +786,12 @@ class Handler:
 
     def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
         """Answer a pending append. With a state machine, SUCCESS waits for the results of its
-        entries (parked in `awaiting` until the applier sends them)."""
+        entries (parked in `awaiting` until the applier sends them) — unless the client said it
+        wants none (FLAG_NO_RESULT, a KV put whose revision is its index): then at commit, one
+        applier round trip sooner. A linearizable read after it still sees it: reads wait for
+        their read index (>= this entry) to be applied."""
         results = None
-        if code == RC.SUCCESS and self.sm_link is not None:
+        if code == RC.SUCCESS and self.sm_link is not None and not p.no_result:
             got = self.results.lookup(p.first_index, last)
             if got is None:  # committed, not applied yet: answered with its results later
                 self.awaiting.park(term, last, p)
@@ -797,9 +839,59 @@ class Handler:
             self._error(ident, req, RC.UNSUPPORTED, "this group has no state machine", m=m)
             return
         if not self._leading(m, now):
+            if not (req.any_member and self._ask_read_index(ident, req, m, now)):
+                self._error(ident, req, RC.NOT_LEADER, m=m)
+            return
+        self._linearizable_read(ident, req, m, now)
+
+    def on_read_index(self, ident: bytes, req: P.ReadIndexRequest) -> None:
+        """A follower serving a client's read asks for a read index: confirmed like a read of
+        our own (a heartbeat round that started after it arrived, or the lease with
+        `read_lease`), answered with the committed index (`_read_now`)."""
+        now = self.now()
+        m = self.state.read_member()
+        if not self._leading(m, now):
             self._error(ident, req, RC.NOT_LEADER, m=m)
             return
         self._linearizable_read(ident, req, m, now)
+
+    def _ask_read_index(self, ident: bytes, req: P.QueryRequest, m: MemberView, now: int) -> bool:
+        """Follower read (issue 11 §5, FLAG_ANY_MEMBER): ask the leader the block names for a
+        read index; `on_peer_reply` then sends the query to our applier at that index, which
+        answers once it applied it. Everything committed before the read arrived at the
+        leader is at or below that index, and every replica's prefix up to it is the same, so
+        the answer is as linearizable as the leader's. False: no leader known or reachable."""
+        to_peer = getattr(self.transport, "to_peer", None)
+        leader = self._slot_id(m.leader_slot)
+        if to_peer is None or m.role != Role.FOLLOWER or not leader or leader == self.cfg.id:
+            return False
+        tag = self.next_query_tag
+        self.next_query_tag += 1
+        if not to_peer(leader, P.encode(P.ReadIndexRequest(self.cfg.group, leader, tag))):
+            return False
+        self.follower_reads[tag] = FollowerRead(ident, req, leader, now + self.read_timeout_ms)
+        return True
+
+    def on_peer_reply(self, frame: bytes) -> None:
+        """Input: the leader's answer to one of our READ_INDEX requests."""
+        try:
+            msg = P.decode(frame, max_frame=self.cfg.max_frame_size)
+        except P.ProtocolError:
+            self.state.incr("bad_frames")
+            return
+        fr = self.follower_reads.pop(msg.request_id, None)
+        if fr is None:
+            return  # timed out already, or not ours
+        code = getattr(msg, "code", RC.UNKNOWN)
+        if isinstance(msg, P.ReadIndexResponse) and code == RC.SUCCESS:
+            self._to_applier(fr.ident, fr.req, msg.read_index, bytes(fr.req.request), QUERY_TIMEOUT_MS)
+            return
+        if code == RC.SUCCESS:
+            code = RC.UNKNOWN  # a success that is not a read index: not an answer we can use
+        m = self.state.read_member()
+        self._reply(fr.ident, P.error_reply(fr.req, code, group=self.cfg.group, term=m.current_term,
+                                            leader_id=self._slot_id(m.leader_slot),
+                                            reason=getattr(msg, "reason", "") or f"read index from {fr.leader_id}"))
 
     def _forward_query(self, ident: bytes, req: P.QueryRequest, m: MemberView) -> None:
         self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
@@ -851,6 +943,10 @@ class Handler:
                 self._send_completion(term, last, p, RC.SUCCESS, None)
 
     def _expire_queries(self, now: int) -> None:
+        if self.follower_reads:
+            for tag in [t for t, fr in self.follower_reads.items() if now >= fr.deadline_ms]:
+                fr = self.follower_reads.pop(tag)
+                self._error(fr.ident, fr.req, RC.TIMEOUT, f"no read index from the leader {fr.leader_id} in time")
         if not self.queries:
             return
         for tag in [t for t, (_i, _r, d) in self.queries.items() if now >= d]:
@@ -1056,6 +1152,7 @@ class Handler:
         P.OpenSessionRequest: "on_open_session",
         P.QueryRequest: "on_query",
         P.SnapshotRequest: "on_snapshot",
+        P.ReadIndexRequest: "on_read_index",
     }
 
     # ------------------------------------------------------------------ loop
@@ -1113,6 +1210,19 @@ class Handler:
             due.append(now + READ_POLL_MS)
         return max(1, min(due) - now)
 
+    def _peer_sockets(self) -> dict[str, zmq.Socket]:
+        """One DEALER per other member's data port: a follower asks the leader for read
+        indexes on them (follower reads). Connected lazily by ZeroMQ; IMMEDIATE, so a send to
+        a member that is down fails at once instead of queueing."""
+        source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
+        out = {}
+        for pid in self.peer_ids:
+            if pid != self.cfg.id:
+                h, p = self.peer_map[pid]
+                out[pid] = dealer(self.rc.zctx, from_source(data_address(h, p), source),
+                                  max_msg_size=self.cfg.max_frame_size)
+        return out
+
     def run(self) -> None:
         rc = self.rc
         self.open()
@@ -1123,7 +1233,8 @@ class Handler:
             roles = sub(rc.zctx, rc.channel(channels.ROLE))
             commits = pull(rc.zctx, rc.channel(channels.COMMIT))
             ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
-            self.transport = ZmqHandlerTransport(sock, appended_pub, ctl)
+            peers = self._peer_sockets() if self.cfg.state_machine else {}
+            self.transport = ZmqHandlerTransport(sock, appended_pub, ctl, peers)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
                 self.sm_link = StateMachineLink(push(rc.zctx, rc.channel(channels.APPLY)),
@@ -1136,7 +1247,7 @@ class Handler:
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in):
+            for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in, *peers.values()):
                 poller.register(s, zmq.POLLIN)
             self.tick()
             while not rc.should_stop():
@@ -1158,7 +1269,8 @@ class Handler:
                             self.on_control_reply(ctl.recv(zmq.NOBLOCK))
                         except zmq.Again:
                             break
-                for s, on in ((sm_in[0], self.on_results), (sm_in[1], self.on_query_reply)) if sm_in else ():
+                ins = ((sm_in[0], self.on_results), (sm_in[1], self.on_query_reply)) if sm_in else ()
+                for s, on in (*ins, *((p, self.on_peer_reply) for p in peers.values())):
                     if s in events:
                         while True:
                             try:
