@@ -245,3 +245,40 @@ def test_a_read_after_a_put_answered_at_commit_waits_for_that_put_to_be_applied(
     query(h, 2)
     ((_tag, read_index, _request),) = h.sm_link.queries
     assert read_index >= wire.answer(1).index
+
+
+# ------------------------------------------------------------------ D: follower appliers in runs
+def test_a_followers_applier_is_woken_in_runs_and_at_once_while_a_read_waits(tmp_path: Path) -> None:
+    from node.roles.handler import FOLLOWER_APPLY_RUN
+
+    clock = Clock()
+    h, wire, _state = follower_handler(tmp_path, clock)
+    s = h.store
+    for i in range(FOLLOWER_APPLY_RUN + 2):
+        s.append_leader(b"e%d" % i, 3)
+    h.sm_link.hints = 0
+
+    def commit(index: int) -> int:
+        before = h.sm_link.hints
+        s.set_committed_index(index)
+        h.publish_ledger()
+        return h.sm_link.hints - before
+
+    base = s.committed_index
+    assert commit(base + 1) == 0, "a follower's applier woken for one entry"
+    assert commit(base + FOLLOWER_APPLY_RUN - 1) == 0
+    assert commit(base + FOLLOWER_APPLY_RUN + 1) == 1  # a run piled up
+    any_member_query(h, 1)  # a follower read waits: every commit move counts now
+    assert commit(base + FOLLOWER_APPLY_RUN + 2) == 1
+
+
+def test_a_leaders_applier_is_woken_on_every_commit_move(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    h.sm_link = FakeLink()
+    commit_all(h, state)
+    for rid in range(3):
+        h.handle_frame(b"c", P.encode(P.AppendRequest("g", "n1", b"x", request_id=rid)))
+        before = h.sm_link.hints
+        commit_all(h, state)
+        assert h.sm_link.hints == before + 1
