@@ -69,6 +69,7 @@ from node.core.follower import (
 )
 from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
+from node.core.reads import EarlyReads
 from node.core.results import AwaitingResults, ResultCache
 from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
 from node.member_lock import MemberLock
@@ -238,6 +239,8 @@ class Handler:
         self._hinted_commit = -1
         # follower reads (FLAG_ANY_MEMBER): READ_INDEX requests sent to the leader, by tag
         self.follower_reads: dict[int, FollowerRead] = {}
+        # queries sent to the applier on arrival, answers held until leadership is confirmed
+        self.early: EarlyReads[tuple[int, int, int, bytes]] = EarlyReads()
         # follower side
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
         self.disk_ratio = 0.0  # disk_usage_ratio(store dir), measured at most once a second
@@ -480,8 +483,24 @@ class Handler:
         if self._lease_read_ok(m, now):
             self._read_now(ident, req, m)
             return
+        if isinstance(req, P.QueryRequest) and self._forward_early(ident, req, m, now):
+            return
         self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
         self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
+
+    def _forward_early(self, ident: bytes, req: P.QueryRequest, m: MemberView, now: int) -> bool:
+        """Send a query to the applier now, at the committed index as its read index, while the
+        elector confirms leadership (node/core/reads.py: the two waits overlap); its answer is
+        held until a round that started after it arrived lands. Only once this term's NOOP is
+        committed (before, the committed index may miss an earlier leader's entries): False
+        then, and the read is parked as before."""
+        if self.leader_term != m.current_term or self.store.committed_index < self.noop_index:
+            return False
+        tag = self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
+        if tag is not None:
+            self.early.add(tag, now, m.current_term, now + self.read_timeout_ms)
+            self.transport.control(channels.CONFIRM_LEADERSHIP)
+        return True
 
     def _lease_read_ok(self, m: MemberView, now: int) -> bool:
         """A lease read (option `read_lease`, off by default): no other leader can exist while
@@ -532,6 +551,8 @@ class Handler:
         with a quorum heartbeat round that *started* after they arrived, and this term's NOOP is
         committed (read-index rule: the committed index is then at least the one at arrival);
         NOT_LEADER when the role or term changed; TIMEOUT after ~2 election timeouts."""
+        if len(self.early):
+            self._settle_early(m, now)
         if not self.reads:
             return
         keep = []
@@ -546,10 +567,27 @@ class Handler:
                 keep.append(r)
         self.reads = keep
 
+    def _settle_early(self, m: MemberView, now: int) -> None:
+        """Release the held answers of early-forwarded queries the block now confirms; fail the
+        ones whose term is over (NOT_LEADER) or that waited too long (TIMEOUT)."""
+        leading = m.current_term if m.role == Role.LEADER and m.current_term == self.leader_term else None
+        release, failed = self.early.settle(leading, m.last_quorum_heartbeat_ms, now)
+        for got in release:
+            self._answer_query(got)
+        for tag, code in failed:
+            q = self.queries.pop(tag, None)
+            if q is not None:
+                self._error(q[0], q[1], RC[code], "" if code == "NOT_LEADER" else "leadership not confirmed in time",
+                            m=m)
+
     def _fail_reads(self, code: RC) -> None:
         reads, self.reads = self.reads, []
         for r in reads:
             self._error(r.ident, r.req, code)
+        for tag in self.early.fail_all():
+            q = self.queries.pop(tag, None)
+            if q is not None:
+                self._error(q[0], q[1], code)
 
     def _check_disk(self, now: int) -> None:
         if now >= self.next_disk_check:
@@ -843,9 +881,10 @@ class Handler:
             self._send_completion(term, last, p, RC.SUCCESS, results)
 
     def on_query(self, ident: bytes, req: P.QueryRequest) -> None:
-        """A read of the state machine: parked like a linearizable GET until a quorum heartbeat
-        round that started after it arrived confirms this leader; then forwarded to the applier
-        with the committed index as its read index (`_forward_query`)."""
+        """A read of the state machine: sent to the applier at once with the committed index as
+        its read index, its answer held until a quorum heartbeat round that started after it
+        arrived confirms this leader (`_forward_early`; parked like a linearizable GET until
+        this term's NOOP commits); at once under a lease (`read_lease`)."""
         now = self.now()
         m = self.state.read_member()
         if self.sm_link is None:
@@ -910,15 +949,16 @@ class Handler:
         self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
 
     def _to_applier(self, ident: bytes, req: P.QueryRequest | P.SnapshotRequest, read_index: int,
-                    request: bytes, timeout_ms: int, m: MemberView | None = None) -> None:
-        """Send a request to the applier under a fresh tag; its reply (`on_query_reply`) or
-        `timeout_ms` answers the client."""
+                    request: bytes, timeout_ms: int, m: MemberView | None = None) -> int | None:
+        """Send a request to the applier under a fresh tag (returned; None: refused, and the
+        client answered); its reply (`on_query_reply`) or `timeout_ms` answers the client."""
         tag = self.next_query_tag
         self.next_query_tag += 1
         if not self.sm_link.send_query(channels.encode_query(tag, read_index, request)):
             self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking requests", m=m)
-            return
+            return None
         self.queries[tag] = (ident, req, self.now() + timeout_ms)
+        return tag
 
     def on_snapshot(self, ident: bytes, req: P.SnapshotRequest) -> None:
         """`dledger snapshot`: this node (any role) snapshots its state machine now."""
@@ -928,9 +968,17 @@ class Handler:
         self._to_applier(ident, req, channels.SNAPSHOT_NOW, b"", SNAPSHOT_TIMEOUT_MS)
 
     def on_query_reply(self, frame: bytes) -> None:
+        """Input: the applier's answer to a query; held while its read is not confirmed yet
+        (`_forward_early`), else sent."""
         got = channels.decode_query_reply(frame)
         if got is None:
             return
+        if self.early.hold(got[0], got):
+            self._settle_early(self.state.read_member(), self.now())  # the round may have landed first
+            return
+        self._answer_query(got)
+
+    def _answer_query(self, got: tuple[int, int, int, bytes]) -> None:
         tag, status, applied, answer = got
         q = self.queries.pop(tag, None)
         if q is None:
@@ -1143,7 +1191,7 @@ class Handler:
         LEADERSHIP_CONFIRMED (a quorum round that started after a CONFIRM_LEADERSHIP landed):
         serve the parked reads now, by what the block says (C4), not on the next poll."""
         if frame == channels.LEADERSHIP_CONFIRMED:
-            if self.reads:
+            if self.reads or len(self.early):
                 self._serve_reads(self.state.read_member(), self.now())
             return
         try:
@@ -1211,7 +1259,7 @@ class Handler:
         d = self.follower.next_deadline()
         if d is not None:
             due.append(d)
-        if self.reads:
+        if self.reads or len(self.early):
             due.append(now + READ_POLL_MS)
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)

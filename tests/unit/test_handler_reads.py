@@ -282,3 +282,46 @@ def test_a_leaders_applier_is_woken_on_every_commit_move(tmp_path: Path) -> None
         before = h.sm_link.hints
         commit_all(h, state)
         assert h.sm_link.hints == before + 1
+
+
+# ------------------------------------------------------------------ proposal 3: the applier hop overlaps the round
+def test_an_early_query_fails_not_leader_on_a_term_change_even_if_its_answer_came(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    h.sm_link = FakeLink()
+    commit_all(h, state)
+    clock.now += 10
+    query(h, 1)
+    ((tag, read_index, _),) = h.sm_link.queries
+    h.on_query_reply(channels.encode_query_reply(tag, channels.QUERY_OK, read_index, b"stale?"))
+    state.member = member(Role.FOLLOWER, 4, 2)
+    h.tick()
+    assert wire.answer(1).code == RC.NOT_LEADER
+
+
+def test_an_early_query_confirmed_before_its_answer_is_answered_when_the_answer_comes(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    h.sm_link = FakeLink()
+    commit_all(h, state)
+    clock.now += 10
+    query(h, 1)
+    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)
+    h.on_control_reply(channels.LEADERSHIP_CONFIRMED)
+    assert wire.answer(1) is None
+    ((tag, read_index, _),) = h.sm_link.queries
+    h.on_query_reply(channels.encode_query_reply(tag, channels.QUERY_OK, read_index, b"now"))
+    assert bytes(wire.answer(1).answer) == b"now"
+
+
+def test_a_query_before_the_terms_noop_commits_is_not_sent_early(tmp_path: Path) -> None:
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock)
+    h.sm_link = FakeLink()
+    query(h, 1)  # the NOOP is not committed: the committed index is no read index yet
+    assert h.sm_link.queries == [] and wire.controls == [channels.CONFIRM_LEADERSHIP]
+    commit_all(h, state)
+    clock.now += 1
+    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)
+    h.tick()
+    assert [q[1] for q in h.sm_link.queries] == [h.store.committed_index]
