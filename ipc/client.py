@@ -237,7 +237,8 @@ class _Call:
     so a call can never be stored twice by this client."""
 
     __slots__ = ("kind", "payload", "future", "deadline", "pinned", "state", "rid", "node",
-                 "attempts", "redirects", "last", "timer_seq", "slot", "sid", "seq", "unsure")
+                 "attempts", "redirects", "last", "timer_seq", "slot", "sid", "seq", "unsure",
+                 "no_result")
 
     def __init__(self, kind: int, payload: Any, deadline: float, pinned: str | None = None) -> None:
         self.kind = kind
@@ -257,6 +258,7 @@ class _Call:
         self.sid = 0  # the session stamp (sid, seq) of an append, given at its first dispatch
         self.seq = 0
         self.unsure = False  # an attempt was sent and its outcome is unknown
+        self.no_result = False  # an APPEND answered at commit, without the state machine's result
 
     @property
     def may_write(self) -> bool:
@@ -522,15 +524,19 @@ class DLedgerClient:
 
     # ------------------------------------------------------------------ public API
     def append_async(self, body: bytes | bytearray | memoryview,
-                     timeout: float | None = None) -> concurrent.futures.Future[AppendResult]:
+                     timeout: float | None = None, *,
+                     no_result: bool = False) -> concurrent.futures.Future[AppendResult]:
         """Submit one append; the future resolves to its AppendResult once it is committed.
 
         Returns at once unless ``max_in_flight`` calls are already in flight (then it blocks
         until a slot frees). The future fails with DLedgerError (or its indeterminate subclass).
+        ``no_result``: a group with a state machine answers at commit, without waiting for
+        (and without) what `apply` returned (`AppendResult.result` is None): one hop sooner.
         """
         if not isinstance(body, (bytes, bytearray, memoryview)):
             raise TypeError(f"body must be bytes-like, not {type(body).__name__}")
         call = _Call(_APPEND, body, time.monotonic() + (self.timeout if timeout is None else timeout))
+        call.no_result = no_result
         if len(body) > self.max_body_size:
             self._finish(call, exc=DLedgerError(
                 RC.UNEXPECTED_ARGUMENT, f"body of {len(body)} bytes exceeds max_body_size {self.max_body_size}"), live=False)
@@ -538,9 +544,9 @@ class DLedgerClient:
         return self._submit(call)
 
     def append(self, body: bytes | bytearray | memoryview,
-               timeout: float | None = None) -> AppendResult:
+               timeout: float | None = None, *, no_result: bool = False) -> AppendResult:
         """Append one body and wait until it is committed. Raises DLedgerError."""
-        return self._wait(self.append_async(body, timeout), timeout)
+        return self._wait(self.append_async(body, timeout, no_result=no_result), timeout)
 
     def append_batch_async(self, bodies: Sequence[bytes | bytearray | memoryview],
                            timeout: float | None = None) -> concurrent.futures.Future[list[AppendResult]]:
@@ -608,16 +614,39 @@ class DLedgerClient:
             out.extend(got)
         return out
 
-    def query(self, request: bytes | bytearray | memoryview, timeout: float | None = None) -> QueryResult:
+    def query(self, request: bytes | bytearray | memoryview, timeout: float | None = None, *,
+              read_from: str | None = None) -> QueryResult:
         """A linearizable read of the group's state machine (its `query`): the leader confirms
         its leadership with a heartbeat round, waits until its state machine has applied
         everything committed when the read arrived, and answers from it. Idempotent: retried
         on other nodes and after timeouts within ``timeout``. UNSUPPORTED for a group without a
-        state machine."""
+        state machine.
+
+        ``read_from="n1"``: node n1 answers, whatever its role (a follower read, issue 11 §5):
+        it asks the leader for a read index, waits until its own state machine has applied it
+        and answers from it — just as linearizable, and it spreads reads over the replicas.
+        Sent to that node only, not retried elsewhere: a node that knows no leader, or cannot
+        reach it, answers NOT_LEADER (raised as DLedgerError)."""
+        return self._wait(self.query_async(request, timeout, read_from=read_from), timeout)
+
+    def query_async(self, request: bytes | bytearray | memoryview, timeout: float | None = None, *,
+                    read_from: str | None = None) -> concurrent.futures.Future[QueryResult]:
+        """Submit one `query` (arguments as there); the future resolves to its QueryResult.
+        Many can be in flight on one client, pipelined like `append_async` (one connection,
+        answers matched by request id): what 64 threads each waiting in `query` cost in
+        throughput. Blocks only while ``max_in_flight`` calls are in flight."""
         if not isinstance(request, bytes | bytearray | memoryview):
             raise TypeError(f"query request must be bytes, not {type(request).__name__}")
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        return self._wait(self._submit(_Call(_QUERY, bytes(request), deadline)), deadline - time.monotonic())
+        if read_from is None:
+            return self._submit(_Call(_QUERY, bytes(request), deadline))
+        if read_from not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{read_from!r} is not in the peers list")
+        raw = self._submit(_Call(_QUERY, bytes(request), deadline, pinned=read_from))
+        out: concurrent.futures.Future[QueryResult] = concurrent.futures.Future()
+        out.set_running_or_notify_cancel()
+        raw.add_done_callback(lambda f: _member_query_done(f, out, read_from))
+        return out
 
     def take_snapshot(self, node_id: str, timeout: float | None = None) -> tuple[int, int]:
         """Ask node `node_id` (any role) to snapshot its state machine now; returns the (last
@@ -1134,7 +1163,7 @@ class DLedgerClient:
     def _encode(self, call: _Call, node_id: str, rid: int) -> bytes:
         k = call.kind
         if k == _APPEND:
-            return P.encode_append(self.group, node_id, call.payload, rid, call.sid, call.seq)
+            return P.encode_append(self.group, node_id, call.payload, rid, call.sid, call.seq, call.no_result)
         if k == _BATCH:
             return P.encode(P.BatchAppendRequest(self.group, node_id, call.payload, rid, call.sid, call.seq))
         if k == _OPEN:
@@ -1144,8 +1173,9 @@ class DLedgerClient:
             return P.encode(P.GetRequest(self.group, node_id, index, count, lin, rid))
         if k == _META:
             return P.encode(P.MetadataRequest(self.group, node_id, rid))
-        if k == _QUERY:
-            return P.encode(P.QueryRequest(self.group, node_id, call.payload, rid))
+        if k == _QUERY:  # to a named node (read_from): any member may answer
+            return P.encode(P.QueryRequest(self.group, node_id, call.payload, rid,
+                                           any_member=call.pinned is not None))
         if k == _SNAPSHOT:
             return P.encode(P.SnapshotRequest(self.group, node_id, rid))
         target, term = call.payload
@@ -1442,6 +1472,23 @@ class DLedgerClient:
                     RC.TIMEOUT, "client closed before the request was sent"))
         self._pending.clear()
         self._waiting.clear()
+
+
+def _member_query_done(raw: concurrent.futures.Future, out: concurrent.futures.Future,
+                       node_id: str) -> None:
+    """A query sent to one named node (read_from) comes back as that node's raw answer (a
+    pinned call): turn it into what `query` returns or raises. Runs on the I/O thread."""
+    exc = raw.exception()
+    if exc is not None:
+        out.set_exception(exc)
+        return
+    msg = raw.result()
+    if isinstance(msg, P.QueryResponse) and msg.code == RC.SUCCESS:
+        out.set_result(QueryResult(bytes(msg.answer), msg.applied_index))
+        return
+    code = getattr(msg, "code", RC.UNKNOWN)
+    out.set_exception(_make_error(code if code != RC.SUCCESS else RC.UNKNOWN,
+                                  getattr(msg, "reason", "") or f"from {node_id}", node=node_id))
 
 
 def _decode_entries(blob: P.Buffer, start: int, limit: int) -> list[Entry]:

@@ -17,10 +17,11 @@ entry was applied so long ago that the leader no longer holds its result) raises
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Mapping
 from typing import Any
 
-from ipc.client import DLedgerClient
+from ipc.client import DLedgerClient, QueryResult
 from node.statemachine import kv as K
 from node.statemachine.kv import KeyValue, KVInputError
 
@@ -53,8 +54,9 @@ class KVClient:
         self.client.close()
 
     # ------------------------------------------------------------------ writes
-    def _write(self, command: bytes, timeout: float | None) -> tuple[K.KVResult | None, int]:
-        r = self.client.append(command, timeout)
+    def _write(self, command: bytes, timeout: float | None,
+               no_result: bool = False) -> tuple[K.KVResult | None, int]:
+        r = self.client.append(command, timeout, no_result=no_result)
         if r.result is None:
             return None, r.index
         try:
@@ -67,8 +69,13 @@ class KVClient:
         return KVError(f"{res.status.name}: {res.message}" if res.message else res.status.name, res.status)
 
     def put(self, key: bytes, value: bytes, timeout: float | None = None) -> int:
-        """Set `key` to `value`; returns the new revision (the index of the entry)."""
-        res, index = self._write(K.encode_put(key, value), timeout)
+        """Set `key` to `value`; returns the new revision (the index of the entry).
+
+        Answered at commit, not after the leader's state machine applied it (FLAG_NO_RESULT):
+        a put that passed the input checks cannot fail in `apply`, and its revision is its
+        index. A linearizable get after it still sees it (reads wait for their read index to
+        be applied)."""
+        res, index = self._write(K.encode_put(key, value), timeout, no_result=True)
         if res is None:
             return index  # a put always changes the key: its revision is its index
         if res.status != K.Status.OK:
@@ -96,33 +103,60 @@ class KVClient:
         return self._yes_no(K.encode_cas(key, expected, value), K.Status.CAS_FAILED, "cas", timeout)
 
     # ------------------------------------------------------------------ reads
-    def _read(self, request: bytes, timeout: float | None) -> K.QueryReply:
-        q = self.client.query(request, timeout)
-        try:
-            reply = K.decode_query_reply(q.answer)
-        except ValueError as e:
-            raise KVError(f"the group's state machine is not the KV store: {e}") from None
-        if reply.status not in (K.Status.OK, K.Status.NOT_FOUND):
-            raise KVError(f"{reply.status.name}: {reply.message}" if reply.message else reply.status.name,
-                          reply.status)
-        return reply
+    def _read(self, request: bytes, timeout: float | None, read_from: str | None = None) -> K.QueryReply:
+        return _reply_of(self.client.query(request, timeout, read_from=read_from))
 
-    def get(self, key: bytes, timeout: float | None = None) -> KeyValue | None:
+    def get(self, key: bytes, timeout: float | None = None, *, read_from: str | None = None) -> KeyValue | None:
         """The key's value and revision (`.value`, `.revision`), or None when it is absent.
-        Linearizable: it reflects every write acknowledged before the call."""
-        reply = self._read(K.encode_get(key), timeout)
-        return reply.items[0] if reply.status == K.Status.OK and reply.items else None
+        Linearizable: it reflects every write acknowledged before the call. `read_from`: the
+        node that answers, any role (a follower read: `DLedgerClient.query`)."""
+        return _item_of(self._read(K.encode_get(key), timeout, read_from))
 
-    def scan(self, prefix: bytes = b"", limit: int | None = None, timeout: float | None = None) -> list[KeyValue]:
+    def get_async(self, key: bytes, timeout: float | None = None, *,
+                  read_from: str | None = None) -> concurrent.futures.Future[KeyValue | None]:
+        """`get` without waiting: the future resolves to what `get` returns (or raises).
+        Many gets in flight on one client are pipelined (`DLedgerClient.query_async`)."""
+        q = self.client.query_async(K.encode_get(key), timeout, read_from=read_from)
+        out: concurrent.futures.Future[KeyValue | None] = concurrent.futures.Future()
+        out.set_running_or_notify_cancel()
+
+        def done(f: concurrent.futures.Future) -> None:  # on the client's I/O thread: cheap
+            try:
+                out.set_result(_item_of(_reply_of(f.result())))
+            except Exception as e:  # noqa: BLE001 - handed to the caller through the future
+                out.set_exception(e)
+
+        q.add_done_callback(done)
+        return out
+
+    def scan(self, prefix: bytes = b"", limit: int | None = None, timeout: float | None = None, *,
+             read_from: str | None = None) -> list[KeyValue]:
         """Every key starting with `prefix`, in key order (at most `limit`), read in pages of up
         to 10,000 keys; each page is linearizable on its own."""
         out: list[KeyValue] = []
         start = b""
         while limit is None or len(out) < limit:
             page = K.MAX_SCAN_LIMIT if limit is None else min(K.MAX_SCAN_LIMIT, limit - len(out))
-            reply = self._read(K.encode_scan(prefix, page, start), timeout)
+            reply = self._read(K.encode_scan(prefix, page, start), timeout, read_from)
             out.extend(reply.items)
             if not reply.more or not reply.items:
                 break
             start = reply.items[-1].key + b"\0"
         return out
+
+
+def _reply_of(q: QueryResult) -> K.QueryReply:
+    """A KV query's answer, or KVError for an answer that is not one (another state machine)
+    or a status other than OK / NOT_FOUND."""
+    try:
+        reply = K.decode_query_reply(q.answer)
+    except ValueError as e:
+        raise KVError(f"the group's state machine is not the KV store: {e}") from None
+    if reply.status not in (K.Status.OK, K.Status.NOT_FOUND):
+        raise KVError(f"{reply.status.name}: {reply.message}" if reply.message else reply.status.name,
+                      reply.status)
+    return reply
+
+
+def _item_of(reply: K.QueryReply) -> KeyValue | None:
+    return reply.items[0] if reply.status == K.Status.OK and reply.items else None

@@ -7,7 +7,8 @@ decoding must be total (a message or ``ProtocolError``, nothing else), cheap on 
 Frame layout (big-endian). Every message is exactly ONE ZeroMQ frame; a batch travels as one
 frame because per-frame costs dominate small messages::
 
-    >BBHQ   version (=1), message type, flags (reserved, 0), request id (u64)
+    >BBHQ   version (=1), message type, flags (FLAG_*, see the end of this module; 0 for
+            most messages; a node ignores flags it does not know), request id (u64)
     ...     type-specific fields
 
 The request id is echoed in the reply so a DEALER can pipeline many requests and match
@@ -40,6 +41,7 @@ OPEN_SESSION (11)      group, remote_id: ask the leader for a client session id
 QUERY (12)             group, remote_id, u32 n, request: a read of the group's state machine
                        (docs/statemachine.md), answered at a read index (linearizable)
 SNAPSHOT (13)          group, remote_id: the node takes a snapshot of its state machine now
+READ_INDEX (14)        group, remote_id: a follower asks the leader for a read index
 INSTALL (20)           group, remote_id, leader_id, i64 term, u32 n, meta (the snapshot's
                        meta.json), i64 offset, u32 m, chunk: one chunk of the leader's
                        snapshot for a follower that needs entries the leader no longer has
@@ -61,6 +63,8 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   OPEN_SESSION (0x8B)    u32 session
   QUERY (0x8C)           i64 applied_index (the state the answer reflects), u32 n, answer
   SNAPSHOT (0x8D)        i64 last_index, i64 last_term (the snapshot now on disk)
+  READ_INDEX (0x8E)      i64 read_index (the leader's committed index, leadership confirmed
+                         after the request arrived)
   INSTALL (0x94)         i64 received (bytes in place: where the next chunk must start),
                          u8 installed (1: the snapshot is installed and the log reset to it)
   ERROR (0xFF)           u8 request_type, reason (<=255 bytes)
@@ -134,6 +138,7 @@ class MsgType(IntEnum):
     OPEN_SESSION = 11
     QUERY = 12
     SNAPSHOT = 13
+    READ_INDEX = 14
     INSTALL = 20
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82
@@ -148,6 +153,7 @@ class MsgType(IntEnum):
     OPEN_SESSION_RESPONSE = 0x8B
     QUERY_RESPONSE = 0x8C
     SNAPSHOT_RESPONSE = 0x8D
+    READ_INDEX_RESPONSE = 0x8E
     INSTALL_RESPONSE = 0x94
     ERROR_RESPONSE = 0xFF
 
@@ -177,6 +183,7 @@ class AppendRequest:
     request_id: int = 0
     session: int = 0  # a client session's stamp (node/core/sessions.py); 0: none
     seq: int = 0
+    no_result: bool = False  # header flag FLAG_NO_RESULT: answer at commit, without the result
 
 
 @dataclass(slots=True)
@@ -232,6 +239,7 @@ class QueryRequest:
     remote_id: str
     request: Buffer
     request_id: int = 0
+    any_member: bool = False  # header flag FLAG_ANY_MEMBER: a follower may answer (read index)
 
 
 @dataclass(slots=True)
@@ -573,15 +581,17 @@ def _route(group: str, remote_id: str) -> bytes:
 
 
 def _enc_append(m: AppendRequest) -> bytes:
-    return encode_append(m.group, m.remote_id, m.body, m.request_id, m.session, m.seq)
+    return encode_append(m.group, m.remote_id, m.body, m.request_id, m.session, m.seq, m.no_result)
 
 
 def encode_append(group: str, remote_id: str, body: Buffer, request_id: int, session: int = 0,
-                  seq: int = 0) -> bytes:
-    """``encode(AppendRequest(group, remote_id, body, request_id, session, seq))`` without
-    building the message object: a pipelining client's per-append cost (same bytes, tested)."""
+                  seq: int = 0, no_result: bool = False) -> bytes:
+    """``encode(AppendRequest(group, remote_id, body, request_id, session, seq, no_result))``
+    without building the message object: a pipelining client's per-append cost (same bytes,
+    tested)."""
+    flags = FLAG_NO_RESULT if no_result else 0
     try:
-        return b"".join((HEADER.pack(VERSION, MsgType.APPEND, 0, request_id), _route(group, remote_id),
+        return b"".join((HEADER.pack(VERSION, MsgType.APPEND, flags, request_id), _route(group, remote_id),
                          _U32.pack(len(body)), body, _stamp(session, seq)))
     except struct.error as e:
         raise ProtocolError(f"cannot encode AppendRequest: {e}") from None
@@ -687,7 +697,8 @@ def _enc_batch_resp(m: BatchAppendResponse) -> bytes:
 
 
 def _enc_query(m: QueryRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _U32.pack(len(m.request)), m.request))
+    head = HEADER.pack(VERSION, m.TYPE, FLAG_ANY_MEMBER if m.any_member else 0, m.request_id)
+    return b"".join((head, _s(m.group), _s(m.remote_id), _U32.pack(len(m.request)), m.request))
 
 
 def _enc_snapshot_resp(m: SnapshotResponse) -> bytes:
@@ -1242,13 +1253,16 @@ def decode(frame: Buffer, max_frame: int = DEFAULT_MAX_FRAME,
     if dec is None:
         raise ProtocolError(f"unknown message type {mtype:#x}")
     try:
-        return dec(mv, HEADER_SIZE, rid, max_body)
+        msg = dec(mv, HEADER_SIZE, rid, max_body)
     except ProtocolError:
         raise
     except UnicodeDecodeError as e:
         raise ProtocolError(f"invalid UTF-8 in a string field: {e.reason}") from None
     except (struct.error, IndexError, ValueError) as e:
         raise ProtocolError(f"malformed {MsgType(mtype).name} frame: {e}") from None
+    if _flags:
+        _apply_flags(msg, _flags)
+    return msg
 
 
 def error_reply(frame_or_request: Buffer | Message | None, code: int, *, group: str = "",
@@ -1273,6 +1287,83 @@ def error_reply(frame_or_request: Buffer | Message | None, code: int, *, group: 
 def is_response(msg: Message) -> bool:
     """True for response types (their type byte has the high bit set)."""
     return msg.TYPE >= 0x80
+
+
+# ---------------------------------------------------------------------------------------------
+# Header flags and the read-index messages (issue 11 §5: follower reads; §8: puts at commit)
+# ---------------------------------------------------------------------------------------------
+FLAG_NO_RESULT = 0x01
+"""APPEND: the client wants no state-machine result (a KV put: its revision is its index), so
+the leader answers at commit instead of after its applier applied the entry. A node that does
+not know the flag answers after applying, with the result: the same answer, later."""
+FLAG_ANY_MEMBER = 0x02
+"""QUERY: any member may answer. A follower asks the leader for a read index (READ_INDEX),
+waits until its own state machine applied it, and answers from it (linearizable, as on the
+leader). Without the flag a follower answers NOT_LEADER."""
+
+
+@dataclass(slots=True)
+class ReadIndexRequest:
+    """A follower's handler asks the leader for a read index on behalf of a client's read."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX
+    group: str
+    remote_id: str
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class ReadIndexResponse:
+    """The leader's committed index once a heartbeat round that started after the request
+    arrived confirmed it (or under its lease, with `read_lease`): a linearizable read point."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    read_index: int = -1
+    request_id: int = 0
+
+
+def _apply_flags(msg: Message, flags: int) -> None:
+    """The header flags this module knows, onto the decoded message; unknown bits and flags
+    on other types are ignored (older nodes ignored them all)."""
+    t = type(msg)
+    if t is AppendRequest:
+        msg.no_result = bool(flags & FLAG_NO_RESULT)
+    elif t is QueryRequest:
+        msg.any_member = bool(flags & FLAG_ANY_MEMBER)
+
+
+def _enc_read_index(m: ReadIndexRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
+
+
+def _enc_read_index_resp(m: ReadIndexResponse) -> bytes:
+    return _resp(m) + _TERM.pack(m.read_index)
+
+
+def _dec_read_index(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _end(mv, off)
+    return ReadIndexRequest(group, remote, rid)
+
+
+def _dec_read_index_resp(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 8, "read index")
+    (read_index,) = _TERM.unpack_from(mv, off)
+    _end(mv, off + 8)
+    return ReadIndexResponse(code, group, term, leader, read_index, rid)
+
+
+_ENCODERS[ReadIndexRequest] = _enc_read_index
+_ENCODERS[ReadIndexResponse] = _enc_read_index_resp
+for _t, _d in ((MsgType.READ_INDEX, _dec_read_index), (MsgType.READ_INDEX_RESPONSE, _dec_read_index_resp)):
+    _DECODERS[_t] = _d
+    _DECODERS_BY_INT[int(_t)] = _d
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ duplicated wake-up costs latency, never correctness (SPEC §2).
 | data port | tcp host:port | handler (ROUTER) | clients, peers' dispatchers (DEALER) | `ipc.protocol` frames |
 | elector port | tcp host:port+1 | elector (ROUTER) | peers' electors (DEALER) | `ipc.protocol` VOTE / HEARTBEAT / TAKE_LEADERSHIP |
 | role | ipc elector.pub | elector (PUB) | every role (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
-| control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (no answer: the block's quorum-heartbeat time is the answer) |
+| control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (answered with `LEADERSHIP_CONFIRMED` once a quorum round that started after it landed: a wake-up; the block's quorum-heartbeat time is the answer) |
 | appended | ipc appended.pub | handler (PUB) | dispatchers, ack checker (SUB, conflated) | ASCII ledger end index |
 | ack | ipc ack.pull | ack checker (PULL) | dispatchers (PUSH) | `ACK_MSG`: peer slot, match index |
 | commit | ipc commit.pull | handler (PULL) | ack checker (PUSH) | `COMMIT_MSG` |
@@ -83,6 +83,11 @@ def decode_role_msg(frame: bytes) -> tuple[Role, int, int, int] | None:
 CONFIRM_LEADERSHIP = b"confirm"
 """Handler → elector: start a heartbeat round now (a linearizable read waits for a quorum round
 that began after it arrived; the elector publishes that round's start time in the block)."""
+LEADERSHIP_CONFIRMED = b"confirmed"
+"""Elector → handler, on the control channel: a quorum heartbeat round that started after a
+CONFIRM_LEADERSHIP arrived has landed (its start is already in the block). A wake-up only: the
+handler serves parked reads by what the block says (contract C4); a lost one costs the
+handler's READ_POLL_MS fallback poll."""
 
 # ---- ack / commit ----------------------------------------------------------------------------
 ACK_MSG = struct.Struct(">qq")  # peer slot, match index: a hint for the ack checker

@@ -85,6 +85,10 @@ class NodeConfig:
     state_machine: str = ""  # "kv" or package.module:Class, applied by the applier role
     state_machine_options: str = ""  # "key=value,key=value": the class's own options
     snapshot_threshold: int = 100_000  # applied entries between two snapshots
+    # Linearizable reads without a heartbeat round while the leader's lease holds: assumes
+    # bounded clock drift and no election while the leader's heartbeats still reach a quorum
+    # (docs/statemachine.md "Lease reads"). Off: every read waits for a confirming round.
+    read_lease: bool = False
     max_snapshots_kept: int = 3
     # store
     data_file_size: int = DEFAULT_DATA_FILE_SIZE
@@ -286,6 +290,8 @@ FIELD_HELP: dict[str, tuple[str, str]] = {
                       "plain log", "NAME"),
     "state_machine_options": ("the state machine's own options", "key=value,..."),
     "snapshot_threshold": ("applied entries between two snapshots", "entries"),
+    "read_lease": ("serve linearizable reads within the leader's lease, without a heartbeat round "
+                   "(assumes bounded clock drift: docs/statemachine.md)", "true|false"),
     "max_snapshots_kept": ("snapshots kept on disk", "snapshots"),
     "data_file_size": ("data segment file size, fixed once the store exists", "bytes"),
     "index_file_size": ("index segment file size (multiple of 32), fixed once the store exists",

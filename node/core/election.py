@@ -141,7 +141,23 @@ class Reply:
     token: object = None
 
 
-Effect = Persist | RoleChanged | Send | Reply
+@dataclass(frozen=True, slots=True)
+class LeadershipConfirmed:
+    """A heartbeat round that started at `round_started_ms` reached a quorum, and it started
+    at or after a confirmation `token` asked for (`request_heartbeat`): tell whoever is behind
+    the token (the handler, on the control channel) at once, instead of leaving it to find the
+    new quorum time in the block on its next poll. A hint: the block stays the truth (C4)."""
+
+    token: object
+    round_started_ms: int
+
+
+Effect = Persist | RoleChanged | Send | Reply | LeadershipConfirmed
+
+MAX_CONFIRM_WAITERS = 64
+"""Confirmation requests remembered at once. Requests from one token collapse to at most two
+(one for the round in flight, one for the next), and a node has one handler: more than this
+means tokens of dead handler incarnations, the oldest of which are forgotten."""
 
 
 @dataclass(slots=True)
@@ -204,6 +220,7 @@ class _PendingTake:
 class _Outbox:
     sends: list[Send] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
+    confirms: list[LeadershipConfirmed] = field(default_factory=list)
 
 
 _TERM_BEARING_CODES = frozenset({
@@ -269,6 +286,9 @@ class ElectorCore:
         self._started_ms = now_ms
         self._next_vote_ms: int | None = None
         self._beat_requested = False  # request_heartbeat while a round was in flight
+        # (token, asked at) of confirmations waiting for a quorum round that started at or
+        # after `asked at` (request_heartbeat with a token): answered by LeadershipConfirmed.
+        self._confirm_waiters: list[tuple[object, int]] = []
 
         self._vote_round: _VoteRound | None = None
         self._hb_round: _HeartbeatRound | None = None
@@ -342,7 +362,7 @@ class ElectorCore:
         self._maintain(now_ms, ledger)
         return self._finish(now_ms)
 
-    def request_heartbeat(self, now_ms: int) -> Step:
+    def request_heartbeat(self, now_ms: int, token: object = None) -> Step:
         """Confirm leadership now (C4, linearizable reads): start a heartbeat round at once.
 
         The handler parks a linearizable GET that arrived at t and serves it once the block
@@ -351,13 +371,44 @@ class ElectorCore:
         short (its answers would be lost, and under a steady stream of confirmations no round
         would ever complete): the next round starts the moment it ends, so every request that
         arrived meanwhile is confirmed by that one round. Not leader: nothing happens (the
-        handler sees the role change and answers NOT_LEADER)."""
+        handler sees the role change and answers NOT_LEADER).
+
+        With a `token`, the round that confirms this request also emits
+        `LeadershipConfirmed(token, ...)`: the handler then serves its parked reads at once
+        rather than on its next look at the block (a 5 ms poll: 4.7 of a 6 ms read)."""
         if self.role == Role.LEADER:
+            if token is not None:
+                self._add_confirm_waiter(token, now_ms)
             if self._hb_round is None:
                 self._start_heartbeat_round(now_ms)
             else:
                 self._beat_requested = True
         return self._finish(now_ms)
+
+    def _add_confirm_waiter(self, token: object, now_ms: int) -> None:
+        """Remember that `token` wants to hear of a quorum round starting at or after now. A
+        request is redundant when the same token already waits for a round that has not
+        started yet (with no round in flight, the next one starts now): that round answers
+        both. So one token holds at most two entries, however many reads arrive."""
+        in_flight = self._hb_round.started_ms if self._hb_round is not None else None
+        for t, asked in self._confirm_waiters:
+            if t == token and (in_flight is None or asked > in_flight):
+                return
+        self._confirm_waiters.append((token, now_ms))
+        del self._confirm_waiters[:-MAX_CONFIRM_WAITERS]
+
+    def _release_confirm_waiters(self, round_started_ms: int) -> None:
+        """A quorum round that started at `round_started_ms`: answer every token that asked at
+        or before then (one LeadershipConfirmed per token), keep the later ones."""
+        keep: list[tuple[object, int]] = []
+        told: list[object] = []
+        for t, asked in self._confirm_waiters:
+            if asked > round_started_ms:
+                keep.append((t, asked))
+            elif t not in told:
+                told.append(t)
+        self._confirm_waiters = keep
+        self._out.confirms += [LeadershipConfirmed(t, round_started_ms) for t in told]
 
     def on_vote_request(self, req: VoteRequest, ledger: LedgerEnd, now_ms: int,
                         token: object = None) -> Step:
@@ -610,6 +661,7 @@ class ElectorCore:
         if o is HeartbeatOutcome.QUORUM:
             # The round's START (lease.py): its receivers reset their timers after it began.
             self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, rnd.started_ms)
+            self._release_confirm_waiters(rnd.started_ms)
         elif o is HeartbeatOutcome.RESEND_NOW:
             self.last_send_heartbeat_ms = None
         elif o is HeartbeatOutcome.STEP_DOWN_HIGHER_TERM:
@@ -745,9 +797,12 @@ class ElectorCore:
         if published != self._published:
             self._published = published
             effects.append(RoleChanged(*published))
+        if self.role != Role.LEADER:
+            self._confirm_waiters.clear()  # the handler answers NOT_LEADER on the role change
         out, self._out = self._out, _Outbox()
         effects += out.sends
         effects += out.replies
+        effects += out.confirms
         return Step(effects, self.next_deadline(now_ms))
 
 
@@ -763,6 +818,7 @@ __all__ = [
     "HeartbeatParse",
     "HeartbeatTally",
     "LedgerEnd",
+    "LeadershipConfirmed",
     "Persist",
     "Reply",
     "RoleChanged",

@@ -30,6 +30,9 @@ class Pending:
     # The term the entries were written in, when it is not the term the reply is registered
     # under: a retry recognised by a later leader is answered with where its entries are.
     entry_term: int = -1
+    # The client wants no state-machine result (FLAG_NO_RESULT, a KV put): answered at commit,
+    # not once the applier applied the entry.
+    no_result: bool = False
 
     @property
     def count(self) -> int:

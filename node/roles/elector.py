@@ -37,7 +37,16 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
 from ipc.sockets import dealer, elector_address, from_source, pub, recv_routed, router, send_routed
 from node import channels
-from node.core.election import ElectorCore, LedgerEnd, Persist, Reply, RoleChanged, Send, Step
+from node.core.election import (
+    ElectorCore,
+    LeadershipConfirmed,
+    LedgerEnd,
+    Persist,
+    Reply,
+    RoleChanged,
+    Send,
+    Step,
+)
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -268,6 +277,10 @@ class Elector:
                 if isinstance(e.message, P.VoteResponse) and e.message.vote_result == VoteResult.ACCEPT:
                     self.state.incr("votes_granted")
                 self.transport.reply(e.token, P.encode(e.message))
+            elif isinstance(e, LeadershipConfirmed):
+                # After _decide published the round's start in the block: the handler that
+                # wakes up on this finds the quorum time there (the block is the truth, C4).
+                self.transport.control_reply(e.token, channels.LEADERSHIP_CONFIRMED)
         for rid in unreachable:
             self._run(lambda _led, rid=rid: self.core.on_peer_unreachable(rid, self.now()))
 
@@ -347,7 +360,7 @@ class Elector:
         """A frame from the handler on the control channel: CONFIRM_LEADERSHIP (C4) or a
         LEADERSHIP_TRANSFER request."""
         if frame == channels.CONFIRM_LEADERSHIP:
-            self._run(lambda _led: self.core.request_heartbeat(self.now()))
+            self._run(lambda _led: self.core.request_heartbeat(self.now(), ident))
             return
         try:
             msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)

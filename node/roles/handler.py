@@ -49,6 +49,7 @@ from ipc.sockets import (
     data_address,
     dealer,
     drain,
+    from_source,
     pub,
     pull,
     push,
@@ -71,6 +72,7 @@ from node.core.follower import (
 )
 from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
+from node.core.reads import EarlyReads
 from node.core.results import AwaitingResults, ResultCache
 from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
 from node.member_lock import MemberLock
@@ -92,7 +94,8 @@ NOOP_RETRY_MAX_MS = 1000
 ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has room again
 QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by then: TIMEOUT
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
-READ_POLL_MS = 5  # parked linearizable reads: how often the block's quorum time is looked at
+FOLLOWER_APPLY_RUN = 256  # a follower wakes its applier once this many entries committed unapplied
+READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
 
@@ -104,6 +107,10 @@ class HandlerTransport(Protocol):
     def reply(self, ident: bytes, frame: bytes) -> None: ...
     def appended(self, end: int) -> None: ...
     def control(self, frame: bytes) -> bool: ...
+    # Optional (a node with a state machine): a request to another member's data port, whose
+    # answer comes back through `Handler.on_peer_reply`. A transport without it (the
+    # simulator's) makes follower reads answer NOT_LEADER.
+    # def to_peer(self, peer_id: str, frame: bytes) -> bool: ...
 
 
 class StateMachineLink:
@@ -128,10 +135,24 @@ class StateMachineLink:
 
 
 class ZmqHandlerTransport:
-    """The real sockets: the data port ROUTER, the "appended" PUB and the control DEALER."""
+    """The real sockets: the data port ROUTER, the "appended" PUB, the control DEALER and (a
+    node with a state machine) one DEALER per other member, for follower reads' read indexes."""
 
-    def __init__(self, sock: zmq.Socket, appended_pub: zmq.Socket, ctl: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, appended_pub: zmq.Socket, ctl: zmq.Socket,
+                 peers: dict[str, zmq.Socket] | None = None) -> None:
         self.sock, self.appended_pub, self.ctl = sock, appended_pub, ctl
+        self.peers = peers or {}
+
+    def to_peer(self, peer_id: str, frame: bytes) -> bool:
+        """False: not sent (no connection to that member now: IMMEDIATE)."""
+        s = self.peers.get(peer_id)
+        if s is None:
+            return False
+        try:
+            s.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def reply(self, ident: bytes, frame: bytes) -> None:
         send_routed(self.sock, ident, frame)
@@ -150,14 +171,28 @@ class ZmqHandlerTransport:
         return True
 
 
+ReadRequest = P.GetRequest | P.QueryRequest | P.ReadIndexRequest
+
+
 @dataclass(slots=True)
 class ParkedRead:
-    """A linearizable GET waiting for a quorum heartbeat round that started after it arrived."""
+    """A linearizable read (a GET, a query, a follower's READ_INDEX) waiting for a quorum
+    heartbeat round that started after it arrived."""
 
     ident: bytes
-    req: P.GetRequest | P.QueryRequest
+    req: ReadRequest
     arrived_ms: int
     term: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class FollowerRead:
+    """A client's query this follower serves: waiting for the leader's read index."""
+
+    ident: bytes
+    req: P.QueryRequest
+    leader_id: str
     deadline_ms: int
 
 
@@ -206,6 +241,10 @@ class Handler(FollowerInstall):
         self.queries: dict[int, tuple[bytes, P.QueryRequest | P.SnapshotRequest | P.InstallRequest, int]] = {}
         self.next_query_tag = 1
         self._hinted_commit = -1
+        # follower reads (FLAG_ANY_MEMBER): READ_INDEX requests sent to the leader, by tag
+        self.follower_reads: dict[int, FollowerRead] = {}
+        # queries sent to the applier on arrival, answers held until leadership is confirmed
+        self.early: EarlyReads[tuple[int, int, int, bytes]] = EarlyReads()
         # follower side
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
         self.disk_ratio = 0.0  # disk_usage_ratio(store dir), measured at most once a second
@@ -245,9 +284,21 @@ class Handler(FollowerInstall):
         self.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
                                 ledger_end_term=s.ledger_end_term, committed_index=s.committed_index,
                                 store_generation=s.generation)
-        if self.sm_link is not None and s.committed_index != self._hinted_commit:
+        if self.sm_link is not None and self._apply_hint_due(s.committed_index):
             self._hinted_commit = s.committed_index
             self.sm_link.committed_moved()
+
+    def _apply_hint_due(self, committed: int) -> bool:
+        """Whether to wake the applier for this commit move. A leader's applier: always (its
+        results answer appends). A follower's applier need only keep up, not apply each entry
+        as it commits: waking it on every push put four more process wake-ups into each put's
+        critical path on 2 cores. So a follower hints once FOLLOWER_APPLY_RUN entries piled
+        up (the applier's own IDLE_POLL_MS poll bounds the lag otherwise), and at once while
+        a read waits on this node (a follower read needs its read index applied promptly)."""
+        if committed == self._hinted_commit:
+            return False
+        return (self.leader_term != -1 or bool(self.queries) or bool(self.follower_reads)
+                or committed - self._hinted_commit >= FOLLOWER_APPLY_RUN)
 
     def _mark_unwritable(self, failed: bool) -> None:
         """Contract C2/C5: tell the elector whether this leader can write (it steps down if not)."""
@@ -426,10 +477,55 @@ class Handler(FollowerInstall):
             self._error(ident, req, RC.UNEXPECTED_ARGUMENT, "index must be >= 0 and count > 0", m=m)
             return
         if req.linearizable:
-            self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
-            self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
+            self._linearizable_read(ident, req, m, now)
             return
         self._serve_get(ident, req, m)
+
+    def _linearizable_read(self, ident: bytes, req: ReadRequest, m: MemberView, now: int) -> None:
+        """Serve at once under a lease (`read_lease`), else park the read until a quorum round
+        that started after it arrived confirms this leader (C4, `_serve_reads`)."""
+        if self._lease_read_ok(m, now):
+            self._read_now(ident, req, m)
+            return
+        if isinstance(req, P.QueryRequest) and self._forward_early(ident, req, m, now):
+            return
+        self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
+        self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
+
+    def _forward_early(self, ident: bytes, req: P.QueryRequest, m: MemberView, now: int) -> bool:
+        """Send a query to the applier now, at the committed index as its read index, while the
+        elector confirms leadership (node/core/reads.py: the two waits overlap); its answer is
+        held until a round that started after it arrived lands. Only once this term's NOOP is
+        committed (before, the committed index may miss an earlier leader's entries): False
+        then, and the read is parked as before."""
+        if self.leader_term != m.current_term or self.store.committed_index < self.noop_index:
+            return False
+        tag = self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
+        if tag is not None:
+            self.early.add(tag, now, m.current_term, now + self.read_timeout_ms)
+            self.transport.control(channels.CONFIRM_LEADERSHIP)
+        return True
+
+    def _lease_read_ok(self, m: MemberView, now: int) -> bool:
+        """A lease read (option `read_lease`, off by default): no other leader can exist while
+        the lease from the last quorum round holds (node/core/lease.py), so the committed index
+        now is a valid read index, provided this term's NOOP is committed (it carries every
+        earlier term's entries) and no leadership transfer is under way (its target may be
+        elected within our lease). Assumes bounded clock drift: docs/statemachine.md."""
+        return (self.cfg.read_lease and m.role == Role.LEADER and m.current_term == self.leader_term
+                and m.transferee_slot == NO_SLOT and self.store.committed_index >= self.noop_index
+                and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
+
+    def _read_now(self, ident: bytes, req: ReadRequest, m: MemberView) -> None:
+        """Leadership is confirmed for this read: answer a GET from the log, send a query to
+        the applier with the committed index as its read index, give a follower that index."""
+        if isinstance(req, P.QueryRequest):
+            self._forward_query(ident, req, m)
+        elif isinstance(req, P.ReadIndexRequest):
+            self._reply(ident, P.ReadIndexResponse(RC.SUCCESS, self.cfg.group, m.current_term, self.cfg.id,
+                                                   self.store.committed_index, req.request_id))
+        else:
+            self._serve_get(ident, req, m)
 
     def _serve_get(self, ident: bytes, req: P.GetRequest, m: MemberView) -> None:
         self.state.incr("gets")
@@ -459,6 +555,8 @@ class Handler(FollowerInstall):
         with a quorum heartbeat round that *started* after they arrived, and this term's NOOP is
         committed (read-index rule: the committed index is then at least the one at arrival);
         NOT_LEADER when the role or term changed; TIMEOUT after ~2 election timeouts."""
+        if len(self.early):
+            self._settle_early(m, now)
         if not self.reads:
             return
         keep = []
@@ -466,20 +564,34 @@ class Handler(FollowerInstall):
             if m.role != Role.LEADER or m.current_term != r.term or self.leader_term != r.term:
                 self._error(r.ident, r.req, RC.NOT_LEADER, m=m)
             elif m.last_quorum_heartbeat_ms >= r.arrived_ms and self.store.committed_index >= self.noop_index:
-                if isinstance(r.req, P.QueryRequest):
-                    self._forward_query(r.ident, r.req, m)
-                else:
-                    self._serve_get(r.ident, r.req, m)
+                self._read_now(r.ident, r.req, m)
             elif now >= r.deadline_ms:
                 self._error(r.ident, r.req, RC.TIMEOUT, "leadership not confirmed in time", m=m)
             else:
                 keep.append(r)
         self.reads = keep
 
+    def _settle_early(self, m: MemberView, now: int) -> None:
+        """Release the held answers of early-forwarded queries the block now confirms; fail the
+        ones whose term is over (NOT_LEADER) or that waited too long (TIMEOUT)."""
+        leading = m.current_term if m.role == Role.LEADER and m.current_term == self.leader_term else None
+        release, failed = self.early.settle(leading, m.last_quorum_heartbeat_ms, now)
+        for got in release:
+            self._answer_query(got)
+        for tag, code in failed:
+            q = self.queries.pop(tag, None)
+            if q is not None:
+                self._error(q[0], q[1], RC[code], "" if code == "NOT_LEADER" else "leadership not confirmed in time",
+                            m=m)
+
     def _fail_reads(self, code: RC) -> None:
         reads, self.reads = self.reads, []
         for r in reads:
             self._error(r.ident, r.req, code)
+        for tag in self.early.fail_all():
+            q = self.queries.pop(tag, None)
+            if q is not None:
+                self._error(q[0], q[1], code)
 
     def _check_disk(self, now: int) -> None:
         if now >= self.next_disk_check:
@@ -562,7 +674,8 @@ class Handler(FollowerInstall):
             positions, pos = None, r.pos
         self.sessions.record(session, seq, first, n)
         self.pending.register(term, last, Pending(ident, req.request_id, first, positions, pos,
-                                                  now + self.cfg.max_wait_ack_ms))
+                                                  now + self.cfg.max_wait_ack_ms,
+                                                  no_result=not batch and req.no_result))
         self._register_appended(1, n)
 
     def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
@@ -596,7 +709,7 @@ class Handler(FollowerInstall):
         deadline = now + self.cfg.max_wait_ack_ms
         for i, r in enumerate(reqs):
             self.pending.register(term, first + i, Pending(ident, r.request_id, first + i, None, positions[i],
-                                                           deadline))
+                                                           deadline, no_result=r.no_result))
         self._register_appended(n, n)
 
     # ------------------------------------------------------------------ client sessions
@@ -669,7 +782,8 @@ class Handler(FollowerInstall):
         batch = isinstance(req, P.BatchAppendRequest)
         last = first + n - 1
         p = Pending(ident, req.request_id, first, positions if batch else None, positions[0],
-                    now + self.cfg.max_wait_ack_ms, entry_term=entries[0].term)
+                    now + self.cfg.max_wait_ack_ms, entry_term=entries[0].term,
+                    no_result=not batch and req.no_result)
         if last <= self.store.committed_index:
             self._complete(self.leader_term, last, p, RC.SUCCESS)
         else:
@@ -727,9 +841,12 @@ class Handler(FollowerInstall):
 
     def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
         """Answer a pending append. With a state machine, SUCCESS waits for the results of its
-        entries (parked in `awaiting` until the applier sends them)."""
+        entries (parked in `awaiting` until the applier sends them) — unless the client said it
+        wants none (FLAG_NO_RESULT, a KV put whose revision is its index): then at commit, one
+        applier round trip sooner. A linearizable read after it still sees it: reads wait for
+        their read index (>= this entry) to be applied."""
         results = None
-        if code == RC.SUCCESS and self.sm_link is not None:
+        if code == RC.SUCCESS and self.sm_link is not None and not p.no_result:
             got = self.results.lookup(p.first_index, last)
             if got is None:  # committed, not applied yet: answered with its results later
                 self.awaiting.park(term, last, p)
@@ -768,33 +885,84 @@ class Handler(FollowerInstall):
             self._send_completion(term, last, p, RC.SUCCESS, results)
 
     def on_query(self, ident: bytes, req: P.QueryRequest) -> None:
-        """A read of the state machine: parked like a linearizable GET until a quorum heartbeat
-        round that started after it arrived confirms this leader; then forwarded to the applier
-        with the committed index as its read index (`_forward_query`)."""
+        """A read of the state machine: sent to the applier at once with the committed index as
+        its read index, its answer held until a quorum heartbeat round that started after it
+        arrived confirms this leader (`_forward_early`; parked like a linearizable GET until
+        this term's NOOP commits); at once under a lease (`read_lease`)."""
         now = self.now()
         m = self.state.read_member()
         if self.sm_link is None:
             self._error(ident, req, RC.UNSUPPORTED, "this group has no state machine", m=m)
             return
         if not self._leading(m, now):
+            if not (req.any_member and self._ask_read_index(ident, req, m, now)):
+                self._error(ident, req, RC.NOT_LEADER, m=m)
+            return
+        self._linearizable_read(ident, req, m, now)
+
+    def on_read_index(self, ident: bytes, req: P.ReadIndexRequest) -> None:
+        """A follower serving a client's read asks for a read index: confirmed like a read of
+        our own (a heartbeat round that started after it arrived, or the lease with
+        `read_lease`), answered with the committed index (`_read_now`)."""
+        now = self.now()
+        m = self.state.read_member()
+        if not self._leading(m, now):
             self._error(ident, req, RC.NOT_LEADER, m=m)
             return
-        self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
-        self.transport.control(channels.CONFIRM_LEADERSHIP)
+        self._linearizable_read(ident, req, m, now)
+
+    def _ask_read_index(self, ident: bytes, req: P.QueryRequest, m: MemberView, now: int) -> bool:
+        """Follower read (issue 11 §5, FLAG_ANY_MEMBER): ask the leader the block names for a
+        read index; `on_peer_reply` then sends the query to our applier at that index, which
+        answers once it applied it. Everything committed before the read arrived at the
+        leader is at or below that index, and every replica's prefix up to it is the same, so
+        the answer is as linearizable as the leader's. False: no leader known or reachable."""
+        to_peer = getattr(self.transport, "to_peer", None)
+        leader = self._slot_id(m.leader_slot)
+        if to_peer is None or m.role != Role.FOLLOWER or not leader or leader == self.cfg.id:
+            return False
+        tag = self.next_query_tag
+        self.next_query_tag += 1
+        if not to_peer(leader, P.encode(P.ReadIndexRequest(self.cfg.group, leader, tag))):
+            return False
+        self.follower_reads[tag] = FollowerRead(ident, req, leader, now + self.read_timeout_ms)
+        return True
+
+    def on_peer_reply(self, frame: bytes) -> None:
+        """Input: the leader's answer to one of our READ_INDEX requests."""
+        try:
+            msg = P.decode(frame, max_frame=self.cfg.max_frame_size)
+        except P.ProtocolError:
+            self.state.incr("bad_frames")
+            return
+        fr = self.follower_reads.pop(msg.request_id, None)
+        if fr is None:
+            return  # timed out already, or not ours
+        code = getattr(msg, "code", RC.UNKNOWN)
+        if isinstance(msg, P.ReadIndexResponse) and code == RC.SUCCESS:
+            self._to_applier(fr.ident, fr.req, msg.read_index, bytes(fr.req.request), QUERY_TIMEOUT_MS)
+            return
+        if code == RC.SUCCESS:
+            code = RC.UNKNOWN  # a success that is not a read index: not an answer we can use
+        m = self.state.read_member()
+        self._reply(fr.ident, P.error_reply(fr.req, code, group=self.cfg.group, term=m.current_term,
+                                            leader_id=self._slot_id(m.leader_slot),
+                                            reason=getattr(msg, "reason", "") or f"read index from {fr.leader_id}"))
 
     def _forward_query(self, ident: bytes, req: P.QueryRequest, m: MemberView) -> None:
         self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
 
     def _to_applier(self, ident: bytes, req: P.QueryRequest | P.SnapshotRequest, read_index: int,
-                    request: bytes, timeout_ms: int, m: MemberView | None = None) -> None:
-        """Send a request to the applier under a fresh tag; its reply (`on_query_reply`) or
-        `timeout_ms` answers the client."""
+                    request: bytes, timeout_ms: int, m: MemberView | None = None) -> int | None:
+        """Send a request to the applier under a fresh tag (returned; None: refused, and the
+        client answered); its reply (`on_query_reply`) or `timeout_ms` answers the client."""
         tag = self.next_query_tag
         self.next_query_tag += 1
         if not self.sm_link.send_query(channels.encode_query(tag, read_index, request)):
             self._error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking requests", m=m)
-            return
+            return None
         self.queries[tag] = (ident, req, self.now() + timeout_ms)
+        return tag
 
     def on_snapshot(self, ident: bytes, req: P.SnapshotRequest) -> None:
         """`dledger snapshot`: this node (any role) snapshots its state machine now."""
@@ -804,9 +972,17 @@ class Handler(FollowerInstall):
         self._to_applier(ident, req, channels.SNAPSHOT_NOW, b"", SNAPSHOT_TIMEOUT_MS)
 
     def on_query_reply(self, frame: bytes) -> None:
+        """Input: the applier's answer to a query; held while its read is not confirmed yet
+        (`_forward_early`), else sent."""
         got = channels.decode_query_reply(frame)
         if got is None:
             return
+        if self.early.hold(got[0], got):
+            self._settle_early(self.state.read_member(), self.now())  # the round may have landed first
+            return
+        self._answer_query(got)
+
+    def _answer_query(self, got: tuple[int, int, int, bytes]) -> None:
         tag, status, applied, answer = got
         q = self.queries.pop(tag, None)
         if q is None:
@@ -835,6 +1011,10 @@ class Handler(FollowerInstall):
                 self._send_completion(term, last, p, RC.SUCCESS, None)
 
     def _expire_queries(self, now: int) -> None:
+        if self.follower_reads:
+            for tag in [t for t, fr in self.follower_reads.items() if now >= fr.deadline_ms]:
+                fr = self.follower_reads.pop(tag)
+                self._error(fr.ident, fr.req, RC.TIMEOUT, f"no read index from the leader {fr.leader_id} in time")
         if not self.queries:
             return
         for tag in [t for t, (_i, _r, d) in self.queries.items() if now >= d]:
@@ -1032,7 +1212,13 @@ class Handler(FollowerInstall):
         self.transfers[fid] = (ident, req.request_id)
 
     def on_control_reply(self, frame: bytes) -> None:
-        """Input: a frame from the elector's control socket (a transfer's answer)."""
+        """Input: a frame from the elector's control socket: a transfer's answer, or
+        LEADERSHIP_CONFIRMED (a quorum round that started after a CONFIRM_LEADERSHIP landed):
+        serve the parked reads now, by what the block says (C4), not on the next poll."""
+        if frame == channels.LEADERSHIP_CONFIRMED:
+            if self.reads or len(self.early):
+                self._serve_reads(self.state.read_member(), self.now())
+            return
         try:
             msg = P.decode(frame)
         except P.ProtocolError:
@@ -1053,6 +1239,7 @@ class Handler(FollowerInstall):
         P.QueryRequest: "on_query",
         P.SnapshotRequest: "on_snapshot",
         P.InstallRequest: "on_install",
+        P.ReadIndexRequest: "on_read_index",
     }
 
     # ------------------------------------------------------------------ loop
@@ -1098,7 +1285,7 @@ class Handler(FollowerInstall):
         d = self.follower.next_deadline()
         if d is not None:
             due.append(d)
-        if self.reads:
+        if self.reads or len(self.early):
             due.append(now + READ_POLL_MS)
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)
@@ -1110,6 +1297,19 @@ class Handler(FollowerInstall):
             due.append(now + READ_POLL_MS)
         return max(1, min(due) - now)
 
+    def _peer_sockets(self) -> dict[str, zmq.Socket]:
+        """One DEALER per other member's data port: a follower asks the leader for read
+        indexes on them (follower reads). Connected lazily by ZeroMQ; IMMEDIATE, so a send to
+        a member that is down fails at once instead of queueing."""
+        source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
+        out = {}
+        for pid in self.peer_ids:
+            if pid != self.cfg.id:
+                h, p = self.peer_map[pid]
+                out[pid] = dealer(self.rc.zctx, from_source(data_address(h, p), source),
+                                  max_msg_size=self.cfg.max_frame_size)
+        return out
+
     def run(self) -> None:
         rc = self.rc
         self.open()
@@ -1120,7 +1320,8 @@ class Handler(FollowerInstall):
             roles = sub(rc.zctx, rc.channel(channels.ROLE))
             commits = pull(rc.zctx, rc.channel(channels.COMMIT))
             ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
-            self.transport = ZmqHandlerTransport(sock, appended_pub, ctl)
+            peers = self._peer_sockets() if self.cfg.state_machine else {}
+            self.transport = ZmqHandlerTransport(sock, appended_pub, ctl, peers)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
                 self.sm_link = StateMachineLink(push(rc.zctx, rc.channel(channels.APPLY)),
@@ -1133,7 +1334,7 @@ class Handler(FollowerInstall):
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in):
+            for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in, *peers.values()):
                 poller.register(s, zmq.POLLIN)
             self.tick()
             while not rc.should_stop():
@@ -1155,7 +1356,8 @@ class Handler(FollowerInstall):
                             self.on_control_reply(ctl.recv(zmq.NOBLOCK))
                         except zmq.Again:
                             break
-                for s, on in ((sm_in[0], self.on_results), (sm_in[1], self.on_query_reply)) if sm_in else ():
+                ins = ((sm_in[0], self.on_results), (sm_in[1], self.on_query_reply)) if sm_in else ()
+                for s, on in (*ins, *((p, self.on_peer_reply) for p in peers.values())):
                     if s in events:
                         while True:
                             try:

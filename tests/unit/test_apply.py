@@ -134,20 +134,23 @@ def test_an_append_is_answered_once_applied_with_what_apply_returned(tmp_path: P
     assert two.first_index == first + 1 and [None if r is None else bytes(r) for r in two.results] == [b"r2", None]
 
 
-def test_a_read_is_forwarded_at_the_committed_index_once_leadership_is_confirmed(tmp_path: Path) -> None:
+def test_a_read_is_forwarded_at_once_and_answered_once_leadership_is_confirmed(tmp_path: Path) -> None:
+    """The applier hop overlaps the heartbeat round (node/core/reads.py): the query goes to the
+    applier when it arrives, at the committed index then, and the answer waits for a round
+    that started after the read arrived."""
     h, wire, state, clock = _sm_leader(tmp_path)
     commit_all(h, state)
     clock.now += 10
     h.handle_frame(b"c", P.encode(P.QueryRequest("g", "n1", b"what", request_id=20)))
-    h.tick()
-    assert not h.sm_link.queries, "forwarded before a heartbeat round confirmed the leader"
-    clock.now += 5
-    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)  # a round that began after it
-    h.tick()
     assert len(h.sm_link.queries) == 1
     tag, read_index, request = h.sm_link.queries[0]
     assert (read_index, request) == (h.store.committed_index, b"what")
     h.on_query_reply(channels.encode_query_reply(tag, channels.QUERY_OK, read_index, b"answer"))
+    h.tick()
+    assert wire.answer(20) is None, "answered before a heartbeat round confirmed the leader"
+    clock.now += 5
+    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)  # a round that began after it
+    h.tick()
     got = wire.answer(20)
     assert (got.code, bytes(got.answer), got.applied_index) == (RC.SUCCESS, b"answer", read_index)
 

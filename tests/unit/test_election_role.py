@@ -61,7 +61,7 @@ class FakeTransport:
         self.roles.append(frame)
 
     def control_reply(self, ident: bytes, frame: bytes) -> None:
-        self.control.append((ident, P.decode(frame)))
+        self.control.append((ident, frame if frame == channels.LEADERSHIP_CONFIRMED else P.decode(frame)))
 
     def take(self, kind: type) -> list[tuple[str, object]]:
         out = [(p, m) for p, m in self.sent if isinstance(m, kind)]
@@ -134,7 +134,7 @@ def test_start_publishes_candidate_and_first_vote_is_in_a_new_term(rc):
     assert el.termvote.current.term == 5  # persisted before the requests left
 
 
-def test_confirm_leadership_starts_a_heartbeat_round_whose_start_is_published(rc):
+def test_confirm_leadership_starts_a_heartbeat_round_whose_start_is_published_then_wakes_the_handler(rc):
     el, tr = lead(rc)
     rc.now += 50  # mid-interval: nothing due by the clock
     el.tick()
@@ -149,7 +149,8 @@ def test_confirm_leadership_starts_a_heartbeat_round_whose_start_is_published(rc
         if peer == "n1":
             el.on_response(P.encode(P.HeartbeatResponse(200, "g", req.term, "n0", req.request_id)))
     assert rc.state.read_member().last_quorum_heartbeat_ms == asked
-    assert tr.control == []  # no answer on the control channel: the block is the answer
+    # ... and the handler that asked is woken on the control channel, after the block says so
+    assert tr.control == [(b"handler", channels.LEADERSHIP_CONFIRMED)]
 
 
 def test_leader_steps_down_when_the_handler_cannot_write(rc):

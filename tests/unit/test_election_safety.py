@@ -9,6 +9,7 @@ from ipc.protocol import HeartbeatRequest, HeartbeatResponse, VoteRequest, VoteR
 from node.core.election import (
     ElectionConfig,
     ElectorCore,
+    LeadershipConfirmed,
     LedgerEnd,
     Persist,
     Reply,
@@ -234,6 +235,77 @@ def test_request_heartbeat_when_not_leader_does_nothing():
     assert solo.role == Role.LEADER
     solo.request_heartbeat(solo.next_vote_ms + 7)
     assert solo.last_succ_heartbeat_ms == solo.next_vote_ms + 7  # a one-node quorum at once
+
+
+def confirms(step: Step):
+    return [e for e in step.effects if isinstance(e, LeadershipConfirmed)]
+
+
+def beat_answered(L, F, step, at):
+    """Deliver `step`'s heartbeat to F and F's answer back to L at `at`; returns L's step."""
+    (to_f,) = [s for s in sends(step, HeartbeatRequest) if s.peer == "F"]
+    return L.on_response(replies(F.on_heartbeat_request(to_f.message, at))[0], at)
+
+
+def quiet_leader():
+    """L leads with F's vote, its first round answered; returns (L, F, now)."""
+    L, F = core("L", term=1, voted="L"), core("F", term=1, voted="L", seed=2)
+    now = make_leader(L, {"F": F}, 0)
+    beat_answered(L, F, L.tick(now, LED), now)
+    return L, F, now
+
+
+def test_a_confirmation_with_a_token_is_answered_when_its_round_reaches_a_quorum():
+    L, F, now = quiet_leader()
+    t = now + 50
+    step = L.request_heartbeat(t, b"h")
+    assert confirms(step) == []  # asked, not yet confirmed
+    assert confirms(beat_answered(L, F, step, t + 3)) == [LeadershipConfirmed(b"h", t)]
+    assert L.last_succ_heartbeat_ms == t
+
+
+def test_a_round_in_flight_when_the_confirmation_arrived_does_not_confirm_it():
+    L, F, now = quiet_leader()
+    t = now + CFG.heartbeat_interval_ms
+    first = L.tick(t, LED)  # round 1 starts at t
+    asked = t + 5
+    assert sends(L.request_heartbeat(asked, b"h")) == []  # round 1 is not cut short
+    step = beat_answered(L, F, first, asked + 1)
+    assert confirms(step) == []  # round 1 started before the request: it proves nothing about it
+    second = L.tick(asked + 1, LED)  # the next round at once
+    assert confirms(beat_answered(L, F, second, asked + 2)) == [LeadershipConfirmed(b"h", asked + 1)]
+
+
+def test_many_confirmations_of_one_token_are_answered_once_per_round():
+    L, F, now = quiet_leader()
+    t = now + 50
+    step = L.request_heartbeat(t, b"h")
+    for k in range(1, 20):  # more reads while the round is out: they wait for the next one
+        L.request_heartbeat(t + k, b"h")
+    assert len(L._confirm_waiters) == 2
+    assert confirms(beat_answered(L, F, step, t + 20)) == [LeadershipConfirmed(b"h", t)]
+    second = L.tick(t + 21, LED)
+    assert confirms(beat_answered(L, F, second, t + 22)) == [LeadershipConfirmed(b"h", t + 21)]
+    assert L._confirm_waiters == []
+
+
+def test_a_round_without_a_quorum_confirms_nothing_and_losing_leadership_forgets_the_waiters():
+    L, F, now = quiet_leader()
+    t = now + 50
+    L.request_heartbeat(t, b"h")
+    step = L.tick(t + CFG.heartbeat_interval_ms, LED)  # round over unanswered: no quorum
+    assert confirms(step) == [] and L._confirm_waiters != []
+    (s,) = [s for s in sends(step, HeartbeatRequest) if s.peer == "F"]  # the next round
+    step = L.on_response(HeartbeatResponse(int(ResponseCode.EXPIRED_TERM), "g", 9, "", s.message.request_id),
+                         t + CFG.heartbeat_interval_ms + 1)
+    assert L.role != Role.LEADER and confirms(step) == [] and L._confirm_waiters == []
+
+
+def test_a_confirmation_to_a_one_node_leader_is_answered_at_once():
+    solo = core("L", ids=["L"])
+    solo.tick(solo.next_vote_ms, LED)
+    t = solo.next_vote_ms + 7
+    assert confirms(solo.request_heartbeat(t, b"h")) == [LeadershipConfirmed(b"h", t)]
 
 
 # ------------------------------------------------------------------ unwritable store (C5)

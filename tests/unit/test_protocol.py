@@ -27,6 +27,11 @@ MESSAGES = [
     p.OpenSessionResponse(200, "default", 4, "n0", 0x00040001, request_id=28),
     p.QueryRequest("default", "n0", b"\x10get k", request_id=40),
     p.QueryRequest("default", "n0", b""),
+    p.QueryRequest("default", "n1", b"\x10get k", request_id=47, any_member=True),
+    p.AppendRequest("default", "n0", b"put", request_id=48, session=3, seq=4, no_result=True),
+    p.ReadIndexRequest("default", "n0", request_id=49),
+    p.ReadIndexResponse(200, "default", 4, "n0", 1234, request_id=50),
+    p.ReadIndexResponse(404, "default", 5, ""),
     p.SnapshotRequest("default", "n1", request_id=45),
     p.SnapshotResponse(200, "default", 4, "n0", 99, 3, request_id=46),
     p.InstallRequest("default", "n1", "n0", 4, b'{"last_index": 9}', 1 << 20, b"chunk", request_id=47),
@@ -436,3 +441,34 @@ def test_install_response_refuses_an_installed_flag_other_than_0_or_1():
     frame[-1] = 2
     with pytest.raises(p.ProtocolError, match="installed flag"):
         p.decode(bytes(frame))
+
+
+def test_header_flags_no_result_and_any_member_older_frames_decode_unchanged():
+    """The flags live in the header's reserved u16: a frame without them is byte-identical to
+    an older client's, and bits a node does not know (or on other types) are ignored."""
+    plain = encode(p.AppendRequest("g", "n0", b"body", request_id=1))
+    flagged = encode(p.AppendRequest("g", "n0", b"body", request_id=1, no_result=True))
+    assert flagged[:2] == plain[:2] and flagged[4:] == plain[4:]
+    assert struct.unpack_from(">H", flagged, 2)[0] == p.FLAG_NO_RESULT
+    assert p.encode_append("g", "n0", b"body", 1, no_result=True) == flagged
+    assert decode(flagged).no_result is True and decode(plain).no_result is False
+    q = encode(p.QueryRequest("g", "n1", b"r", request_id=2, any_member=True))
+    assert struct.unpack_from(">H", q, 2)[0] == p.FLAG_ANY_MEMBER and decode(q).any_member
+    assert decode(encode(p.QueryRequest("g", "n1", b"r"))).any_member is False
+
+    def with_flags(frame: bytes, flags: int) -> bytes:
+        return frame[:2] + struct.pack(">H", flags) + frame[4:]
+
+    assert decode(with_flags(plain, 0x8000)) == decode(plain)  # unknown bit: ignored
+    assert decode(with_flags(q, p.FLAG_NO_RESULT)).any_member is False  # another type's flag
+    md = encode(p.MetadataRequest("g", "n0", request_id=3))
+    assert decode(with_flags(md, 0xFFFF)) == decode(md)
+
+
+def test_read_index_frames_reject_junk():
+    req = encode(p.ReadIndexRequest("g", "n0", request_id=9))
+    resp = encode(p.ReadIndexResponse(200, "g", 3, "n0", 17, request_id=9))
+    for bad in (req + b"x", resp[:-1], resp + b"\0"):
+        with pytest.raises(ProtocolError):
+            decode(bad)
+    assert p.is_response(decode(resp)) and not p.is_response(decode(req))
