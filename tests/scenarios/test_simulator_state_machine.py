@@ -76,7 +76,8 @@ MUTATIONS = [
     ("applier-skip", "chain", "memory", range(0, 20), "state machine at applied index"),
     ("applier-skip", "kv", "memory", range(0, 20), "state machine at applied index"),
     ("replay-from-snapshot-index", "chain", "memory", range(0, 80), "state machine at applied index"),
-    ("replay-from-snapshot-index", "kv", "memory", range(0, 20), "applied after"),  # the KV store's own guard
+    # the KV store's own guard, or the reference check first
+    ("replay-from-snapshot-index", "kv", "memory", range(0, 20), "applied after|state machine at applied index"),
     ("snapshot-index-early", "kv", "memory", range(0, 10), "restores to"),
     ("apply-uncommitted", "kv", "memory", range(0, 10), "beyond its committed index"),
     ("results-shifted", "kv", "memory", range(0, 10), "was answered with result"),
