@@ -1031,6 +1031,8 @@ class SharedState:
                         ("transferee_slot", transferee)):
             self._check_slot(what, s)
         epoch = cur[5] + (1 if (new_role != cur[0] or term != cur[1]) else 0)
+        if new_role == Role.CANDIDATE and term > cur[1]:  # a vote round in a new term
+            self._bump_word(FIELDS["elections_started"].offset // 8)
         if new_role == Role.LEADER and cur[0] != Role.LEADER:
             self._bump_word(FIELDS["elections_won"].offset // 8)
         if leader != cur[2] and leader != NO_SLOT:  # etcd's leader_changes_seen
