@@ -639,7 +639,8 @@ def _enc_get(m: GetRequest) -> bytes:
 
 
 def _enc_metadata(m: MetadataRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), b"\x01" if m.want_status else b""))
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id),
+                     b"\x01" if getattr(m, "want_status", False) else b""))
 
 
 def _enc_transfer(m: LeadershipTransferRequest) -> bytes:

@@ -5,6 +5,8 @@ SIGTERM/SIGINT stops every node cleanly (SIGTERM, grace, SIGKILL) and exits 0. W
 --store-dir the stores live in a temporary directory that is removed at the end; with it, node
 i uses DIR/n<i> and the data stays.
 
+With --metrics-port P, node i serves its metrics on port P + i.
+
 Example:
   dledger cluster --nodes 3
   dledger metadata --peers "<the printed peers string>" --json
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     own_root = args.cluster_store_dir is None
     root = Path(args.cluster_store_dir or tempfile.mkdtemp(prefix="dledger-cluster-"))
     print(peers, flush=True)
-    flags = [x for k, v in options.items() for x in ("--" + k.replace("_", "-"), str(v))]
+    flags = [x for k, v in options.items() if k != "metrics_port"
+             for x in ("--" + k.replace("_", "-"), str(v))]
     procs: list[subprocess.Popen] = []
     stop = {"now": False}
 
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.nodes):
             cmd = [sys.executable, "-m", "tools.cli", "server", "--id", f"n{i}", "--peers", peers,
                    "--store-dir", str(root / f"n{i}"), *flags]
+            if options.get("metrics_port"):  # --metrics-port P: node i serves P + i
+                cmd += ["--metrics-port", str(options["metrics_port"] + i)]
             if getattr(args, "debug", False):
                 cmd.insert(3, "--debug")
             procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
