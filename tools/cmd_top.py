@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -162,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(record=bool(args.save_svg))
+    # a terminal's own width; piped or recorded output gets room for every column
+    console = Console(record=bool(args.save_svg), width=None if sys.stdout.isatty() else 132)
     prev: dict[str, NodeAnswer] = {}
     last = None
     with GroupProbe(args.peers, args.group, timeout=args.timeout) as probe:
@@ -208,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             console.save_svg(args.save_svg, title="dledger top")
         else:
-            rec = Console(record=True, width=console.width)
+            rec = Console(record=True, width=max(console.width, 132))
             rec.print(last)
             rec.save_svg(args.save_svg, title="dledger top")
     return 0

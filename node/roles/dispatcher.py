@@ -370,6 +370,7 @@ class Dispatcher:
             self.latency.observe(now - sent)
         if moved:
             self._moved = True  # the ack checker is woken once per burst of replies (flush_ack)
+            self._publish_match_pos()
 
     def _on_install_reply(self, msg: P.InstallResponse | P.PushResponse | P.ErrorResponse, offset: int,
                           now: int) -> None:
@@ -392,17 +393,17 @@ class Dispatcher:
         if self._moved:
             self._moved = False
             self.transport.ack(self.slot, self.core.match_index)
-            self._publish_match_pos()
 
     def _publish_match_pos(self) -> None:
         """Where the follower's matched entry ends in the data files, for its lag in bytes
-        (/metrics). One index record read per burst of replies; a record the store no longer
-        maps (retention, a truncation) just leaves the previous value."""
+        (/metrics), published with the watermark. One index record read per reply that moved
+        it; a record the store no longer maps (retention, a truncation) leaves the old value."""
         match = self.core.match_index
         if match < 0:
             return
+        r = self.reader
         try:
-            _magic, pos, size = self.reader._record(match)[:3]  # noqa: SLF001 - one index record
+            _magic, pos, size = r._with_refresh(lambda: r._record(match))[:3]  # noqa: SLF001
         except (StaleRead, OSError, ValueError, IndexError):
             return
         set_peer_word(self.state, self.slot, "match_pos", pos + size)
