@@ -141,3 +141,19 @@ def read_group(answers: list[NodeAnswer]) -> GroupView:
             if p.id != leader.id:
                 lag[p.id] = max(0, end - p.match_index)
     return GroupView(answers, leaders, term, leader, lag)
+
+
+def node_extras(peers: str, group: str, timeout: float) -> dict[str, dict[str, object]]:
+    """Per node id: `lag` (entries behind the leader, leader's view; None for the leader and
+    when unknown), `version`, `store_bytes`, `disk_usage_ratio` -- what `dledger metadata`
+    adds to the CONTRACT's fields (None where a node did not answer with a status trailer)."""
+    with GroupProbe(peers, group, timeout=timeout) as probe:
+        view = read_group(probe.round())
+    out: dict[str, dict[str, object]] = {}
+    for a in view.answers:
+        st = a.meta.status if a.meta is not None else None
+        out[a.id] = {"lag": view.lag.get(a.id),
+                     "version": st.version if st else None,
+                     "store_bytes": st.store_bytes if st else None,
+                     "disk_usage_ratio": round(st.disk_usage_ratio, 4) if st else None}
+    return out

@@ -140,11 +140,11 @@ class Supervisor:
         if not self.cfg.metrics_port:
             return
         from node.metrics import MetricsServer, NodeCollector
-        from tools.cli import version
+        from node.status import software_version
 
         host = self.cfg.address[0]
         collector = NodeCollector(lambda: self.state, self.cfg.group, self.node, self.cfg.peer_ids,
-                                  str(self.store_dir), version(),
+                                  str(self.store_dir), software_version(),
                                   lambda: {r.name: r.restarts for r in self.roles})
         try:
             self._metrics = MetricsServer(host, self.cfg.metrics_port, collector)

@@ -211,6 +211,11 @@ def test_top_once_json_and_table(make_cluster, tmp_path) -> None:
     assert rows[leader]["role"] == "LEADER" and rows[leader]["entries_per_s"] > 0
     assert rows[leader]["append_p99_ms"] is not None
     assert all(n["alive"] and n["version"] and n["store_bytes"] > 0 for n in doc["nodes"])
+    r = dledger("metadata", "--peers", c.peers, "--json", "--status")
+    assert r.returncode == 0, r
+    nodes = {n["id"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert nodes[leader]["lag"] is None and all(n["version"] and n["store_bytes"] > 0 for n in nodes.values())
+    assert all(isinstance(n["lag"], int) for k, n in nodes.items() if k != leader)
     # a dead node is shown as such
     victim = next(n for n in c.nodes if n != leader)
     c.nodes[victim].kill()

@@ -256,3 +256,26 @@ def test_health_verdict(answers: list[NodeAnswer], ok: bool, why: str) -> None:
     healthy, line = verdict(read_group(answers), 3, max_lag=10)
     assert healthy is ok and why in line, line
     assert "\n" not in line
+
+
+def test_dashboard_and_docs_name_only_metrics_the_collector_exports(block: SharedState,
+                                                                   tmp_path: Path) -> None:
+    """docs/metrics.md and docs/grafana-dashboard.json cannot drift from node/metrics.py."""
+    import re
+
+    block.write_member(role=Role.LEADER, current_term=1, leader_slot=0)
+    block.write_peer(1, match_index=1, match_term=1, alive=True, last_ack_ms=1)
+    block.write_peer(2, match_index=1, match_term=1, alive=True, last_ack_ms=1)
+    block.set_peer(1, "match_pos", 1)
+    block.set_peer(2, "match_pos", 1)
+    block.set("last_leader_change_ms", 1)
+    block.request_counter().count(int(P.MsgType.APPEND), int(RC.SUCCESS))
+    exported = {name for name, _ls in _scrape(block, tmp_path, {"handler": 0})}
+    repo = Path(__file__).resolve().parents[2]
+    for doc in ("docs/metrics.md", "docs/grafana-dashboard.json"):
+        text = (repo / doc).read_text()
+        names = set(re.findall(r"\bdledger_[a-z_]+[a-z]", text))
+        # table shorthand "`dledger_ledger_begin_index` / `_end_index`" names the first in full
+        missing = sorted(n for n in names if n not in exported
+                         and f"{n}_total" not in exported and f"{n}_bucket" not in exported)
+        assert not missing, f"{doc} names metrics that are not exported: {missing}"
