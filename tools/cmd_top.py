@@ -140,8 +140,9 @@ def table(group: str, view: GroupView, frame: list[Row]):  # noqa: ANN201 - rich
     cols = [("node", "left"), ("role", "left"), ("term", "right"), ("committed/end", "right"),
             ("lag", "right"), ("entries/s", "right"), ("MB/s", "right"), ("p99 ms", "right"),
             ("disk", "right"), ("leader change", "right")]
-    for name, justify in cols:
-        t.add_column(name, justify=justify, no_wrap=True)
+    for name, justify in cols:  # node and role never squeezed: what a narrow terminal must show
+        t.add_column(name, justify=justify, no_wrap=True,
+                     min_width={"node": 4, "role": 9}.get(name))
     for r in frame:
         if not r.alive:
             t.add_row(r.id, "[bold red]DOWN[/]", *["-"] * (len(cols) - 2))
