@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from ipc.codes import ResponseCode
-from ipc.protocol import MsgType
+from ipc.protocol import ErrorResponse, MsgType
 
 REQUEST_TYPES: Final = (MsgType.APPEND, MsgType.BATCH_APPEND, MsgType.GET, MsgType.METADATA,
                         MsgType.LEADERSHIP_TRANSFER, MsgType.PUSH, MsgType.OPEN_SESSION,
@@ -34,7 +34,7 @@ def request_type_of(msg_type: int, request_type: int = 0) -> int:
 class RequestCounter:
     """The matrix bound to its words in a block's ``memoryview.cast("q")`` (the handler's)."""
 
-    __slots__ = ("_w", "_base", "_rows", "_cols", "_other_row", "_other_col")
+    __slots__ = ("_w", "_base", "_rows", "_cols", "_other_row", "_other_col", "_class_rows")
 
     def __init__(self, words: memoryview, base_word: int) -> None:
         self._w = words
@@ -43,6 +43,7 @@ class RequestCounter:
         self._cols = {int(c): i for i, c in enumerate(RESPONSE_CODES)}
         self._other_row = (N_TYPES - 1) * N_CODES
         self._other_col = N_CODES - 1
+        self._class_rows: dict[type, int] = {}  # reply class -> its row (not for ERROR replies)
 
     def count(self, request_type: int, code: int) -> None:
         """One reply to a request of ``request_type`` with response code ``code``."""
@@ -51,10 +52,18 @@ class RequestCounter:
         self._w[i] = self._w[i] + 1
 
     def count_reply(self, msg: object) -> None:
-        """One reply message (anything with ``TYPE`` and ``code``; ERRORs name their request)."""
-        t = int(msg.TYPE)  # type: ignore[attr-defined]
-        self.count(getattr(msg, "request_type", 0) if t == _ERROR else t & 0x7F,
-                   msg.code)  # type: ignore[attr-defined]
+        """One reply message (anything with ``TYPE`` and ``code``; ERRORs name their request).
+        A typed reply's row is cached by class: this runs once per reply on the handler's path."""
+        cls = type(msg)
+        if cls is ErrorResponse:
+            row = self._rows.get(msg.request_type, self._other_row)  # type: ignore[attr-defined]
+        else:
+            row = self._class_rows.get(cls)
+            if row is None:
+                row = self._rows.get(int(msg.TYPE) & 0x7F, self._other_row)  # type: ignore[attr-defined]
+                self._class_rows[cls] = row
+        i = self._base + row + self._cols.get(msg.code, self._other_col)  # type: ignore[attr-defined]
+        self._w[i] = self._w[i] + 1
 
 
 def nonzero(counts: tuple[int, ...] | list[int]) -> list[tuple[str, str, int]]:

@@ -61,6 +61,9 @@ class HandlerMetrics:
         self.fsync = histogram(state, "fsync_us")
         rc = getattr(state, "request_counter", None)
         self.requests = rc() if rc is not None else _NoOp()
+        ww = getattr(state, "word_writer", None)
+        self._set_end_pos = ww("ledger_end_pos") if ww else (lambda v: state.set("ledger_end_pos", v))
+        self._set_pending = ww("pending_appends") if ww else (lambda v: state.set("pending_appends", v))
 
     def watch_store(self, store: Any) -> None:
         """Have the store time its fdatasyncs into `fsync_us` (a store without the hook, such as
@@ -82,8 +85,8 @@ class HandlerMetrics:
 
     def published(self, end_pos: int) -> None:
         """The ledger end's data position (with a follower's match_pos: its lag in bytes)."""
-        self.state.set("ledger_end_pos", end_pos)
+        self._set_end_pos(end_pos)
 
     def pending(self, entries: int) -> None:
         """Entries written and waiting for a quorum, once per loop turn."""
-        self.state.set("pending_appends", entries)
+        self._set_pending(entries)

@@ -167,6 +167,7 @@ from __future__ import annotations
 # CPython's own POSIX shared-memory primitives (what multiprocessing.shared_memory uses). We call
 # them directly so that attaching never registers with the resource tracker (see attach()).
 import _posixshmem
+import functools
 import hashlib
 import logging
 import mmap
@@ -175,6 +176,7 @@ import platform
 import re
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from typing import Final
@@ -833,6 +835,15 @@ class SharedState:
 
     def _bump_word(self, i: int, delta: int = 1) -> None:
         self._w[i] = self._w[i] + delta
+
+    def word_writer(self, name: str) -> Callable[[int], None]:
+        """A setter of lock-free word ``name`` with the writer checked once: for words stored on
+        every loop turn (metrics gauges), where ``set``'s per-call lookups would show."""
+        f = FIELDS[name]
+        if f.group is not None or name in _IMMUTABLE:
+            raise ValueError(f"{name!r} is not a lock-free word")
+        self._check_writer(f.writer)
+        return functools.partial(self._w.__setitem__, f.offset // 8)
 
     def set_peer(self, slot: int, name: str, value: int) -> None:
         """Store one of peer ``slot``'s lock-free words (dispatcher[slot] only)."""

@@ -370,7 +370,6 @@ class Dispatcher:
             self.latency.observe(now - sent)
         if moved:
             self._moved = True  # the ack checker is woken once per burst of replies (flush_ack)
-            self._publish_match_pos()
 
     def _on_install_reply(self, msg: P.InstallResponse | P.PushResponse | P.ErrorResponse, offset: int,
                           now: int) -> None:
@@ -393,11 +392,13 @@ class Dispatcher:
         if self._moved:
             self._moved = False
             self.transport.ack(self.slot, self.core.match_index)
+            self._publish_match_pos()
 
     def _publish_match_pos(self) -> None:
         """Where the follower's matched entry ends in the data files, for its lag in bytes
-        (/metrics), published with the watermark. One index record read per reply that moved
-        it; a record the store no longer maps (retention, a truncation) leaves the old value."""
+        (/metrics). One index record read per burst of replies that moved the watermark (with
+        the ack checker's wake-up); a record the store no longer maps (retention, a truncation)
+        leaves the old value."""
         match = self.core.match_index
         if match < 0:
             return
