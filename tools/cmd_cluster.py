@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             cmd = [sys.executable, "-m", "tools.cli", "server", "--id", f"n{i}", "--peers", peers,
                    "--store-dir", str(root / f"n{i}"), *flags]
             if options.get("metrics_port"):  # --metrics-port P: node i serves P + i
-                cmd += ["--metrics-port", str(options["metrics_port"] + i)]
+                cmd += ["--metrics-port", str(int(options["metrics_port"]) + i)]
             if getattr(args, "debug", False):
                 cmd.insert(3, "--debug")
             procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))

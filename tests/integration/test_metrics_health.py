@@ -246,3 +246,30 @@ def test_bad_metrics_port_is_one_line(tmp_path, port, code, text) -> None:
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "INFO" not in ln]
     assert len(lines) == 1 and text in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_cluster_gives_node_i_metrics_port_p_plus_i(tmp_path) -> None:
+    base = _free_port()
+    while any(_port_taken(base + i) for i in range(3)):
+        base = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "cluster", "--nodes", "3", "--metrics-port",
+                             str(base), "--store-dir", str(tmp_path / "c")], cwd=str(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def leaders() -> float | None:
+            return sum(value(scrape(base + i), "dledger_is_leader", node=f"n{i}") for i in range(3))
+
+        assert wait_for(leaders, 30, "every node's /metrics, one of them leading") == 1.0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
