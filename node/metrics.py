@@ -74,12 +74,6 @@ def disk_ratio(store_dir: str | os.PathLike[str]) -> float:
         return 0.0
 
 
-def histogram_family(name: str, doc: str, spec: HistogramSpec, labels: tuple[str, ...]
-                     ) -> HistogramMetricFamily:
-    """An empty family for a block histogram (`add_block_histogram` fills it)."""
-    return HistogramMetricFamily(name, doc, labels=list(labels))
-
-
 def add_block_histogram(fam: HistogramMetricFamily, values: list[str], spec: HistogramSpec,
                         counts: tuple[int, ...], total: int) -> None:
     """Block histogram (per-bucket counts, +Inf last; sum) -> Prometheus cumulative buckets in
@@ -188,7 +182,7 @@ class NodeCollector(Collector):
             ("fsync_us", "dledger_fsync_seconds", "fdatasync of the data and index files"),
         ):
             spec, counts, total = st.read_histogram(name)
-            fam = histogram_family(metric, doc, spec, _LABELS)
+            fam = HistogramMetricFamily(metric, doc, labels=list(_LABELS))
             add_block_histogram(fam, lv, spec, counts, total)
             yield fam
 
