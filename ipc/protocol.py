@@ -23,7 +23,8 @@ BATCH_APPEND (2)       group, remote_id, u32 count, count x u32 lengths, bodies 
                        [u32 session, u32 first seq]   (the optional session stamp of an append:
                        present iff 8 bytes follow; node/core/sessions.py)
 GET (3)                group, remote_id, i64 index, u32 count, u8 linearizable
-METADATA (4)           group, remote_id
+METADATA (4)           group, remote_id, [u8 want_status] (optional: 1 asks for the status
+                       trailer of the response; absent in a plain request)
 LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
 PUSH (6)               group, remote_id, leader_id, i64 term, u8 kind, i64 commit_index,
                        i64 first_index, u32 count, i64 pre_log_index, i64 pre_log_term,
@@ -54,7 +55,10 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
                          [count x (i32 n, result)]  (likewise, one per entry)
   GET (0x83)             u32 n, entries blob (store format)
   METADATA (0x84)        self_id, u8 role, i64 begin, i64 end, i64 committed,
-                         u8 peer count, per peer: id, address (<=255), i64 match_index
+                         u8 peer count, per peer: id, address (<=255), i64 match_index,
+                         [status trailer, only when asked: version, i64 store_bytes,
+                         f64 disk_usage_ratio, i64 leader_change_age_ms, i64 applied_index,
+                         i64 end_pos, u8 n, n x i64 append-latency bucket counts]
   TRANSFER (0x85)        -
   PUSH (0x86)            i64 index, i64 begin_index, i64 end_index, i64 x_term, i64 x_index
   VOTE (0x87)            u8 vote_result, i64 ledger_end_term, i64 ledger_end_index
@@ -114,6 +118,7 @@ _APPEND_RESP = struct.Struct(">qq")
 _STAMP = struct.Struct(">II")  # an append's optional (session, seq) trailer
 _BATCH_RESP = struct.Struct(">qI")
 _META = struct.Struct(">Bqqq")
+_STATUS = struct.Struct(">qdqqq")  # NodeStatus: store bytes, disk ratio, leader age, applied, end pos
 _PUSH_RESP = struct.Struct(">qqqqq")
 _VOTE_RESP = struct.Struct(">Bqq")
 _ENTRY_HEADER_SIZE = 48  # node/store/codec.py HEADER_SIZE; a PUSH count above blob/48 is absurd
@@ -315,6 +320,9 @@ class MetadataRequest:
     group: str
     remote_id: str
     request_id: int = 0
+    # Ask for the NodeStatus trailer (`dledger top`, `health`, `metadata`): sent as one trailing
+    # u8 only when True, so a plain request is byte-for-byte what older nodes decode.
+    want_status: bool = False
 
 
 @dataclass(slots=True)
@@ -436,6 +444,20 @@ class PeerInfo:
 
 
 @dataclass(slots=True)
+class NodeStatus:
+    """METADATA's optional trailer: what operators' tools show beyond Raft state (version, disk,
+    activity). Counters are cumulative; tools turn them into rates from two answers."""
+
+    version: str = ""
+    store_bytes: int = -1  # on-disk bytes of the segment files
+    disk_usage_ratio: float = -1.0  # how full the store's file system is, 0-1
+    leader_change_age_ms: int = -1  # since this node last saw the leader change; -1: never
+    applied_index: int = -1
+    end_pos: int = 0  # data-file write position (bytes written to this node's store)
+    append_latency: tuple[int, ...] = ()  # per-bucket counts, node/histogram.py LATENCY_MS, +Inf last
+
+
+@dataclass(slots=True)
 class MetadataResponse:
     TYPE: ClassVar[MsgType] = MsgType.METADATA_RESPONSE
     code: int
@@ -449,6 +471,7 @@ class MetadataResponse:
     committed_index: int = -1
     peers: list[PeerInfo] = field(default_factory=list)
     request_id: int = 0
+    status: NodeStatus | None = None  # only when the request asked (want_status)
 
 
 @dataclass(slots=True)
@@ -626,7 +649,8 @@ def _enc_get(m: GetRequest) -> bytes:
 
 
 def _enc_metadata(m: MetadataRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id),
+                     b"\x01" if getattr(m, "want_status", False) else b""))
 
 
 def _enc_transfer(m: LeadershipTransferRequest) -> bytes:
@@ -721,6 +745,14 @@ def _enc_meta_resp(m: MetadataResponse) -> bytes:
              _U8.pack(len(m.peers))]
     for p in m.peers:
         parts += (_s(p.id), _s(p.address, MAX_LONG_STR), _TERM.pack(p.match_index))
+    if m.status is not None:
+        st = m.status
+        if len(st.append_latency) > 255:
+            raise ProtocolError(f"{len(st.append_latency)} histogram buckets exceed 255")
+        parts += (_s(st.version), _STATUS.pack(st.store_bytes, st.disk_usage_ratio,
+                                               st.leader_change_age_ms, st.applied_index, st.end_pos),
+                  _U8.pack(len(st.append_latency)),
+                  struct.pack(f">{len(st.append_latency)}q", *st.append_latency))
     return b"".join(parts)
 
 
@@ -916,8 +948,12 @@ def _dec_get(mv: memoryview, off: int, rid: int, max_body: int) -> GetRequest:
 def _dec_metadata(mv: memoryview, off: int, rid: int, max_body: int) -> MetadataRequest:
     group, off = _str(mv, off)
     remote, off = _str(mv, off)
+    want = False
+    if off < len(mv):  # the optional want_status byte
+        want = bool(mv[off])
+        off += 1
     _end(mv, off)
-    return MetadataRequest(group, remote, rid)
+    return MetadataRequest(group, remote, rid, want)
 
 
 def _dec_transfer(mv: memoryview, off: int, rid: int, max_body: int) -> LeadershipTransferRequest:
@@ -1122,9 +1158,21 @@ def _dec_meta_resp(mv: memoryview, off: int, rid: int, max_body: int) -> Metadat
         (match,) = _TERM.unpack_from(mv, off)
         off += 8
         peers.append(PeerInfo(pid, addr, match))
+    status = None
+    if off < len(mv):  # the optional NodeStatus trailer
+        version, off = _str(mv, off)
+        _need(mv, off, _STATUS.size + 1, "METADATA status")
+        store_bytes, ratio, age, applied, end_pos = _STATUS.unpack_from(mv, off)
+        off += _STATUS.size
+        nb = mv[off]
+        off += 1
+        _need(mv, off, 8 * nb, "METADATA status histogram")
+        buckets = struct.unpack_from(f">{nb}q", mv, off)
+        off += 8 * nb
+        status = NodeStatus(version, store_bytes, ratio, age, applied, end_pos, buckets)
     _end(mv, off)
     return MetadataResponse(code, group, term, leader, self_id, Role(role), begin, end,
-                            committed, peers, rid)
+                            committed, peers, rid, status)
 
 
 def _dec_push_resp(mv: memoryview, off: int, rid: int, max_body: int) -> PushResponse:

@@ -106,6 +106,8 @@ class NodeConfig:
     # logging (every role process reads these from RUN_DIR/config.json)
     log_level: str = "info"
     log_format: str = "text"  # "text" or "json" (one object per line, for log shippers)
+    # Prometheus text at http://HOST:PORT/metrics, served by the supervisor (docs/metrics.md)
+    metrics_port: int = 0  # 0 = off
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ---- derived -------------------------------------------------------------------------
@@ -210,6 +212,7 @@ class NodeConfig:
             p.append(f"log_level: must be one of {', '.join(LOG_LEVELS)} (got {_shown(self.log_level)})")
         if self.log_format not in LOG_FORMATS:
             p.append(f"log_format: must be one of {', '.join(LOG_FORMATS)} (got {_shown(self.log_format)})")
+        p.extend(_metrics_port_problems(self.metrics_port, peers.get(self.id)))
         if p:
             raise ConfigError(p)
 
@@ -314,7 +317,18 @@ FIELD_HELP: dict[str, tuple[str, str]] = {
     "log_format": ("text, or json: one object per line; timestamps ISO 8601 with offset",
                    "|".join(LOG_FORMATS)),
 }
+FIELD_HELP["metrics_port"] = ("serve Prometheus metrics at http://HOST:PORT/metrics (HOST: this "
+                               "node's peers host); 0: off", "port")
 REQUIRED = ("id", "peers", "store_dir")
+
+
+def _metrics_port_problems(port: int, address: tuple[str, int] | None) -> list[str]:
+    """A metrics port is a TCP port not used by this node's data or elector port."""
+    if not 0 <= port <= 65535:
+        return [f"metrics_port: must be 0 (off) or a TCP port 1-65535 (got {port})"]
+    if port and address is not None and port in (address[1], address[1] + 1):
+        return [f"metrics_port: {port} is this node's {'data' if port == address[1] else 'elector'} port"]
+    return []
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
                "mb": 1000**2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000**3, "t": 1 << 40,

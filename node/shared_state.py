@@ -18,9 +18,10 @@ Peers are named by *slot*: the position of the peer id in the configured peers l
 (:func:`monotonic_ms`), which Linux keeps system-wide, so they are comparable across processes
 (not across reboots or hosts). Indices are -1 when the ledger is empty.
 
-Layout (``P = 512 + 128*p`` is the base of peer slot ``p``; records are 128 bytes so two
+Layout (``P = 4480 + 256*p`` is the base of peer slot ``p``; records are 256 bytes so two
 dispatchers never write the same cache line; sections of different writers start on 64-byte
-boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
+boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket histograms
+(node/histogram.py) and the request matrix (node/request_counts.py) -- each with one writer). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 :func:`render_layout_table`; a test keeps this copy and docs/shared_state.md in sync:
 
 | offset | type | field | writer | group |
@@ -48,35 +49,46 @@ boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 | 168 | int64 | heartbeats_sent | elector | - |
 | 176 | int64 | role_changes | elector | - |
 | 184 | int64 | elector_bad_frames | elector | - |
-| 192 | int64 | ledger_seq | handler | ledger (seq) |
-| 200 | int64 | ledger_begin_index | handler | ledger |
-| 208 | int64 | ledger_end_index | handler | ledger |
-| 216 | int64 | ledger_end_term | handler | ledger |
-| 224 | int64 | committed_index | handler | ledger |
-| 232 | int64 | store_generation | handler | ledger |
-| 240 | int64 | handler_beat_ms | handler | - |
-| 248 | int64 | appends | handler | - |
-| 256 | int64 | append_errors | handler | - |
-| 264 | int64 | gets | handler | - |
-| 272 | int64 | push_requests | handler | - |
-| 280 | int64 | bad_frames | handler | - |
-| 288 | int64 | entries_appended | handler | - |
-| 296 | int64 | commits_published | handler | - |
-| 304 | int64 | store_unwritable_ms | handler | - |
-| 320 | int64 | quorum_seq | ack_checker | quorum (seq) |
-| 328 | int64 | quorum_index | ack_checker | quorum |
-| 336 | int64 | quorum_term | ack_checker | quorum |
-| 344 | int64 | ack_checker_beat_ms | ack_checker | - |
-| 352 | int64 | quorum_advances | ack_checker | - |
-| 360 | int64 | ack_timeouts | ack_checker | - |
-| 384 | int64 | snapshot_seq | applier | snapshot (seq) |
-| 392 | int64 | snapshot_index | applier | snapshot |
-| 400 | int64 | snapshot_term | applier | snapshot |
-| 408 | int64 | applier_beat_ms | applier | - |
-| 416 | int64 | applied_index | applier | - |
-| 424 | int64 | entries_applied | applier | - |
-| 432 | int64 | snapshots_taken | applier | - |
-| 440 | int64 | queries_served | applier | - |
+| 192 | int64 | elections_won | elector | - |
+| 200 | int64 | leader_changes | elector | - |
+| 208 | int64 | last_leader_change_ms | elector | - |
+| 256 | int64 | ledger_seq | handler | ledger (seq) |
+| 264 | int64 | ledger_begin_index | handler | ledger |
+| 272 | int64 | ledger_end_index | handler | ledger |
+| 280 | int64 | ledger_end_term | handler | ledger |
+| 288 | int64 | committed_index | handler | ledger |
+| 296 | int64 | store_generation | handler | ledger |
+| 304 | int64 | handler_beat_ms | handler | - |
+| 312 | int64 | appends | handler | - |
+| 320 | int64 | append_errors | handler | - |
+| 328 | int64 | gets | handler | - |
+| 336 | int64 | push_requests | handler | - |
+| 344 | int64 | bad_frames | handler | - |
+| 352 | int64 | entries_appended | handler | - |
+| 360 | int64 | commits_published | handler | - |
+| 368 | int64 | store_unwritable_ms | handler | - |
+| 376 | int64 | pending_appends | handler | - |
+| 384 | int64 | bytes_appended | handler | - |
+| 392 | int64 | ledger_end_pos | handler | - |
+| 400 | int64 | retention_files_deleted | handler | - |
+| 448 | int64 | quorum_seq | ack_checker | quorum (seq) |
+| 456 | int64 | quorum_index | ack_checker | quorum |
+| 464 | int64 | quorum_term | ack_checker | quorum |
+| 472 | int64 | ack_checker_beat_ms | ack_checker | - |
+| 480 | int64 | quorum_advances | ack_checker | - |
+| 488 | int64 | ack_timeouts | ack_checker | - |
+| 512 | int64 | snapshot_seq | applier | snapshot (seq) |
+| 520 | int64 | snapshot_index | applier | snapshot |
+| 528 | int64 | snapshot_term | applier | snapshot |
+| 536 | int64 | applier_beat_ms | applier | - |
+| 544 | int64 | applied_index | applier | - |
+| 552 | int64 | entries_applied | applier | - |
+| 560 | int64 | snapshots_taken | applier | - |
+| 568 | int64 | queries_served | applier | - |
+| 576 | int64[14] | append_latency_ms | handler | - |
+| 704 | int64[14] | append_batch_entries | handler | - |
+| 832 | int64[14] | fsync_us | handler | - |
+| 960 | int64[440] | requests | handler | - |
 | P+0 | int64 | peer[p].seq | dispatcher[p] | peer[p] (seq) |
 | P+8 | int64 | peer[p].match_index | dispatcher[p] | peer[p] |
 | P+16 | int64 | peer[p].match_term | dispatcher[p] | peer[p] |
@@ -86,8 +98,11 @@ boundaries). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 | P+48 | int64 | peer[p].pushes_sent | dispatcher[p] | - |
 | P+56 | int64 | peer[p].entries_pushed | dispatcher[p] | - |
 | P+64 | int64 | peer[p].bytes_pushed | dispatcher[p] | - |
+| P+72 | int64 | peer[p].match_pos | dispatcher[p] | - |
+| P+80 | int64[14] | peer[p].replication_latency_ms | dispatcher[p] | - |
 
-Total size: ``512 + 128 * n_peers`` bytes. The record of ``self_slot`` is never written (no
+Total size: ``4480 + 256 * n_peers`` bytes (layout version 4: version 3 had no metrics
+words, histograms or request matrix and 128-byte peer records). The record of ``self_slot`` is never written (no
 dispatcher pushes to itself; the ack checker takes this node's own watermark from the ledger
 group).
 
@@ -152,6 +167,7 @@ from __future__ import annotations
 # CPython's own POSIX shared-memory primitives (what multiprocessing.shared_memory uses). We call
 # them directly so that attaching never registers with the resource tracker (see attach()).
 import _posixshmem
+import functools
 import hashlib
 import logging
 import mmap
@@ -160,16 +176,19 @@ import platform
 import re
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from typing import Final
 
 from ipc.codes import Role  # canonical Role; re-exported here for the block's users
+from node import request_counts
+from node.histogram import NODE_HISTOGRAMS, PEER_HISTOGRAMS, HistogramSpec, HistogramWriter
 
 log = logging.getLogger("dledger.shared_state")
 
 MAGIC: Final = int.from_bytes(b"DLedgSB1", "little")
-LAYOUT_VERSION: Final = 3
+LAYOUT_VERSION: Final = 4
 NO_SLOT: Final = -1
 NO_INDEX: Final = -1
 
@@ -279,7 +298,8 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         "elector",
         None,
         ("elector_beat_ms", "votes_requested", "votes_granted", "elections_started",
-         "heartbeats_sent", "role_changes", "elector_bad_frames"),
+         "heartbeats_sent", "role_changes", "elector_bad_frames", "elections_won",
+         "leader_changes", "last_leader_change_ms"),
         None,
     )
     out += f
@@ -296,7 +316,8 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
     f, end = _section(
         end, "handler", None,
         ("handler_beat_ms", "appends", "append_errors", "gets", "push_requests", "bad_frames",
-         "entries_appended", "commits_published", "store_unwritable_ms"), None,
+         "entries_appended", "commits_published", "store_unwritable_ms", "pending_appends",
+         "bytes_appended", "ledger_end_pos", "retention_files_deleted"), None,
     )
     out += f
     # ack checker: quorum index+term are a pair, so they get a seqlock too
@@ -317,25 +338,53 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
                       ("applier_beat_ms", "applied_index", "entries_applied", "snapshots_taken",
                        "queries_served"), None)
     out += f
-    return tuple(out), _align(end, 128)
+    # arrays (histograms, the request matrix): each starts on its own cache line
+    arrays: list[ArraySpec] = []
+    for h in NODE_HISTOGRAMS:
+        arrays.append(ArraySpec(h.name, _align(end), h.words, "handler"))
+        end = arrays[-1].offset + 8 * h.words
+    arrays.append(ArraySpec("requests", _align(end), request_counts.WORDS, "handler"))
+    end = arrays[-1].offset + 8 * request_counts.WORDS
+    return tuple(out), tuple(arrays), _align(end, 128)
 
 
-LAYOUT, PEERS_OFFSET = _build_layout()
+@dataclass(frozen=True, slots=True)
+class ArraySpec:
+    """``count`` consecutive int64 words with one writer (histograms, the request matrix).
+
+    Each word is a lock-free counter of its own; ``offset`` is absolute for ARRAYS and relative
+    to the record for PEER_ARRAYS."""
+
+    name: str
+    offset: int
+    count: int
+    writer: str
+
+
+LAYOUT, ARRAYS, PEERS_OFFSET = _build_layout()
 
 _peer_group, _end = _section(
     0, "dispatcher[p]", "peer", ("match_index", "match_term", "alive", "last_ack_ms"), "seq"
 )
 _peer_words, _end = _section(
     _end, "dispatcher[p]", None,
-    ("beat_ms", "pushes_sent", "entries_pushed", "bytes_pushed"), None,
+    ("beat_ms", "pushes_sent", "entries_pushed", "bytes_pushed", "match_pos"), None,
 )
 PEER_LAYOUT: Final = _peer_group + _peer_words
-PEER_STRIDE: Final = 128
+_peer_arrays: list[ArraySpec] = []
+for _h in PEER_HISTOGRAMS:
+    _peer_arrays.append(ArraySpec(_h.name, _end, _h.words, "dispatcher[p]"))
+    _end += 8 * _h.words
+PEER_ARRAYS: Final = tuple(_peer_arrays)
+PEER_STRIDE: Final = 256
 assert _end <= PEER_STRIDE
-del _peer_group, _peer_words, _end
+del _peer_group, _peer_words, _end, _peer_arrays, _h
 
 FIELDS: Final = {f.name: f for f in LAYOUT}
 PEER_FIELDS: Final = {f.name: f for f in PEER_LAYOUT}
+ARRAY_FIELDS: Final = {a.name: a for a in ARRAYS}
+PEER_ARRAY_FIELDS: Final = {a.name: a for a in PEER_ARRAYS}
+HISTOGRAMS: Final = {h.name: h for h in NODE_HISTOGRAMS + PEER_HISTOGRAMS}
 _IMMUTABLE: Final = frozenset({"magic", "layout_version", "total_size", "n_peers", "self_slot"})
 
 
@@ -355,10 +404,14 @@ def render_layout_table() -> str:
 
     for f in LAYOUT:
         rows.append(f"| {f.offset} | int64 | {f.name} | {f.writer} | {grp(f, f.group)} |")
+    for a in ARRAYS:
+        rows.append(f"| {a.offset} | int64[{a.count}] | {a.name} | {a.writer} | - |")
     for f in PEER_LAYOUT:
         rows.append(
             f"| P+{f.offset} | int64 | peer[p].{f.name} | {f.writer} | {grp(f, 'peer[p]')} |"
         )
+    for a in PEER_ARRAYS:
+        rows.append(f"| P+{a.offset} | int64[{a.count}] | peer[p].{a.name} | {a.writer} | - |")
     return "\n".join(rows)
 
 
@@ -435,6 +488,9 @@ class PeerView:
     pushes_sent: int
     entries_pushed: int
     bytes_pushed: int
+    match_pos: int = 0
+    """The data-file position just after the follower's matched entry (its bytes held): with
+    the handler's ``ledger_end_pos`` it gives the follower's lag in bytes."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -777,6 +833,64 @@ class SharedState:
         self._w[i] = v
         return v
 
+    def _bump_word(self, i: int, delta: int = 1) -> None:
+        self._w[i] = self._w[i] + delta
+
+    def word_writer(self, name: str) -> Callable[[int], None]:
+        """A setter of lock-free word ``name`` with the writer checked once: for words stored on
+        every loop turn (metrics gauges), where ``set``'s per-call lookups would show."""
+        f = FIELDS[name]
+        if f.group is not None or name in _IMMUTABLE:
+            raise ValueError(f"{name!r} is not a lock-free word")
+        self._check_writer(f.writer)
+        return functools.partial(self._w.__setitem__, f.offset // 8)
+
+    def set_peer(self, slot: int, name: str, value: int) -> None:
+        """Store one of peer ``slot``'s lock-free words (dispatcher[slot] only)."""
+        if PEER_FIELDS[name].group is not None:
+            raise ValueError(f"{name!r} is in the peer group; use write_peer()")
+        self._check_writer("dispatcher[p]", slot)
+        self._w[self._peer_word_index(slot, name)] = value
+
+    # ---- arrays: histograms and the request matrix -----------------------------------------
+
+    def histogram_writer(self, name: str) -> HistogramWriter:
+        """The hot-path observer of node histogram ``name`` (its writer role only)."""
+        a = ARRAY_FIELDS[name]
+        self._check_writer(a.writer)
+        return HistogramWriter(self._w, a.offset // 8, HISTOGRAMS[name])
+
+    def peer_histogram_writer(self, slot: int, name: str) -> HistogramWriter:
+        """The observer of peer ``slot``'s histogram ``name`` (dispatcher[slot] only)."""
+        a = PEER_ARRAY_FIELDS[name]
+        self._check_writer("dispatcher[p]", slot)
+        base = self._peer_word_index(slot, "seq") + a.offset // 8
+        return HistogramWriter(self._w, base, HISTOGRAMS[name])
+
+    def request_counter(self) -> request_counts.RequestCounter:
+        """The handler's requests-by-type-and-code matrix (node/request_counts.py)."""
+        a = ARRAY_FIELDS["requests"]
+        self._check_writer(a.writer)
+        return request_counts.RequestCounter(self._w, a.offset // 8)
+
+    def read_array(self, name: str) -> tuple[int, ...]:
+        """Every word of array ``name`` (each word whole; the array is not one snapshot)."""
+        a = ARRAY_FIELDS[name]
+        i = a.offset // 8
+        return tuple(self._w[i:i + a.count])
+
+    def read_peer_array(self, slot: int, name: str) -> tuple[int, ...]:
+        """Every word of peer ``slot``'s array ``name``."""
+        a = PEER_ARRAY_FIELDS[name]
+        i = self._peer_word_index(slot, "seq") + a.offset // 8
+        return tuple(self._w[i:i + a.count])
+
+    def read_histogram(self, name: str, slot: int | None = None) -> tuple[HistogramSpec, tuple[int, ...], int]:
+        """(spec, per-bucket counts with +Inf last, sum) of a node histogram, or of peer
+        ``slot``'s when a slot is given."""
+        words = self.read_array(name) if slot is None else self.read_peer_array(slot, name)
+        return HISTOGRAMS[name], words[:-1], words[-1]
+
     def _peer_word_index(self, slot: int, name: str) -> int:
         if not 0 <= slot < self.n_peers:
             raise IndexError(f"peer slot {slot} outside 0..{self.n_peers - 1}")
@@ -928,6 +1042,13 @@ class SharedState:
                         ("transferee_slot", transferee)):
             self._check_slot(what, s)
         epoch = cur[5] + (1 if (new_role != cur[0] or term != cur[1]) else 0)
+        if new_role == Role.CANDIDATE and term > cur[1]:  # a vote round in a new term
+            self._bump_word(FIELDS["elections_started"].offset // 8)
+        if new_role == Role.LEADER and cur[0] != Role.LEADER:
+            self._bump_word(FIELDS["elections_won"].offset // 8)
+        if leader != cur[2] and leader != NO_SLOT:  # etcd's leader_changes_seen
+            self._bump_word(FIELDS["leader_changes"].offset // 8)
+            self._w[FIELDS["last_leader_change_ms"].offset // 8] = monotonic_ms()
         vals = (
             new_role, term, leader, voted, transferee, epoch,
             cur[6] if last_leader_heartbeat_ms is None else last_leader_heartbeat_ms,

@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, str] = {
     "kv": "tools.cmd_kv",
     "snapshot": "tools.cmd_snapshot",
     "config": "tools.cmd_config",
+    "health": "tools.cmd_health",
+    "top": "tools.cmd_top",
 }
 
 
@@ -62,6 +64,8 @@ HELP: dict[str, str] = {
     "kv": "the replicated KV store (put, get, del, cas, scan)",
     "snapshot": "snapshot the state machine now",
     "config": "check a node config file",
+    "health": "exit 0 only if the group has one leader, a quorum and no lagging follower",
+    "top": "live view of a group (role, commits, lag, rates, p99, disk)",
 }
 
 

@@ -11,6 +11,8 @@ Segment files default to 64MiB data / 8MiB index here (`dledger server`: 1GiB / 
 choose others, and an existing --store-dir keeps the sizes it was created with. Every other
 option is passed to each `dledger server` (see `dledger server --help`).
 
+With --metrics-port P, node i serves its metrics on port P + i.
+
 Example:
   dledger cluster --nodes 3
   dledger cluster --nodes 3 --base-port 20911 --log-format json
@@ -108,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     debug = getattr(args, "debug", False)
     configure_logging(options.get("log_level", "info"), options.get("log_format", "text"), debug=debug)
-    flags = [x for k, v in options.items() for x in ("--" + k.replace("_", "-"), str(v))]
+    flags = [x for k, v in options.items() if k != "metrics_port"
+             for x in ("--" + k.replace("_", "-"), str(v))]
     procs: list[subprocess.Popen] = []
     stop = {"now": False}
 
@@ -138,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
                 break
             cmd = [sys.executable, "-m", "tools.cli", "server", "--id", f"n{i}", "--peers", peers,
                    "--store-dir", str(root / f"n{i}"), *flags]
+            if options.get("metrics_port"):  # --metrics-port P: node i serves P + i
+                cmd += ["--metrics-port", str(int(options["metrics_port"]) + i)]
             if debug:
                 cmd.insert(3, "--debug")
             # die_with_parent: a cluster killed with SIGKILL still stops its nodes (SIGTERM).

@@ -7,7 +7,10 @@ are the highest-term leader claim among the answers.
 --json prints exactly:
   {"group", "leader", "term", "nodes": [{"id", "address", "role", "term", "leader",
    "ledger_begin_index", "ledger_end_index", "committed_index", "alive"}]}
-with role one of LEADER, FOLLOWER, CANDIDATE.
+with role one of LEADER, FOLLOWER, CANDIDATE. With --status each node also has "lag" (entries
+behind the leader, as the leader's watermarks say; null for the leader), "version",
+"store_bytes" and "disk_usage_ratio" (null when the node did not answer); the table always
+shows them.
 
 Exit codes (all client subcommands): 0 success, 1 definite failure, 2 bad arguments,
 3 indeterminate failure (an append or transfer may still take effect).
@@ -65,6 +68,9 @@ def cli_error(e: Exception, prefix: str = "") -> CliError:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
+    p.add_argument("--status", action="store_true",
+                   help="--json: add each node's lag, version, store_bytes and disk_usage_ratio "
+                        "(the table always shows them) (default: off)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,14 +84,22 @@ def run(args: argparse.Namespace) -> int:
     if not any(n.alive for n in m.nodes):
         raise CliError(f"no node answered within {args.timeout:g}s "
                        f"({len(m.nodes)} asked: {', '.join(n.address for n in m.nodes)})")
+    from tools.group_status import node_extras
+
+    extras = None
+    if args.status or not args.json:  # lag, version, disk: one more METADATA round
+        extras = node_extras(args.peers, args.group, min(args.timeout, 1.0))
     if args.json:
-        print(json.dumps(m.to_dict()))
+        d = m.to_dict()
+        for n in d["nodes"]:
+            n.update((extras or {}).get(n["id"], {}))
+        print(json.dumps(d))
         return 0
-    _print_table(m)
+    _print_table(m, extras)
     return 0
 
 
-def _print_table(m) -> None:
+def _print_table(m, extras: dict[str, dict] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -94,14 +108,19 @@ def _print_table(m) -> None:
 
     t = Table(title=f"group {m.group}: leader {v(m.leader_id)}, term {v(m.term)}",
               title_justify="left")
-    for col in ("id", "address", "role", "term", "leader", "begin", "end", "committed", "alive"):
-        t.add_column(col, justify="right" if col in ("term", "begin", "end", "committed") else "left",
-                     no_wrap=True)
+    for col in ("id", "address", "role", "term", "leader", "begin", "end", "committed", "lag", "disk",
+                "version", "alive"):
+        t.add_column(col, justify="right" if col in ("term", "begin", "end", "committed", "lag", "disk")
+                     else "left", no_wrap=True)
     for n in m.nodes:
         role = v(n.role)
         if n.role == "LEADER":
             role = f"[bold green]{role}[/]"
+        x = (extras or {}).get(n.id, {})
+        disk = "-" if x.get("store_bytes") is None else f"{x['store_bytes'] / (1 << 20):.0f}MiB"
+        if x.get("disk_usage_ratio") is not None:
+            disk += f" ({x['disk_usage_ratio']:.0%})"
         t.add_row(n.id, n.address, role, v(n.term), v(n.leader), v(n.ledger_begin_index),
-                  v(n.ledger_end_index), v(n.committed_index),
-                  "yes" if n.alive else "[bold red]NO[/]")
-    Console(width=max(100, Console().width)).print(t)
+                  v(n.ledger_end_index), v(n.committed_index), v(x.get("lag")), disk,
+                  v(x.get("version")), "yes" if n.alive else "[bold red]NO[/]")
+    Console(width=max(132, Console().width)).print(t)

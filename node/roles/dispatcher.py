@@ -51,6 +51,7 @@ from node.core.replication import (
     PushState,
     Truncate,
 )
+from node.role_metrics import histogram, set_peer_word
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import LedgerView, MemberView
 from node.statemachine.snapshot_meta import Snapshot, SnapshotError
@@ -107,7 +108,7 @@ class Dispatcher:
         self.transport: DispatcherTransport | None = None
         self.lease = lease_ms(self.cfg.election_config())
         self.rid = 0
-        self.inflight: dict[int, tuple[str, int]] = {}  # request id → (kind, first index)
+        self.inflight: dict[int, tuple[str, int, int]] = {}  # request id → (kind, first index, sent ms)
         self.window: collections.deque[tuple[int, int]] = collections.deque()  # (ms, bytes) sent
         self.window_bytes = 0
         self.max_batch = self.cfg.max_batch_push_size if self.cfg.enable_batch_push else 1
@@ -116,6 +117,8 @@ class Dispatcher:
         self._leasing = False  # LEADER with a lease at the last tick
         self.sending: Snapshot | None = None  # the snapshot being installed on the follower
         self._snapshots: SnapshotStore | None = None  # read-only: the applier is the writer
+        # /metrics: push -> answer time of APPENDs; the follower's match position (lag in bytes)
+        self.latency = histogram(self.state, "replication_latency_ms", self.slot)
 
     def now(self) -> int:
         return self.rc.clock()
@@ -155,7 +158,7 @@ class Dispatcher:
         if not self._alive:  # the transport took it: the follower is connected
             self._alive = True
             self.state.write_peer(self.slot, alive=1)
-        self.inflight[request_id] = (kind, first)
+        self.inflight[request_id] = (kind, first, now)
         if len(self.inflight) > 4 * self.cfg.max_pending_pushes:
             self._forget_oldest_inflight()
         self.state.incr_peer(self.slot, "pushes_sent")
@@ -263,7 +266,7 @@ class Dispatcher:
         # answer does not say which snapshot it is about, and a late `installed` of another
         # snapshot would make the leader believe the follower holds this one (found by the
         # simulator, seed 91743).
-        for rid in [r for r, (kind, _o) in self.inflight.items() if kind == "INSTALL"]:
+        for rid in [r for r, (kind, *_rest) in self.inflight.items() if kind == "INSTALL"]:
             del self.inflight[rid]
         self.core.start_install(snap.last_index, snap.last_term, snap.size)
         self.log.info("%s needs entry %d, which this leader's log no longer holds: installing "
@@ -354,7 +357,7 @@ class Dispatcher:
         except P.ProtocolError:
             return
         if isinstance(msg, (P.ErrorResponse, P.PushResponse, P.InstallResponse)):
-            kind, first = self.inflight.pop(msg.request_id, ("", -1))
+            kind, first, sent = self.inflight.pop(msg.request_id, ("", -1, 0))
         else:
             return
         if not kind:
@@ -373,6 +376,8 @@ class Dispatcher:
         if moved or msg.code == RC.SUCCESS:  # any success proves the follower alive and following
             self.state.write_peer(self.slot, match_index=self.core.match_index, match_term=self.core.term,
                                   alive=1, last_ack_ms=now)
+        if kind == "APPEND" and msg.code == RC.SUCCESS:
+            self.latency.observe(now - sent)
         if moved:
             self._moved = True  # the ack checker is woken once per burst of replies (flush_ack)
 
@@ -397,6 +402,22 @@ class Dispatcher:
         if self._moved:
             self._moved = False
             self.transport.ack(self.slot, self.core.match_index)
+            self._publish_match_pos()
+
+    def _publish_match_pos(self) -> None:
+        """Where the follower's matched entry ends in the data files, for its lag in bytes
+        (/metrics). One index record read per burst of replies that moved the watermark (with
+        the ack checker's wake-up); a record the store no longer maps (retention, a truncation)
+        leaves the old value."""
+        match = self.core.match_index
+        if match < 0:
+            return
+        r = self.reader
+        try:
+            _magic, pos, size = r._with_refresh(lambda: r._record(match))[:3]  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - a metric must never stop a dispatcher (torn read, fake store)
+            return
+        set_peer_word(self.state, self.slot, "match_pos", pos + size)
 
     def next_wait_ms(self) -> int:
         """How long the loop may sleep before `tick` has something to do without input."""

@@ -76,10 +76,12 @@ from node.core.reads import EarlyReads
 from node.core.results import AwaitingResults, ResultCache
 from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
 from node.member_lock import MemberLock
+from node.role_metrics import HandlerMetrics, store_end_pos
 from node.roles.handler_install import FollowerInstall
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT, MemberView
+from node.status import node_status
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import LOCK_FILE
@@ -257,6 +259,7 @@ class Handler(FollowerInstall):
         self.outbox: dict[bytes, list[bytes]] = {}  # held replies, sent by _flush_replies
         self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
         self._view: MemberView | None = None  # the member snapshot of the last tick
+        self.metrics = HandlerMetrics(self.state, self.cfg.max_wait_ack_ms)  # /metrics words
 
     def now(self) -> int:
         return self.rc.clock()
@@ -269,6 +272,7 @@ class Handler(FollowerInstall):
         except StoreCorruptError as e:
             self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
         self.retention.store = self.store  # `store` may have been replaced after construction
+        self.metrics.watch_store(self.store)
         self.publish_ledger()
 
     def close(self) -> None:
@@ -284,6 +288,7 @@ class Handler(FollowerInstall):
         self.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
                                 ledger_end_term=s.ledger_end_term, committed_index=s.committed_index,
                                 store_generation=s.generation)
+        self.metrics.published(store_end_pos(s))
         if self.sm_link is not None and self._apply_hint_due(s.committed_index):
             self._hinted_commit = s.committed_index
             self.sm_link.committed_moved()
@@ -344,6 +349,7 @@ class Handler(FollowerInstall):
 
     # ------------------------------------------------------------------ replies
     def _reply(self, ident: bytes, msg: P.Message) -> None:
+        self.metrics.requests.count_reply(msg)
         if ident in self.multi_idents:
             self.outbox.setdefault(ident, []).append(P.encode(msg))
         else:
@@ -459,10 +465,13 @@ class Handler(FollowerInstall):
             host, port = self.peer_map[pid]
             match = led.ledger_end_index if pid == self.cfg.id else self.state.read_peer(slot).match_index
             peers.append(P.PeerInfo(pid, f"{host}:{port}", match))
+        if req.want_status:
+            self._check_disk(self.now())
         self._reply(ident, P.MetadataResponse(
             RC.SUCCESS, self.cfg.group, m.current_term, leader, self.cfg.id,
             role, led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
-            req.request_id))
+            req.request_id,
+            node_status(self.state, self.cfg.store_dir, self.disk_ratio) if req.want_status else None))
 
     def on_get(self, ident: bytes, req: P.GetRequest) -> None:
         """Committed entries only, a range per request (DLedger returns one, unchecked). A
@@ -626,8 +635,10 @@ class Handler(FollowerInstall):
                 m = self.state.read_member()
                 if not self._leading(m, self.now()):
                     return None, (RC.NOT_LEADER, "")
+                end0, pos0 = self.store.ledger_end_index, store_end_pos(self.store)
                 result = write(term)
                 self.publish_ledger()
+                self.metrics.wrote(self.store.ledger_end_index - end0, store_end_pos(self.store) - pos0)
         except (StoreError, OSError) as e:
             code = store_error_code(e)
             self.state.incr("append_errors")
@@ -836,7 +847,9 @@ class Handler(FollowerInstall):
         self.store.set_committed_index(index)
         self.publish_ledger()
         self.state.incr("commits_published")
-        for term, last, p in self.pending.complete(self.store.committed_index):
+        due = self.pending.complete(self.store.committed_index)
+        self.metrics.completed(self.now(), due)
+        for term, last, p in due:
             self._complete(term, last, p, RC.SUCCESS)
 
     def _complete(self, term: int, last: int, p: Pending, code: RC) -> None:
@@ -1274,6 +1287,7 @@ class Handler(FollowerInstall):
             self._run_retention(now)
         self._flush_wake()
         self._flush_replies()
+        self.metrics.pending(self.pending.entries)
 
     def next_wait_ms(self) -> int:
         """How long the loop may sleep before `tick` has something to do without input."""

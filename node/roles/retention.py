@@ -73,6 +73,7 @@ class RetentionService:
         if deleted is None:  # the flush service is syncing: try again soon, never wait for it
             self.next_check_ms = now_ms + BUSY_RETRY_MS
             return RetentionPlan()
+        self.state.incr("retention_files_deleted", deleted)
         self.log.info("retention: disk %.0f%% full; deleted %d data file(s) in %.1f ms, ledger "
                       "begin %d -> %d%s", ratio * 100, deleted, (time.perf_counter() - t0) * 1e3,
                       begin, self.store.ledger_begin_index,

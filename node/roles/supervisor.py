@@ -99,6 +99,7 @@ class Supervisor:
         self._child_exited = False
         self._fatal: str | None = None
         self._wake_r, self._wake_w = -1, -1
+        self._metrics = None  # node.metrics.MetricsServer when --metrics-port is set
 
     # ------------------------------------------------------------------ set-up
     def _lock_store(self) -> None:
@@ -132,6 +133,24 @@ class Supervisor:
             except OSError as e:
                 raise SupervisorError(f"cannot listen on {host}:{p} ({what} port): "
                                       f"{e.strerror or e}") from None
+
+    def _start_metrics(self) -> None:
+        """`--metrics-port`: serve the node's metrics from here (node/metrics.py), bound before
+        any role starts so a taken port is one line and exit 1, not a node half up."""
+        if not self.cfg.metrics_port:
+            return
+        from node.metrics import MetricsServer, NodeCollector
+        from node.status import software_version
+
+        host = self.cfg.address[0]
+        collector = NodeCollector(lambda: self.state, self.cfg.group, self.node, self.cfg.peer_ids,
+                                  str(self.store_dir), software_version(),
+                                  lambda: {r.name: r.restarts for r in self.roles})
+        try:
+            self._metrics = MetricsServer(host, self.cfg.metrics_port, collector)
+        except OSError as e:
+            raise SupervisorError(f"cannot listen on {host}:{self.cfg.metrics_port} (metrics port): "
+                                  f"{e.strerror or e}") from None
 
     def _make_run_dir(self) -> None:
         if self.cfg.run_dir:
@@ -245,6 +264,7 @@ class Supervisor:
         self._lock_store()
         try:
             self._check_ports()
+            self._start_metrics()
             self._make_run_dir()
             self.state = SharedState.create(state_name(self.cfg), len(self.cfg.peer_ids),
                                             self.cfg.self_slot, role="supervisor")
@@ -289,6 +309,9 @@ class Supervisor:
             self._watchdog(now, gap - int(timeout * 1000))
 
     def _shutdown(self) -> None:
+        if self._metrics is not None:  # before the block is closed under a scrape
+            self._metrics.close()
+            self._metrics = None
         live = [r for r in self.roles if r.proc is not None and r.proc.poll() is None]
         for r in live:
             r.proc.send_signal(signal.SIGTERM)

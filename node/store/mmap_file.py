@@ -419,6 +419,10 @@ class MappedFileList:
             if f.flushed < f.wrote or f.dirty:
                 f.sync()
 
+    def needs_sync(self) -> bool:
+        """Would `sync` call fdatasync (anything written or zeroed since the last one)?"""
+        return any(f.flushed < f.wrote or f.dirty for f in self.files)
+
     def close(self) -> None:
         for f in self.files:
             f.close()

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from node.core.sessions import entry_seqs
@@ -105,6 +106,10 @@ class SegmentStore:
         # The last error of the flush service thread (None once a flush succeeds again): the
         # thread has no caller to raise to, so this keeps the failure visible (stats, handler).
         self.last_flush_error: StoreError | None = None
+        # Called with the µs each flush that had something to sync took (under `_lock`, so the
+        # flush thread and a sync-mode append never observe at once): the handler's fsync
+        # histogram (node/role_metrics.py). None: not timed.
+        self.flush_observer: Callable[[int], None] | None = None
         # Set when the files may no longer match what we believe (failed fdatasync or failed
         # rollback): every later write raises it until the store is reopened (recovery).
         self._broken: StoreError | None = None
@@ -950,8 +955,15 @@ class SegmentStore:
             self._check_writable()
         try:
             with self._lock:
-                self.data.sync()
-                self.index.sync()
+                observe = self.flush_observer
+                if observe is not None and (self.data.needs_sync() or self.index.needs_sync()):
+                    t0 = time.perf_counter_ns()
+                    self.data.sync()
+                    self.index.sync()
+                    observe((time.perf_counter_ns() - t0) // 1000)
+                else:
+                    self.data.sync()
+                    self.index.sync()
         except OSError as e:
             err = self._broken = self._io_failed(e, "flush")
             raise err from e

@@ -60,6 +60,7 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.stopped = False  # SIGSTOPped
         self.crashed = False  # SIGKILLed whole and not restarted: its segment may remain
+        self.flags: list[str] = []  # this node's own flags after the group's (e.g. --metrics-port)
 
     @property
     def address(self) -> str:
@@ -68,7 +69,7 @@ class Node:
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None
         cmd = [sys.executable, "-m", "tools.cli", "server", "--id", self.id, "--peers", self.cluster.peers,
-               "--store-dir", str(self.store_dir), *self.cluster.flags]
+               "--store-dir", str(self.store_dir), *self.cluster.flags, *self.flags]
         extra_path = self.cluster.env.get("PYTHONPATH")  # e.g. a test's own state machine module
         env = {**os.environ, **self.cluster.env,
                "PYTHONPATH": str(ROOT) + (os.pathsep + extra_path if extra_path else "")}

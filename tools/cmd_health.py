@@ -1,0 +1,84 @@
+"""Check a group for scripts: exit 0 only when it is healthy, else 1 with one line saying why.
+
+Healthy means: exactly one node claims to lead (in the highest term any node claims), a quorum
+(a majority of --peers) answers METADATA, and every follower that answers is within --max-lag
+entries of the leader's end index (as the leader's own watermarks say). Every node is asked at
+once with a deadline of --timeout seconds; a node that does not answer in time counts as down.
+
+Prints one line either way: `ok: leader n0 term 3, 3/3 alive, max lag 12` on stdout, or
+`dledger health: unhealthy: <why>` on stderr.
+--json prints one object instead: {"healthy", "reason", "leader", "term", "alive", "quorum",
+"lag": {follower: entries}}.
+
+Exit codes: 0 healthy, 1 unhealthy, 2 bad arguments.
+
+Example:
+  dledger health --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" --max-lag 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tools.cli import nonneg_int, peers_arg, positive_float
+from tools.group_status import GroupProbe, GroupView, read_group
+
+DEFAULT_MAX_LAG = 10_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS",
+                   help='the group, ID-HOST:PORT;... e.g. "n0-127.0.0.1:20911;n1-127.0.0.1:20913" '
+                        "(required)")
+    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    p.add_argument("--max-lag", type=nonneg_int, default=DEFAULT_MAX_LAG, metavar="N",
+                   help="largest follower lag accepted, in entries (default: %(default)s)")
+    p.add_argument("--timeout", type=positive_float, default=2.0, metavar="S",
+                   help="how long to wait for the nodes' answers, in seconds (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: one line)")
+
+
+def verdict(view: GroupView, n_peers: int, max_lag: int) -> tuple[bool, str]:
+    """(healthy, the one line saying why) for a round of answers."""
+    alive = [a for a in view.answers if a.alive]
+    quorum = n_peers // 2 + 1
+    down = [a.id for a in view.answers if not a.alive]
+    if len(alive) < quorum:
+        return False, (f"no quorum: {len(alive)}/{n_peers} nodes answered, {quorum} needed "
+                       f"(down: {', '.join(down)})")
+    if not view.leaders:
+        return False, f"no leader: {len(alive)}/{n_peers} nodes answered, none leads"
+    if len(view.leaders) > 1:
+        return False, (f"{len(view.leaders)} nodes claim to lead term {view.leaders[0].meta.term}: "
+                       f"{', '.join(a.id for a in view.leaders)}")
+    leader = view.leader
+    alive_ids = {a.id for a in alive}
+    lagging = {f: n for f, n in view.lag.items() if f in alive_ids and n > max_lag}
+    if lagging:
+        worst = max(lagging, key=lagging.get)
+        return False, (f"follower {worst} lags {lagging[worst]} entries behind leader {leader.id} "
+                       f"(max {max_lag})" + (f"; also {', '.join(sorted(set(lagging) - {worst}))}"
+                                             if len(lagging) > 1 else ""))
+    max_seen = max((n for f, n in view.lag.items() if f in alive_ids), default=0)
+    note = f", down: {', '.join(down)}" if down else ""
+    return True, (f"leader {leader.id} term {leader.meta.term}, {len(alive)}/{n_peers} alive, "
+                  f"max lag {max_seen}{note}")
+
+
+def run(args: argparse.Namespace) -> int:
+    with GroupProbe(args.peers, args.group, timeout=args.timeout) as probe:
+        view = read_group(probe.round())
+    n = len(view.answers)
+    ok, why = verdict(view, n, args.max_lag)
+    if args.json:
+        print(json.dumps({"healthy": ok, "reason": why,
+                          "leader": view.leader.id if view.leader else None, "term": view.term,
+                          "alive": sum(a.alive for a in view.answers), "quorum": n // 2 + 1,
+                          "lag": view.lag}))
+    elif ok:
+        print(f"ok: {why}")
+    else:
+        print(f"dledger health: unhealthy: {why}", file=sys.stderr)
+    return 0 if ok else 1

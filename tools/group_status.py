@@ -1,0 +1,159 @@
+"""Ask every node of a group for METADATA with the status trailer, in parallel, once or again
+and again (`dledger health`, `dledger top`).
+
+Why not `DLedgerClient.metadata()`: these tools need each node's raw answer -- its peers'
+match indexes and the status trailer (version, disk, append-latency buckets) -- and a dead
+node must cost one short wait per refresh, not a client's retries. One DEALER per node, kept
+open across refreshes (reconnects are ZeroMQ's); answers are matched by request id, so a late
+answer to an earlier round is ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
+from ipc.codes import Role
+from ipc.sockets import data_address, parse_peers
+
+
+@dataclass
+class NodeAnswer:
+    """One node's answer in one round (``meta`` None: it did not answer in time)."""
+
+    id: str
+    address: str
+    meta: P.MetadataResponse | None = None
+    error: str = ""
+    at: float = field(default_factory=time.monotonic)
+
+    @property
+    def alive(self) -> bool:
+        return self.meta is not None
+
+    @property
+    def role(self) -> str | None:
+        return Role(self.meta.role).name if self.meta is not None else None
+
+
+class GroupProbe:
+    """Persistent per-node sockets; `round()` asks everyone and waits up to `timeout` s."""
+
+    def __init__(self, peers: str, group: str = "default", timeout: float = 1.0) -> None:
+        self.peers = parse_peers(peers)
+        self.group = group
+        self.timeout = timeout
+        self.ctx = zmq.Context()
+        self.socks: dict[str, zmq.Socket] = {}
+        self.rid = 0
+        for nid, (host, port) in self.peers.items():
+            s = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 16)
+            s.setsockopt(zmq.MAXMSGSIZE, P.DEFAULT_MAX_FRAME)
+            s.connect(data_address(host, port))
+            self.socks[nid] = s
+
+    def round(self) -> list[NodeAnswer]:
+        """One METADATA (with status) to every node; answers in peers order."""
+        self.rid += 1
+        rid = self.rid
+        answers = {nid: NodeAnswer(nid, f"{h}:{p}") for nid, (h, p) in self.peers.items()}
+        poller = zmq.Poller()
+        waiting: dict[zmq.Socket, str] = {}
+        for nid, s in self.socks.items():
+            try:
+                s.send(P.encode(P.MetadataRequest(self.group, nid, rid, want_status=True)), zmq.NOBLOCK)
+            except zmq.Again:
+                answers[nid].error = "send queue full"
+                continue
+            poller.register(s, zmq.POLLIN)
+            waiting[s] = nid
+        deadline = time.monotonic() + self.timeout
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for s, _ev in poller.poll(left * 1000):
+                nid = waiting.get(s)
+                while nid is not None:
+                    try:
+                        frame = s.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        msg = P.decode(frame)
+                    except P.ProtocolError as e:
+                        answers[nid].error = f"bad answer: {e}"
+                        continue
+                    if msg.request_id != rid:
+                        continue  # a late answer to an earlier round
+                    if isinstance(msg, P.MetadataResponse) and msg.code == RC.SUCCESS:
+                        answers[nid].meta = msg
+                        answers[nid].at = time.monotonic()
+                    else:
+                        answers[nid].error = f"{RC.name_of(getattr(msg, 'code', -1))}: " \
+                                             f"{getattr(msg, 'reason', '')}".rstrip(": ")
+                    poller.unregister(s)
+                    del waiting[s]
+                    nid = None
+        return [answers[nid] for nid in self.peers]
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close(linger=0)
+        self.ctx.term()
+
+    def __enter__(self) -> GroupProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class GroupView:
+    """What a round says about the group as a whole (health's and top's common reading)."""
+
+    answers: list[NodeAnswer]
+    leaders: list[NodeAnswer]  # nodes that claim LEADER in the highest claimed term
+    term: int | None
+    leader: NodeAnswer | None
+    lag: dict[str, int]  # follower id -> leader end index - its match index (leader's view)
+
+
+def read_group(answers: list[NodeAnswer]) -> GroupView:
+    """Leaders (of the highest term claimed), the leader if exactly one, followers' lag."""
+    live = [a for a in answers if a.meta is not None]
+    claims = [a for a in live if a.meta.role == Role.LEADER]
+    term = max((a.meta.term for a in live), default=None)
+    top_term = max((a.meta.term for a in claims), default=None)
+    leaders = [a for a in claims if a.meta.term == top_term]
+    leader = leaders[0] if len(leaders) == 1 else None
+    lag: dict[str, int] = {}
+    if leader is not None:
+        end = leader.meta.ledger_end_index
+        for p in leader.meta.peers:
+            if p.id != leader.id:
+                lag[p.id] = max(0, end - p.match_index)
+    return GroupView(answers, leaders, term, leader, lag)
+
+
+def node_extras(peers: str, group: str, timeout: float) -> dict[str, dict[str, object]]:
+    """Per node id: `lag` (entries behind the leader, leader's view; None for the leader and
+    when unknown), `version`, `store_bytes`, `disk_usage_ratio` -- what `dledger metadata`
+    adds to the CONTRACT's fields (None where a node did not answer with a status trailer)."""
+    with GroupProbe(peers, group, timeout=timeout) as probe:
+        view = read_group(probe.round())
+    out: dict[str, dict[str, object]] = {}
+    for a in view.answers:
+        st = a.meta.status if a.meta is not None else None
+        out[a.id] = {"lag": view.lag.get(a.id),
+                     "version": st.version if st else None,
+                     "store_bytes": st.store_bytes if st else None,
+                     "disk_usage_ratio": round(st.disk_usage_ratio, 4) if st else None}
+    return out
