@@ -4,7 +4,7 @@ Public API (CONTRACT "Client library")::
 
     from ipc.client import DLedgerClient, DLedgerError
 
-    with DLedgerClient(peers="n0-127.0.0.1:20911;n1-127.0.0.1:20912", group="default",
+    with DLedgerClient(peers="n0-127.0.0.1:20911;n1-127.0.0.1:20913", group="default",
                        timeout=3.0) as c:
         r = c.append(b"body")              # AppendResult(index, term, pos)
         rs = c.append_batch([b"a", b"b"])   # list[AppendResult], contiguous indexes
@@ -1413,6 +1413,7 @@ class DLedgerClient:
         d.answered += 1
         code = getattr(msg, "code", RC.UNKNOWN)
         if isinstance(msg, P.MetadataResponse) and code == RC.SUCCESS:
+            self._learn_members(msg.peers)
             claim = node_id if msg.role == Role.LEADER else msg.leader_id
             # A follower may still name a leader that stopped answering us (stalled or dead,
             # the election not over yet): sending appends there would only make them
@@ -1438,6 +1439,33 @@ class DLedgerClient:
         elif not d.rids and self._disc is d:
             d.timer_seq = -1
             self._end_round(time.monotonic())
+
+    def _learn_members(self, peers: Sequence[P.PeerInfo]) -> None:
+        """Bootstrap (Kafka's bootstrap.servers): members a node names in METADATA that this
+        client was not given are added, so a client started from any one reachable node finds
+        the leader and fails over like one given the whole peers string. I/O thread only;
+        `self.peers` is replaced, never mutated, because caller threads iterate it."""
+        new = {}
+        for info in peers:
+            if info.id in self._nodes or not info.address:
+                continue
+            host, colon, port_s = info.address.rpartition(":")
+            try:
+                port = int(port_s)
+            except ValueError:
+                continue
+            if not colon or not host or not 0 < port < 65536:
+                continue
+            new[info.id] = (host.strip("[]"), port)
+        if not new:
+            return
+        for nid, (host, port) in new.items():
+            node = _Node(nid, host, port)
+            self._nodes[nid] = node
+            self._node_order.append(node)
+            self._open_socket(node)
+        self.peers = {**self.peers, **new}
+        log.debug("learned members %s from METADATA", ", ".join(new))
 
     def _end_round(self, now: float) -> None:
         d = self._disc
