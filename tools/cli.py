@@ -14,7 +14,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from node.logfmt import configure_logging
 
@@ -106,20 +106,24 @@ def _number(kind: Callable[[str], float], text: str) -> float:
     return v
 
 
-def positive_int(text: str) -> int:
-    """An int >= 1 (counts: nodes, entries, threads)."""
-    v = int(_number(int, text))
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return v
+def _checked(kind: type, ok: Callable[[float], bool], rule: str, doc: str) -> Callable[[str], Any]:
+    """An argparse type: `text` parsed as `kind` (finite), refused with "must be RULE" unless
+    `ok(value)`. One place for every numeric option's check and message."""
+    def parse(text: str) -> Any:
+        v = kind(_number(kind, text))
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return v
+    parse.__doc__ = doc
+    return parse
 
 
-def nonneg_int(text: str) -> int:
-    """An int >= 0."""
-    v = int(_number(int, text))
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+positive_int = _checked(int, lambda v: v >= 1, ">= 1", "An int >= 1 (counts: nodes, entries, threads).")
+nonneg_int = _checked(int, lambda v: v >= 0, ">= 0", "An int >= 0.")
+positive_float = _checked(float, lambda v: v > 0, "> 0",
+                          "A finite number > 0 (durations and timeouts, in seconds).")
+nonneg_float = _checked(float, lambda v: v >= 0, ">= 0", "A finite number >= 0.")
+fraction = _checked(float, lambda v: 0 <= v <= 1, "between 0 and 1", "A number in [0, 1].")
 
 
 MAX_INDEX = (1 << 63) - 1
@@ -131,30 +135,6 @@ def log_index(text: str) -> int:
     v = int(_number(int, text))
     if not 0 <= v <= MAX_INDEX:
         raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_INDEX}, got {text}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (durations and timeouts, in seconds)."""
-    v = float(_number(float, text))
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
-
-
-def nonneg_float(text: str) -> float:
-    """A finite number >= 0."""
-    v = float(_number(float, text))
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1]."""
-    v = float(_number(float, text))
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return v
 
 
