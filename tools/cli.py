@@ -160,6 +160,17 @@ def peers_arg(text: str) -> str:
     return text
 
 
+PEERS_HELP = ('the group, ID-HOST:PORT;... e.g. "n0-127.0.0.1:20911;n1-127.0.0.1:20913" '
+              "(each node also uses PORT+1) (required)")
+
+
+def add_group_arguments(p: argparse.ArgumentParser) -> None:
+    """--peers and --group, spelled and checked the same by every command that talks to a
+    running group (one definition: three copies had already drifted in their help)."""
+    p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS", help=PEERS_HELP)
+    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+
+
 def _chosen(argv: Sequence[str]) -> str | None:
     """The subcommand named on the command line, found before building any parser: only its
     module gets imported (a `dledger server` start does not pay for pyspark, rich or zmq

@@ -36,21 +36,22 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import collections
 import concurrent.futures
 import gc
 import json
 import random
 import resource
 import struct
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+
+from hdrh.histogram import HdrHistogram
 
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 from node.statemachine import kv as K
+from tools.bench_progress import BenchProgress
+from tools.bench_record import Recorder, percentile_ms
 from tools.cli import (
     CliError,
     fraction,
@@ -109,35 +110,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--kv: key space (default: %(default)s)")
 
 
-@dataclass
-class Recorder:
-    """Latencies and completions, per second since the start, thread-safe (append-only)."""
-
-    t0: float
-    measuring_from: float
-    # (done at, latency s, entries, op: "" for the log, "put" / "get" for --kv)
-    lat: list[tuple[float, float, int, str]] = field(default_factory=list)
-    errors: list[tuple[float, str]] = field(default_factory=list)
-    acked: list[tuple[int, int]] = field(default_factory=list)  # (index, seq) samples
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def ok(self, sent: float, n: int, first_index: int, first_seq: int) -> None:
-        now = time.perf_counter()
-        with self.lock:
-            self.lat.append((now, now - sent, n, ""))
-            if len(self.acked) < 200_000:
-                self.acked.append((first_index, first_seq))
-
-    def op_ok(self, sent: float, op: str) -> None:
-        now = time.perf_counter()
-        with self.lock:
-            self.lat.append((now, now - sent, 1, op))
-
-    def fail(self, e: BaseException) -> None:
-        with self.lock:
-            self.errors.append((time.perf_counter(), getattr(e, "name", type(e).__name__)))
-
-
 _FILL: dict[int, bytes] = {}
 
 
@@ -151,12 +123,6 @@ def _body(seq: int, size: int) -> bytes:
     if fill is None:
         fill = _FILL[size] = (bytes(range(256)) * (size // 256 + 1))[: size - 8]
     return head + fill
-
-
-def _pct(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return 0.0
-    return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
 
 
 class Bench:
@@ -179,30 +145,48 @@ class Bench:
             return self.seq >= self.a.count + self._warm_entries
         return time.perf_counter() >= self.stop_at
 
-    def run(self, progress) -> Recorder:  # noqa: ANN001 - a callable(rec) for live output
+    def run(self, progress: BenchProgress) -> Recorder:
+        """Find the leader, prepare, load for --warmup + --duration (or --count), read back."""
         a = self.a
+        self.progress = progress
         with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
                            max_in_flight=max(a.concurrency, 1)) as c:
             c.metadata()  # find the leader before the clock starts mattering
             self._prepare(c)
             t0 = time.perf_counter()
-            rec = Recorder(t0, t0 + a.warmup)
+            rec = Recorder(t0, t0 + a.warmup, self.OPS)
             self._warm_entries = self.seq  # --count counts from here
             self.stop_at = t0 + a.warmup + a.duration
+            progress.phase("warmup" if a.warmup else "measuring",
+                           a.count if a.count is not None else a.warmup + a.duration)
             if self._pipelined(c):
-                self._run_async(c, rec, progress)
+                self._run_async(c, rec)
             else:
                 threads = [threading.Thread(target=self._sync_worker, args=(c, rec), daemon=True)
                            for _ in range(a.concurrency)]
                 for t in threads:
                     t.start()
                 while any(t.is_alive() for t in threads):
-                    progress(rec)
+                    self._tick(rec)
                     time.sleep(0.25)
                 for t in threads:
                     t.join()
+            self._tick(rec)
             self.verify_result = self._verify(c, rec)
         return rec
+
+    OPS: tuple[str, ...] = ("",)  # the Recorder's ops: the log has one kind
+
+    def _tick(self, rec: Recorder) -> None:
+        """Move the load phase's bar: seconds (of warmup + duration) or entries (of --count)."""
+        a = self.a
+        now = time.perf_counter()
+        if a.count is not None:
+            done = min(self.seq - self._warm_entries, a.count)
+        else:
+            done = min(now - rec.t0, a.warmup + a.duration)
+        self.progress.update(done, _live_figures(rec, a),
+                             description="warmup" if now < rec.measuring_from else "measuring")
 
     def _prepare(self, c: DLedgerClient) -> None:
         """Work before the clock starts (the log bench has none)."""
@@ -232,7 +216,7 @@ class Bench:
         f.add_done_callback(done)
         return f
 
-    def _run_async(self, c: DLedgerClient, rec: Recorder, progress) -> None:  # noqa: ANN001
+    def _run_async(self, c: DLedgerClient, rec: Recorder) -> None:
         last_progress = 0.0
         pending: list = []
         while not self._done():
@@ -241,14 +225,13 @@ class Bench:
                 pending = [f for f in pending if not f.done()]
             now = time.perf_counter()
             if now - last_progress >= 0.25:
-                progress(rec)
+                self._tick(rec)
                 last_progress = now
         for f in pending:
             try:
                 f.result(timeout=self.a.timeout + 5)
             except DLedgerError:
                 pass
-        progress(rec)
 
     def _sync_worker(self, c: DLedgerClient, rec: Recorder) -> None:
         a = self.a
@@ -275,7 +258,8 @@ class Bench:
         kept = [(first, seq) for first, seq in rec.acked if first >= begin]
         sample = random.Random(7).sample(kept, min(self.a.verify_sample, len(kept)))
         bad = retired = 0
-        for first, seq in sample:
+        self.progress.phase("read-back", len(sample))
+        for done, (first, seq) in enumerate(sample, 1):
             k = random.Random(first).randrange(self.a.batch)
             try:
                 e = c.get(first + k)
@@ -286,6 +270,7 @@ class Bench:
                     retired += 1
                 else:
                     bad += 1
+            self.progress.update(done, f"mismatched {bad}")
         return {"checked": len(sample) - retired, "mismatched": bad,
                 "deleted_by_retention": len(rec.acked) - len(kept) + retired}
 
@@ -306,6 +291,7 @@ class KVBench(Bench):
     put is "doubtful" (the put may have landed) and left out of the read-back."""
 
     PRELOAD_BATCH = 64
+    OPS = ("put", "get")
 
     def __init__(self, args: argparse.Namespace, peers: str) -> None:
         super().__init__(args, peers)
@@ -375,7 +361,8 @@ class KVBench(Bench):
             return
         self.get_path = ("query_async (one pipelined client)" if self._pipelined(c)
                          else f"query ({self.a.concurrency} threads)")
-        rec = Recorder(time.perf_counter(), 0.0)
+        rec = Recorder(time.perf_counter(), 0.0, self.OPS)
+        self.progress.phase("putting keys", len(self.keys))
         futures = []
         for first in range(0, len(self.keys), self.PRELOAD_BATCH):
             ks = range(first, min(first + self.PRELOAD_BATCH, len(self.keys)))
@@ -389,8 +376,9 @@ class KVBench(Bench):
                     self._put_done(rec, 0.0, seq0 + i, k, r)
             except DLedgerError as e:
                 raise CliError(f"putting the {len(self.keys):,} keys before the gets failed: {e}") from None
-        if rec.errors:
-            raise CliError(f"putting the keys before the gets failed: {rec.errors[0][1]}")
+            self.progress.update(ks[-1] + 1)
+        if rec.first_error is not None:
+            raise CliError(f"putting the keys before the gets failed: {rec.first_error}")
 
     def _pipelined(self, c: DLedgerClient) -> bool:
         if self.a.mode != "async":
@@ -461,8 +449,12 @@ class KVBench(Bench):
             return (reply.status == K.Status.OK and len(reply.items) == 1
                     and reply.items[0].value == _body(seq, self.a.size) and reply.items[0].mod_revision == rev)
 
+        self.progress.phase("read-back", len(sample))
+        bad = 0
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            bad = sum(not ok for ok in pool.map(same, sample))
+            for done, ok in enumerate(pool.map(same, sample), 1):
+                bad += not ok
+                self.progress.update(done, f"mismatched {bad}")
         return {"checked": len(sample), "mismatched": bad, "doubtful_keys": len(self.doubtful),
                 "gets_compared": self.gets_compared, "gets_mismatched": self.gets_mismatched}
 
@@ -481,48 +473,56 @@ def _unit(args: argparse.Namespace) -> str:
     return "ops" if getattr(args, "kv", False) else "entries"
 
 
-def _figures(meas: list[tuple[float, float, int, str]], span: float) -> dict:
-    lats = sorted(x[1] * 1000 for x in meas)
-    return {"per_s": sum(x[2] for x in meas) / span, "p50_ms": _pct(lats, 0.5), "p99_ms": _pct(lats, 0.99),
-            "p999_ms": _pct(lats, 0.999), "max_ms": lats[-1] if lats else 0.0}
+def _figures(h: HdrHistogram, entries: int, span: float) -> dict:
+    """Throughput and latency percentiles of one histogram over the measured `span` seconds."""
+    return {"per_s": entries / span, "p50_ms": percentile_ms(h, 50), "p99_ms": percentile_ms(h, 99),
+            "p999_ms": percentile_ms(h, 99.9),
+            "max_ms": h.get_max_value() / 1000.0 if h.get_total_count() else 0.0}
+
+
+def _live_figures(rec: Recorder, args: argparse.Namespace) -> str:
+    """The newest finished second, for the live view."""
+    sec, errors = rec.live()
+    if sec is None:
+        return f"errors {errors}"
+    return (f"{sec.entries:>9,} {_unit(args)}/s {sec.entries * args.size / 1e6:7.1f} MB/s  "
+            f"p99 {sec.p99_ms:7.2f} ms  errors {errors}")
 
 
 def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
     """The log's figures in entries (`entries_per_s`, `entries`, per-second `entries`); --kv's
-    in ops (`ops_per_s`, `ops`, per-second `ops`), with `by_op` for --kv-op mixed."""
+    in ops (`ops_per_s`, `ops`, per-second `ops`), with `by_op` for --kv-op mixed.
+
+    The window runs from the end of the warmup to the last acknowledgement; `samples` are its
+    whole seconds only (a partial last one would look like a stall)."""
     unit = _unit(args)
     start = rec.measuring_from
-    meas = [x for x in rec.lat if x[0] >= start]
-    errs = [e for e in rec.errors if e[0] >= start]
-    end = max([x[0] for x in meas] + [start + 1e-9])
-    span = max(end - start, 1e-9)
-    entries = sum(x[2] for x in meas)
-    f = _figures(meas, span)
-    samples = []
-    sec = 0
-    while start + sec + 1 <= end:  # whole seconds only: a partial last one would look like a stall
-        window = [x for x in meas if start + sec <= x[0] < start + sec + 1]
-        wl = sorted(x[1] * 1000 for x in window)
-        samples.append({"t": sec, unit: sum(x[2] for x in window),
-                        "p50_ms": _pct(wl, 0.5), "p99_ms": _pct(wl, 0.99),
-                        "errors": sum(1 for e in errs if start + sec <= e[0] < start + sec + 1)})
-        sec += 1
-    requests = len(meas) + len(errs)
+    with rec.lock:
+        end = max(rec.last_done, start + 1e-9)
+        span = end - start
+        entries = sum(rec.entries.values())
+        f = _figures(rec.merged(), entries, span)
+        errs = sum(rec.errors_by_code.values())
+        samples = [{"t": s.t, unit: s.entries, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "errors": s.errors}
+                   for s in rec.seconds if start + s.t + 1 <= end]
+        by_op = {op: _figures(h, rec.entries[op], span) for op, h in rec.hist.items()}
+        requests = rec.requests
+        errors_by_code = dict(sorted(rec.errors_by_code.items()))
     keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers"]
     if unit == "ops":
         keys += ["kv_op", "keys"]
     res = {
         f"{unit}_per_s": f["per_s"], "mb_per_s": entries * args.size / span / 1e6,
-        "requests_per_s": len(meas) / span, "p50_ms": f["p50_ms"], "p99_ms": f["p99_ms"],
-        "p999_ms": f["p999_ms"], "max_ms": f["max_ms"], "errors": len(errs),
-        "error_kinds": sorted({e[1] for e in errs}), "error_rate": len(errs) / requests if requests else 0.0,
-        "errors_by_code": dict(sorted(collections.Counter(e[1] for e in errs).items())),
+        "requests_per_s": requests / span, "p50_ms": f["p50_ms"], "p99_ms": f["p99_ms"],
+        "p999_ms": f["p999_ms"], "max_ms": f["max_ms"], "errors": errs,
+        "error_kinds": sorted(errors_by_code), "error_rate": errs / (requests + errs) if requests + errs else 0.0,
+        "errors_by_code": errors_by_code,
         unit: entries, "seconds": span,
         "config": {k: getattr(args, k) for k in keys},
         "samples": samples,
     }
     if unit == "ops" and args.kv_op == "mixed":
-        res["by_op"] = {op: _figures([x for x in meas if x[3] == op], span) for op in ("put", "get")}
+        res["by_op"] = {op: by_op[op] for op in ("put", "get")}
     return res
 
 
@@ -550,45 +550,6 @@ def _plot(res: dict, path: str) -> None:
         ax1.axvline(x, color="red", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def _progress_printer(args: argparse.Namespace):  # noqa: ANN202
-    """A live rich bar on a terminal; one plain line per second otherwise (logs, CI)."""
-    tty = sys.stderr.isatty() and not args.json
-    state = {"last": 0.0}
-    if tty:
-        from rich.console import Console
-        from rich.live import Live
-
-        live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
-        live.start()
-    else:
-        live = None
-
-    def show(rec: Recorder) -> None:
-        now = time.perf_counter()
-        if not tty and now - state["last"] < 1.0:
-            return
-        state["last"] = now
-        with rec.lock:
-            recent = [x for x in rec.lat[-20000:] if x[0] >= now - 1.0]
-            lats = sorted(x[1] * 1000 for x in rec.lat[-20000:])
-            nerr = len(rec.errors)
-        eps = sum(x[2] for x in recent)
-        phase = "warmup" if now < rec.measuring_from else "measuring"
-        line = (f"{phase:<9} {now - rec.t0:6.1f}s  {eps:>9,.0f} {_unit(args)}/s  "
-                f"{eps * args.size / 1e6:7.1f} MB/s  p99 {_pct(lats, 0.99):7.2f} ms  errors {nerr}")
-        if live is not None:
-            live.update(line)
-        elif not args.json:
-            print(line, file=sys.stderr, flush=True)
-
-    def stop() -> None:
-        if live is not None:
-            live.stop()
-
-    show.stop = stop  # type: ignore[attr-defined]
-    return show
 
 
 class _RssSampler:
@@ -636,13 +597,13 @@ def run(args: argparse.Namespace) -> int:
             server_args += ["--state-machine", "kv"]
     group = None
     peers = args.peers
-    if args.local:
-        group = LocalGroup(args.local, server_args, group=args.group).start()
-        peers = group.peers
+    progress = BenchProgress(quiet=args.json)
+    progress.phase("start-up")
     try:
-        if group is not None:
+        if args.local:
+            group = LocalGroup(args.local, server_args, group=args.group).start()
+            peers = group.peers
             group.wait_leader()
-        progress = _progress_printer(args)
         bench = KVBench(args, peers) if args.kv else Bench(args, peers)
         rss_before = group.rss_by_process() if group else {}
         leader_before = group.leader() if group else None
@@ -659,7 +620,6 @@ def run(args: argparse.Namespace) -> int:
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()
-            progress.stop()
         res = summarize(rec, args)
         res["verified"] = bench.verify_result
         if isinstance(bench, KVBench):
@@ -679,6 +639,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             _plot(res, args.plot)
     finally:
+        progress.stop()
         if group is not None:
             group.close()
     v = res["verified"]

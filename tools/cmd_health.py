@@ -22,17 +22,14 @@ import argparse
 import json
 import sys
 
-from tools.cli import nonneg_int, peers_arg, positive_float
+from tools.cli import add_group_arguments, nonneg_int, positive_float
 from tools.group_status import GroupProbe, GroupView, read_group
 
 DEFAULT_MAX_LAG = 10_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS",
-                   help='the group, ID-HOST:PORT;... e.g. "n0-127.0.0.1:20911;n1-127.0.0.1:20913" '
-                        "(required)")
-    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    add_group_arguments(p)
     p.add_argument("--max-lag", type=nonneg_int, default=DEFAULT_MAX_LAG, metavar="N",
                    help="largest follower lag accepted, in entries (default: %(default)s)")
     p.add_argument("--timeout", type=positive_float, default=2.0, metavar="S",

@@ -25,7 +25,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from tools.cli import CliError, peers_arg, positive_float
+from tools.cli import CliError, add_group_arguments, positive_float
 
 if TYPE_CHECKING:
     from ipc.client import DLedgerClient
@@ -37,10 +37,7 @@ EXIT_INDETERMINATE = 3
 
 # Shared by the client subcommands (append, get, metadata, transfer).
 def add_client_arguments(p: argparse.ArgumentParser, timeout: float = 3.0) -> None:
-    p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS",
-                   help='the group, ID-HOST:PORT;... e.g. "n0-127.0.0.1:20911;n1-127.0.0.1:20913" '
-                        "(each node also uses PORT+1) (required)")
-    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    add_group_arguments(p)
     p.add_argument("--timeout", type=positive_float, default=timeout, metavar="S",
                    help="overall timeout per call in seconds, retries included (default: %(default)s)")
 

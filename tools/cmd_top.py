@@ -31,15 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.histogram import LATENCY_MS, quantile
-from tools.cli import CliError, peers_arg, positive_float
+from tools.cli import CliError, add_group_arguments, positive_float
 from tools.group_status import GroupProbe, GroupView, NodeAnswer, read_group
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS",
-                   help='the group, ID-HOST:PORT;... e.g. "n0-127.0.0.1:20911;n1-127.0.0.1:20913" '
-                        "(required)")
-    p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    add_group_arguments(p)
     p.add_argument("--interval", type=positive_float, default=1.0, metavar="S",
                    help="seconds between refreshes (default: %(default)s)")
     p.add_argument("--timeout", type=positive_float, default=0.5, metavar="S",

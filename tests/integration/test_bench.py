@@ -162,3 +162,18 @@ def test_a_killed_bench_does_not_leave_its_local_group_running():
                 time.sleep(0.1)
         if root is not None and root.name.startswith("dledger-local-"):
             shutil.rmtree(root, ignore_errors=True)  # a killed bench cannot remove its own
+
+
+def test_bench_without_json_shows_each_phase_on_stderr_and_one_result_line():
+    """Off a terminal, the live view is plain lines: every phase announced (a bench is never
+    silent for long), figures once a second, and stdout holds only the result line."""
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--local", "3", "--duration", "2.5",
+                        "--warmup", "0.5", "--batch", "4", "--concurrency", "4", "--size", "100",
+                        "--verify-sample", "50"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    phases = [line.split()[0] for line in r.stderr.splitlines() if line.endswith("...")]
+    assert phases == ["start-up", "warmup", "read-back"], r.stderr
+    assert any(line.startswith("measuring") and "entries/s" in line for line in r.stderr.splitlines()), r.stderr
+    out = r.stdout.strip().splitlines()
+    assert len(out) == 1 and "entries/s" in out[0] and "verified 50/50" in out[0], r.stdout
