@@ -9,7 +9,10 @@ MB/s and latency percentiles; then reads back a sample of acknowledged indexes a
 bodies (a bench that does not check what it wrote is not trusted). With --local it also
 reports the group's anonymous memory before, after and every 10 s (`rss_anon_mb` in --json),
 and the leader before and after. Exit 1 if the error rate exceeds --max-error-rate or the
-verification fails.
+verification fails. Errors are reported by code (`errors_by_code`). Latencies go into
+HdrHistograms (3 significant digits, fixed memory: an hour-long run holds no more than a
+minute-long one); stderr shows each phase (start-up, putting keys, warmup, measuring,
+read-back) with a bar and the time left on a terminal, one line a second otherwise.
 
 --kv benches the replicated KV store instead (a group running `--state-machine kv`; --local
 starts its group with it): puts of --size-byte values over --keys keys (b"k0000000"...,
@@ -154,7 +157,7 @@ class Bench:
             c.metadata()  # find the leader before the clock starts mattering
             self._prepare(c)
             t0 = time.perf_counter()
-            rec = Recorder(t0, t0 + a.warmup, self.OPS)
+            rec = Recorder(t0, t0 + a.warmup, self.OPS, verify_sample=a.verify_sample)
             self._warm_entries = self.seq  # --count counts from here
             self.stop_at = t0 + a.warmup + a.duration
             progress.phase("warmup" if a.warmup else "measuring",
@@ -497,6 +500,7 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
     whole seconds only (a partial last one would look like a stall)."""
     unit = _unit(args)
     start = rec.measuring_from
+    rec.close()
     with rec.lock:
         end = max(rec.last_done, start + 1e-9)
         span = end - start

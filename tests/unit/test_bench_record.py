@@ -113,7 +113,7 @@ def test_mixed_ops_have_their_own_figures_and_merge_for_the_total(clock):
 
 def test_the_read_back_sample_is_bounded_and_drawn_from_the_whole_run(clock, monkeypatch):
     monkeypatch.setattr(br, "ACKED_SAMPLE", 1000)
-    rec = br.Recorder(t0=0.0, measuring_from=0.0)
+    rec = br.Recorder(t0=0.0, measuring_from=0.0, verify_sample=100)
     for i in range(20_000):
         clock.t = i * 1e-5
         rec.ok(clock.t, 1, i, i)
@@ -138,3 +138,8 @@ def test_memory_does_not_grow_with_requests(clock):
     rec.live()
     assert len(rec.seconds) == 1 and rec.seconds[0].requests == 50_000
     assert rec.acked == []  # ops (--kv) keep nothing per request
+
+
+def test_the_read_back_sample_is_four_times_the_read_back(clock):
+    assert br.Recorder(t0=0.0, measuring_from=0.0, verify_sample=50_000).acked_cap == 200_000
+    assert br.Recorder(t0=0.0, measuring_from=0.0, verify_sample=10).acked_cap == br.ACKED_SAMPLE
