@@ -238,7 +238,7 @@ class _Call:
 
     __slots__ = ("kind", "payload", "future", "deadline", "pinned", "state", "rid", "node",
                  "attempts", "redirects", "last", "timer_seq", "slot", "sid", "seq", "unsure",
-                 "no_result")
+                 "no_result", "stamp_order")
 
     def __init__(self, kind: int, payload: Any, deadline: float, pinned: str | None = None) -> None:
         self.kind = kind
@@ -257,6 +257,7 @@ class _Call:
         self.slot = False
         self.sid = 0  # the session stamp (sid, seq) of an append, given at its first dispatch
         self.seq = 0
+        self.stamp_order = 0  # when it was first stamped (the client's order of its writes)
         self.unsure = False  # an attempt was sent and its outcome is unknown
         self.no_result = False  # an APPEND answered at commit, without the state machine's result
 
@@ -471,6 +472,12 @@ class DLedgerClient:
         self._next_seq = 1
         self._opening: _Call | None = None
         self._session_waiting: list[_Call] = []
+        # Order across a session change (docs/client.md "Order"): the writes of an abandoned
+        # session not yet resolved, and those of them that were never stored, waiting to be
+        # stamped again in their first order, ahead of every write submitted after them.
+        self._draining: set[_Call] = set()
+        self._restamps: list[_Call] = []
+        self._stamp_orders = itertools.count(1)
 
         self._ctx = make_context()
         self._thread = threading.Thread(target=self._io_main, name="dledger-client-io", daemon=True)
@@ -1065,17 +1072,20 @@ class DLedgerClient:
     # ------------------------------------------------------------------ sessions
     def _stamp(self, call: _Call, now: float) -> bool:
         """Give a write its (session, seq), in dispatch order; False when it must wait for a
-        session to be opened (it is parked and resumed by `_session_opened`)."""
-        if self._sid == 0:
+        session to be opened (it is parked and resumed by `_session_opened`), or for the writes
+        of an abandoned session to be resolved (resumed by `_drained`)."""
+        if self._sid == 0 or self._draining:
             call.state = _WAITING
             self._session_waiting.append(call)
             self._set_timer(call, call.deadline)
-            if self._opening is None:
+            if self._opening is None and not self._draining:
                 self._opening = _Call(_OPEN, None, now + self.timeout)
                 self._live.add(self._opening)
                 self._dispatch(self._opening, now)
             return False
         call.sid, call.seq = self._sid, self._next_seq
+        if not call.stamp_order:
+            call.stamp_order = next(self._stamp_orders)
         self._next_seq = seq_add(self._next_seq, call.count)
         return True
 
@@ -1117,12 +1127,40 @@ class DLedgerClient:
             return
         if call.sid and call.sid == self._sid:
             log.debug("client session %#x abandoned at seq %d", self._sid, call.seq)
-            self._sid = 0
+            old, self._sid = self._sid, 0
+            # Its other writes still unresolved hold back every later write until each one is
+            # acknowledged, fails, or is known never stored (`_restamp`): a later write stamped
+            # in a new session meanwhile would be stored before them.
+            self._draining = {c for c in self._live if c.sid == old and c is not call
+                              and c.state != _DONE and c.may_write}
+
+    def _resolved(self, call: _Call, now: float) -> None:
+        """`call`, a write of an abandoned session, is resolved; the last one releases the rest."""
+        d = self._draining
+        if call in d:
+            d.discard(call)
+            if not d:
+                self._drained(now)
+
+    def _drained(self, now: float) -> None:
+        """Every write of the abandoned session is resolved: those never stored are stamped in a
+        new session first, in their first order, then the writes submitted meanwhile."""
+        restamps = sorted((c for c in self._restamps if c.state == _WAITING), key=lambda c: c.stamp_order)
+        self._restamps = []
+        self._session_waiting = restamps + self._session_waiting
+        self._release_session_waiting(now)
 
     def _restamp(self, call: _Call, now: float) -> None:
-        """Send a write that was definitely not stored under a fresh session."""
+        """Send a write that was definitely not stored under a fresh session: once every write of
+        its old session is resolved (it is one of them), ahead of the writes submitted later."""
         call.sid = call.seq = 0
-        self._dispatch(call, now)
+        if call not in self._draining:
+            self._dispatch(call, now)
+            return
+        call.state = _WAITING
+        self._restamps.append(call)
+        self._set_timer(call, call.deadline)
+        self._resolved(call, now)
 
     def _send_collected(self, out: dict[_Node, list[tuple[_Call, int, bytes]]], now: float) -> None:
         """Send each node's collected requests as one MULTI frame (one frame if just one).
@@ -1221,6 +1259,8 @@ class DLedgerClient:
         if call.state == _DONE:  # e.g. closing: a write already failed with its session's opening
             return
         call.state = _DONE
+        if live and self._draining:
+            self._resolved(call, time.monotonic())
         call.timer_seq = -1
         if live:
             self._live.discard(call)
@@ -1490,6 +1530,8 @@ class DLedgerClient:
             self._dispatch(call, now)
 
     def _fail_all_on_close(self) -> None:
+        self._draining.clear()  # nothing is released any more: every call fails below
+        self._restamps.clear()
         for call in list(self._live):
             if call.state == _INFLIGHT:
                 self._finish(call, exc=_make_error(

@@ -13,6 +13,7 @@ from ipc import protocol as P
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 from node.core.sessions import SessionTable, Verdict
+from node.store import codec
 from tests.unit.test_client import GROUP, FakeCluster
 
 pytest.importorskip("zmq")
@@ -181,3 +182,36 @@ def test_a_dead_leaders_dropped_connection_resends_at_once(fake):
         assert fut.result(10).index == 1  # written once by n0, found again via n1
         assert time.monotonic() - t0 < 2.5
     assert len(fake.entries) == 2
+
+
+def test_writes_moved_to_a_new_session_keep_their_place_before_later_ones(fake):
+    """Order across retries (Kafka's idempotent producer keeps it; so do we). Pipelined: seq 1
+    is refused for good, seq 2 meets the hole at once (GAP), seq 3 is told LEADER_PENDING_FULL
+    twice and meets the hole only on its third attempt. A write submitted after the refusal
+    must not overtake seq 3: the client waits until every write of the abandoned session is
+    resolved, restamps them in their order, and only then stamps the new one."""
+    leader = SessionLeader(fake)
+    first_session: list[int] = []
+    refusals = {1: [RC.DISK_FULL], 3: [RC.LEADER_PENDING_FULL, RC.LEADER_PENDING_FULL]}
+
+    def script(node, msg):  # noqa: ANN001, ANN202
+        if isinstance(msg, P.AppendRequest) and node.id == fake.leader:
+            if not first_session:
+                first_session.append(msg.session)
+            todo = refusals.get(msg.seq) if msg.session == first_session[0] else None
+            if todo:
+                return [fake.error(msg, todo.pop(0))]
+        return leader.script(node, msg)
+
+    for node in fake.nodes.values():
+        node.script = script
+    with DLedgerClient(fake.peers, GROUP, timeout=5.0, attempt_timeout=0.3) as c:
+        futs = [c.append_async(b"p%d" % k) for k in range(3)]
+        with pytest.raises(DLedgerError) as ei:
+            futs[0].result(5)
+        assert ei.value.code == RC.DISK_FULL
+        late = c.append_async(b"late")
+        got = [f.result(5).index for f in (futs[1], futs[2], late)]
+    assert got == [0, 1, 2], got
+    assert [bytes(codec.decode_entry(e).body) for e in fake.entries] == [b"p1", b"p2", b"late"]
+    assert leader.opened == 2
