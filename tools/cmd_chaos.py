@@ -182,10 +182,9 @@ def summary(report, args: argparse.Namespace) -> str:  # noqa: ANN001 - run.Repo
                  f"{s['indeterminate']} indeterminate ({s['indeterminate_committed']} of them committed), "
                  f"{s['failed_definitely']} failed; committed log up to index {s['committed_end']:,} on "
                  f"{report.options.nodes} replicas; {s['reads']:,} entries read; "
-                 f"{s['terms_with_leader']} terms with a leader"
-                 + (f"; {s['pipelined_reordered']} pipelined reorders by retries" if s.get("pipelined_reordered") else ""))
+                 f"{s['terms_with_leader']} terms with a leader")
         promise = ("no acknowledged append lost, none committed twice, identical committed prefixes, "
-                   "every sequential writer's order kept, one leader per term")
+                   "every writer's order kept, one leader per term")
     if report.ok:
         lines.append(f"verdict: OK: {facts}; {promise}")
     else:

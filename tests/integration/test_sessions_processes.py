@@ -68,6 +68,8 @@ def test_appends_survive_leader_kills_exactly_once(make_cluster):
     c.wait_converged(timeout=30)
     for w in writers:
         assert not w.errors, f"{w.name}: {w.errors[:3]}"  # resent until acknowledged: none lost, none indeterminate
+        order = [w.acked[b] for b in sorted(w.acked)]  # bodies are numbered in submission order
+        assert order == sorted(order), f"{w.name}: appends acknowledged out of submission order"
     for node in c.nodes.values():
         node.stop()
     acked = {b: i for w in writers for b, i in w.acked.items()}

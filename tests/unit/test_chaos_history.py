@@ -122,16 +122,3 @@ def test_entries_every_replica_deleted_are_counted_not_lost_and_others_are_still
     for r in reps.values():
         r.entries = [e for e in r.entries if e.index != 4]  # a hole above what was compacted
     assert "lost" in _kinds(check(h, reps))
-
-
-def test_a_pipelined_writers_reorder_is_counted_not_a_violation_a_sequential_writers_is():
-    """docs/client.md "Order": with many appends in flight the client keeps submission order
-    only until a retry intervenes, so only a one-at-a-time writer's order is a promise."""
-    h, reps, log = _clean()
-    for r in reps.values():
-        e3, e5 = r.entries[3], r.entries[5]
-        r.entries[3], r.entries[5] = LogEntry(3, 1, "NORMAL", e5.body), LogEntry(5, 1, "NORMAL", e3.body)
-    h.appends[2].index, h.appends[4].index = 5, 3
-    h.pipelined.add("w0")
-    v = check(h, reps)
-    assert v.ok and v.stats["pipelined_reordered"] == 1, v.violations

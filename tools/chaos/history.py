@@ -92,10 +92,6 @@ class History:
     appends: list[Append] = field(default_factory=list)
     reads: list[ReadEntry] = field(default_factory=list)
     leader_claims: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
-    # Writers with more than one append in flight: the client keeps their submission order
-    # only until a retry intervenes (docs/client.md "Order"), so a reorder there is counted,
-    # not a violation; a sequential writer's order is a promise.
-    pipelined: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def invoked(self, op: Append) -> Append:
@@ -199,7 +195,7 @@ def check(history: History, replicas: Mapping[str, Replica],
         if body not in by_body:
             v.add("unwritten", f"index {idxs[0]} holds a body no writer sent: {body[:32]!r}")
 
-    reordered = _check_order(appends, at, v, history.pipelined)
+    _check_order(appends, at, v)
 
     claims: dict[int, set[str]] = defaultdict(set)
     for term, nodes in history.leader_claims.items():
@@ -239,7 +235,6 @@ def check(history: History, replicas: Mapping[str, Replica],
         "compacted_below": compacted_below,
         "compacted_unchecked": compacted,
         "terms_with_leader": len(claims),
-        "pipelined_reordered": reordered,
         "violations": sum(v.per_kind.values()),
     }
     return Verdict(v.result(), stats)
@@ -266,23 +261,15 @@ def _check_replicas(replicas: Mapping[str, Replica], final: Mapping[int, LogEntr
             v.add("gap", f"{node}: its committed entries are not contiguous")
 
 
-def _check_order(appends: list[Append], at: Mapping[bytes, list[int]], v: _Violations,
-                 pipelined: set[str] = frozenset()) -> int:
-    """Per writer, committed entries sorted by submission number have increasing indexes. For
-    a `pipelined` writer a pair out of order is counted (returned), not a violation: the
-    client keeps submission order only until a retry intervenes (docs/client.md "Order")."""
+def _check_order(appends: list[Append], at: Mapping[bytes, list[int]], v: _Violations) -> None:
+    """Per writer, committed entries sorted by submission number have increasing indexes."""
     placed: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for op in appends:
         where = at.get(op.body)
         if where:
             placed[op.writer].append((op.seq, where[0]))
-    reordered = 0
     for writer, pairs in sorted(placed.items()):
         pairs.sort()
         for (s0, i0), (s1, i1) in pairwise(pairs):
             if i1 <= i0:
-                if writer in pipelined:
-                    reordered += 1
-                else:
-                    v.add("order", f"{writer}#{s1} is committed at index {i1}, before {writer}#{s0} at {i0}")
-    return reordered
+                v.add("order", f"{writer}#{s1} is committed at index {i1}, before {writer}#{s0} at {i0}")

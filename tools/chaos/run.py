@@ -174,8 +174,6 @@ class ChaosRun:
                                     keys=o.kv_keys, timeout=o.client_timeout) for i in range(o.kv_clients)]
             for i in range(0 if o.kv else o.sequential_writers + o.pipelined_writers):
                 depth = 1 if i < o.sequential_writers else o.depth
-                if depth > 1:
-                    self.history.pipelined.add(f"w{i}")
                 writers.append(Writer(f"w{i}", g.peers, g.group, self.history, self.clock,
                                       depth=depth, size=o.size, timeout=o.client_timeout))
             readers = [Reader(f"r{i}", g.peers, g.group, self.history, self.clock, seed=o.seed * 1000 + i,
