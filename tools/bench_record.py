@@ -113,19 +113,10 @@ class Recorder:
         """An acknowledged request of `n` entries sent at `sent` (perf_counter seconds).
 
         This runs once per completion on the client's I/O thread, which is what limits a
-        pipelined single-append bench: every line here costs throughput (hence no calls on the
-        common path)."""
+        pipelined single-append bench: every line here costs throughput."""
         with self.lock:
             now = time.perf_counter()
-            if now >= self._sec_end:
-                self._roll(now)
-            self._sec_lat[op].append(now - sent)
-            self._sec_entries += n
-            self._sec_requests += 1
-            if now >= self.measuring_from:
-                self.entries[op] += n
-                self.requests += 1
-                self.last_done = now
+            self._count(now, now - sent, n, op)
             seen = self._acked_seen = self._acked_seen + 1
             if seen <= self.acked_cap:
                 self.acked.append((first_index, first_seq))
