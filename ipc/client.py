@@ -78,7 +78,7 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role, is_indeterminate, is_retryable
 from ipc.sockets import data_address, dealer, make_context, parse_peers
-from node.core.sessions import seq_add
+from node.core.sessions import seq_add, seq_after
 from node.store import codec
 
 log = logging.getLogger("dledger.client")
@@ -477,6 +477,10 @@ class DLedgerClient:
         # stamped again in their first order, ahead of every write submitted after them.
         self._draining: set[_Call] = set()
         self._restamps: list[_Call] = []
+        # (session, seq) of the abandoned session's append that was definitely never stored: a
+        # leader stores a seq only after the one before it, so no later seq of that session can
+        # have been stored either, whatever their attempts saw (they need not wait it out).
+        self._hole: tuple[int, int] | None = None
         self._stamp_orders = itertools.count(1)
 
         self._ctx = make_context()
@@ -1114,7 +1118,7 @@ class DLedgerClient:
             if call.state == _WAITING:
                 self._dispatch(call, now)
 
-    def _abandon_session(self, call: _Call, forgotten: bool = False) -> None:
+    def _abandon_session(self, call: _Call, forgotten: bool = False, definite: bool = False) -> None:
         """A stamped write failed (definitely or not), or the leader forgot the session: its
         seq may be a hole the leader waits for forever. Later writes get a new session, and
         writes of this one that meet the hole (SESSION_SEQ_GAP) move to it if they cannot
@@ -1128,11 +1132,17 @@ class DLedgerClient:
         if call.sid and call.sid == self._sid:
             log.debug("client session %#x abandoned at seq %d", self._sid, call.seq)
             old, self._sid = self._sid, 0
+            self._hole = (old, call.seq) if definite and not forgotten else None
             # Its other writes still unresolved hold back every later write until each one is
             # acknowledged, fails, or is known never stored (`_restamp`): a later write stamped
             # in a new session meanwhile would be stored before them.
             self._draining = {c for c in self._live if c.sid == old and c is not call
                               and c.state != _DONE and c.may_write}
+
+    def _behind_hole(self, call: _Call) -> bool:
+        """A write of the abandoned session after its definitely-never-stored seq."""
+        h = self._hole
+        return h is not None and call.sid == h[0] and seq_after(h[1], call.seq) > 0
 
     def _resolved(self, call: _Call, now: float) -> None:
         """`call`, a write of an abandoned session, is resolved; the last one releases the rest."""
@@ -1272,7 +1282,8 @@ class DLedgerClient:
         else:
             call.future.set_exception(exc)
             if call.sid:  # its seq was not (knowably) stored: a hole the leader would wait on
-                self._abandon_session(call)
+                self._abandon_session(call, definite=not call.unsure
+                                      and not getattr(exc, "indeterminate", True))
         # A finished call may still sit in the timer FIFO until its deadline (lazy deletion):
         # it must not keep its bodies alive there (a group refusing every append at the
         # request rate made that hundreds of MB).
@@ -1396,7 +1407,8 @@ class DLedgerClient:
         if is_indeterminate(code) or code in _SESSION_RESEND:
             call.unsure = call.unsure or is_indeterminate(code)
             call.last = (code, reason)
-            if code in _SESSION_RESEND and call.sid != self._sid and not call.unsure:
+            if code in _SESSION_RESEND and call.sid != self._sid and (not call.unsure or self._behind_hole(call)):
+                call.unsure = False  # never stored (behind a hole that never was, if it was unsure)
                 self._restamp(call, now)  # its session was abandoned: the hole stays open
                 return True
             self._retry_later(call, now)

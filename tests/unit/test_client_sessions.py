@@ -215,3 +215,36 @@ def test_writes_moved_to_a_new_session_keep_their_place_before_later_ones(fake):
     assert got == [0, 1, 2], got
     assert [bytes(codec.decode_entry(e).body) for e in fake.entries] == [b"p1", b"p2", b"late"]
     assert leader.opened == 2
+
+
+def test_an_unanswered_write_behind_a_definite_hole_is_restamped_not_waited_out(fake):
+    """Seq 1 is refused for good (never stored); seq 2's first attempt gets no answer, so its
+    outcome looks unknown. But a leader stores seq 2 only after seq 1, which never was: seq 2
+    was never stored either, and on its resend's SESSION_SEQ_GAP it moves to a new session at
+    once instead of being resent until its whole timeout passes (and failing as indeterminate,
+    holding every later write back meanwhile)."""
+    leader = SessionLeader(fake)
+    first_session: list[int] = []
+    todo = {1: [RC.DISK_FULL], 2: [None]}  # None: no answer, nothing stored
+
+    def script(node, msg):  # noqa: ANN001, ANN202
+        if isinstance(msg, P.AppendRequest) and node.id == fake.leader:
+            if not first_session:
+                first_session.append(msg.session)
+            pending = todo.get(msg.seq) if msg.session == first_session[0] else None
+            if pending:
+                code = pending.pop(0)
+                return [] if code is None else [fake.error(msg, code)]
+        return leader.script(node, msg)
+
+    for node in fake.nodes.values():
+        node.script = script
+    with DLedgerClient(fake.peers, GROUP, timeout=8.0, attempt_timeout=0.3) as c:
+        t0 = time.monotonic()
+        futs = [c.append_async(b"p%d" % k) for k in range(2)]
+        with pytest.raises(DLedgerError):
+            futs[0].result(10)
+        assert futs[1].result(10).index == 0
+        assert time.monotonic() - t0 < 4.0  # not its 8 s timeout
+        assert c.append(b"later").index == 1
+    assert [bytes(codec.decode_entry(e).body) for e in fake.entries] == [b"p1", b"later"]

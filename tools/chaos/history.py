@@ -229,6 +229,8 @@ def check(history: History, replicas: Mapping[str, Replica],
         "indeterminate": len(indet),
         "indeterminate_committed": sum(1 for op in indet if op.body in at),
         "failed_definitely": sum(1 for op in appends if op.error is not None and not op.indeterminate),
+        "failed_by_code": dict(sorted(Counter(op.error for op in appends
+                                              if op.error is not None and not op.indeterminate).items())),
         "unfinished": sum(1 for op in appends if op.t_done is None),
         "reads": len(history.reads),
         "committed_end": committed_end,
