@@ -45,6 +45,24 @@ class SessionLeader:
         for node in self.cluster.nodes.values():
             node.script = script
 
+    def first_session_answers(self, answers: dict[int, list[int | None]]) -> None:
+        """Answer the first session's appends stamped with a seq in `answers` with the next code
+        of its list (None: no answer at all), storing nothing; then as usual."""
+        first: list[int] = []
+
+        def script(node, msg):  # noqa: ANN001, ANN202
+            if isinstance(msg, P.AppendRequest) and node.id == self.cluster.leader:
+                if not first:
+                    first.append(msg.session)
+                todo = answers.get(msg.seq) if msg.session == first[0] else None
+                if todo:
+                    code = todo.pop(0)
+                    return [] if code is None else [self.cluster.error(msg, code)]
+            return self.script(node, msg)
+
+        for node in self.cluster.nodes.values():
+            node.script = script
+
     def script(self, node, msg):  # noqa: ANN001, ANN201
         c = self.cluster
         if node.id != c.leader or not isinstance(msg, (P.OpenSessionRequest, P.AppendRequest,
@@ -191,20 +209,7 @@ def test_writes_moved_to_a_new_session_keep_their_place_before_later_ones(fake):
     must not overtake seq 3: the client waits until every write of the abandoned session is
     resolved, restamps them in their order, and only then stamps the new one."""
     leader = SessionLeader(fake)
-    first_session: list[int] = []
-    refusals = {1: [RC.DISK_FULL], 3: [RC.LEADER_PENDING_FULL, RC.LEADER_PENDING_FULL]}
-
-    def script(node, msg):  # noqa: ANN001, ANN202
-        if isinstance(msg, P.AppendRequest) and node.id == fake.leader:
-            if not first_session:
-                first_session.append(msg.session)
-            todo = refusals.get(msg.seq) if msg.session == first_session[0] else None
-            if todo:
-                return [fake.error(msg, todo.pop(0))]
-        return leader.script(node, msg)
-
-    for node in fake.nodes.values():
-        node.script = script
+    leader.first_session_answers({1: [RC.DISK_FULL], 3: [RC.LEADER_PENDING_FULL, RC.LEADER_PENDING_FULL]})
     with DLedgerClient(fake.peers, GROUP, timeout=5.0, attempt_timeout=0.3) as c:
         futs = [c.append_async(b"p%d" % k) for k in range(3)]
         with pytest.raises(DLedgerError) as ei:
@@ -223,22 +228,7 @@ def test_an_unanswered_write_behind_a_definite_hole_is_restamped_not_waited_out(
     was never stored either, and on its resend's SESSION_SEQ_GAP it moves to a new session at
     once instead of being resent until its whole timeout passes (and failing as indeterminate,
     holding every later write back meanwhile)."""
-    leader = SessionLeader(fake)
-    first_session: list[int] = []
-    todo = {1: [RC.DISK_FULL], 2: [None]}  # None: no answer, nothing stored
-
-    def script(node, msg):  # noqa: ANN001, ANN202
-        if isinstance(msg, P.AppendRequest) and node.id == fake.leader:
-            if not first_session:
-                first_session.append(msg.session)
-            pending = todo.get(msg.seq) if msg.session == first_session[0] else None
-            if pending:
-                code = pending.pop(0)
-                return [] if code is None else [fake.error(msg, code)]
-        return leader.script(node, msg)
-
-    for node in fake.nodes.values():
-        node.script = script
+    SessionLeader(fake).first_session_answers({1: [RC.DISK_FULL], 2: [None]})  # None: no answer
     with DLedgerClient(fake.peers, GROUP, timeout=8.0, attempt_timeout=0.3) as c:
         t0 = time.monotonic()
         futs = [c.append_async(b"p%d" % k) for k in range(2)]
