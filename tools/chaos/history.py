@@ -231,6 +231,9 @@ def check(history: History, replicas: Mapping[str, Replica],
         "failed_definitely": sum(1 for op in appends if op.error is not None and not op.indeterminate),
         "failed_by_code": dict(sorted(Counter(op.error for op in appends
                                               if op.error is not None and not op.indeterminate).items())),
+        "first_failures": [[op.writer, op.seq, round(op.t_invoke, 2), round(op.t_done or -1, 2), op.error,
+                            op.indeterminate] for op in sorted(appends, key=lambda o: o.t_invoke)
+                           if op.error is not None][:10],
         "unfinished": sum(1 for op in appends if op.t_done is None),
         "reads": len(history.reads),
         "committed_end": committed_end,
