@@ -481,6 +481,13 @@ class DLedgerClient:
         # leader stores a seq only after the one before it, so no later seq of that session can
         # have been stored either, whatever their attempts saw (they need not wait it out).
         self._hole: tuple[int, int] | None = None
+        # Writes of the current session told SESSION_SEQ_GAP, by the seq they wait behind: each
+        # is resent right behind the write holding that seq (when that one is sent again, or
+        # succeeds), so a backlog behind one lost append drains in one pipelined burst in seq
+        # order, not at each write's own backoff (in random order: a convoy that took ~0.15 s
+        # a write, timing a writer's appends out for 10 s after a leader's handler was killed).
+        self._gap_waiters: dict[int, _Call] = {}
+        self._pulling = False
         self._stamp_orders = itertools.count(1)
 
         self._ctx = make_context()
@@ -1139,6 +1146,28 @@ class DLedgerClient:
             self._draining = {c for c in self._live if c.sid == old and c is not call
                               and c.state != _DONE and c.may_write}
 
+    def _pull_gap_waiters(self, call: _Call, now: float) -> None:
+        """`call` was just sent (or succeeded): send the write waiting behind its last seq right
+        after it, then the one behind that, and so on down the backlog (iteratively: each send
+        would otherwise pull the next one recursively)."""
+        if self._pulling:
+            return
+        self._pulling = True
+        try:
+            head = call
+            while True:
+                waiter = self._gap_waiters.pop(seq_add(head.seq, head.count - 1), None)
+                if waiter is None or waiter.state != _BACKOFF or waiter.sid != head.sid:
+                    break
+                self._dispatch(waiter, now)
+                if waiter.state != _INFLIGHT:
+                    break  # not sent (no connection, no leader): its own timer takes over
+                head = waiter
+        finally:
+            self._pulling = False
+        if len(self._gap_waiters) > 4096:  # entries whose writes moved on: forget them
+            self._gap_waiters = {k: c for k, c in self._gap_waiters.items() if c.state == _BACKOFF}
+
     def _behind_hole(self, call: _Call) -> bool:
         """A write of the abandoned session after its definitely-never-stored seq."""
         h = self._hole
@@ -1207,6 +1236,8 @@ class DLedgerClient:
             self._set_timer(call, call.deadline)  # never resent: wait for the whole timeout
         else:
             self._set_timer(call, min(call.deadline, now + self.attempt_timeout))
+            if self._gap_waiters and call.sid and call.sid == self._sid:
+                self._pull_gap_waiters(call, now)
 
     def _encode(self, call: _Call, node_id: str, rid: int) -> bytes:
         k = call.kind
@@ -1279,6 +1310,8 @@ class DLedgerClient:
             self._slots.release()
         if exc is None:
             call.future.set_result(result)
+            if self._gap_waiters and call.sid and call.sid == self._sid:
+                self._pull_gap_waiters(call, time.monotonic())
         else:
             call.future.set_exception(exc)
             if call.sid:  # its seq was not (knowably) stored: a hole the leader would wait on
@@ -1411,7 +1444,9 @@ class DLedgerClient:
                 call.unsure = False  # never stored (behind a hole that never was, if it was unsure)
                 self._restamp(call, now)  # its session was abandoned: the hole stays open
                 return True
-            self._retry_later(call, now)
+            self._retry_later(call, now)  # also the fallback if the write before it never succeeds
+            if code in _SESSION_RESEND and call.sid == self._sid and call.state == _BACKOFF:
+                self._gap_waiters[seq_add(call.seq, -1)] = call
             return True
         if code == RC.SESSION_EXPIRED:
             self._abandon_session(call, forgotten=True)

@@ -238,3 +238,19 @@ def test_an_unanswered_write_behind_a_definite_hole_is_restamped_not_waited_out(
         assert time.monotonic() - t0 < 4.0  # not its 8 s timeout
         assert c.append(b"later").index == 1
     assert [bytes(codec.decode_entry(e).body) for e in fake.entries] == [b"p1", b"later"]
+
+
+def test_writes_waiting_on_a_gap_follow_their_predecessor_at_once(fake):
+    """Seq 1's first attempt is lost (nothing stored, no answer); seqs 2..40 arrive and meet
+    the gap. Once seq 1 is resent and stored, each waiting write must go right after the one
+    before it succeeds, not at its own backed-off retry time: retried on their own (up to
+    200 ms each, in random order) a chain of 40 took seconds, and after a leader's handler
+    was killed a writer's appends timed out behind such a convoy for 10 s (chaos seed 11)."""
+    SessionLeader(fake).first_session_answers({1: [None]})
+    with DLedgerClient(fake.peers, GROUP, timeout=10.0, attempt_timeout=0.5) as c:
+        t0 = time.monotonic()
+        futs = [c.append_async(b"g%02d" % k) for k in range(40)]
+        got = [f.result(10).index for f in futs]
+        took = time.monotonic() - t0
+    assert got == list(range(40))
+    assert took < 0.5 + 0.6, f"{took:.2f} s: the writes behind the gap waited out their own backoffs"
