@@ -74,9 +74,11 @@ def test_hundred_leader_kills_under_pipelined_writers_lose_and_duplicate_nothing
     _leader_kills(100)
 
 
-def test_thirty_leader_kills_under_pipelined_writers_lose_and_duplicate_nothing():
-    """The same check in CI's budget: 30 leader kills (~70 s)."""
-    _leader_kills(30)
+def test_leader_kills_under_pipelined_writers_lose_and_duplicate_nothing():
+    """The same check in CI's budget: 24 leader kills (~85 s). It was 30 (~70 s) until the
+    client drained its SESSION_SEQ_GAP backlogs at once (8f62a45): each kill now has ~4x the
+    appends behind it for the restarted node to catch up on."""
+    _leader_kills(24)
 
 
 def test_bad_options_are_one_line_errors():
