@@ -238,7 +238,7 @@ class _Call:
 
     __slots__ = ("kind", "payload", "future", "deadline", "pinned", "state", "rid", "node",
                  "attempts", "redirects", "last", "timer_seq", "slot", "sid", "seq", "unsure",
-                 "no_result", "stamp_order")
+                 "no_result")
 
     def __init__(self, kind: int, payload: Any, deadline: float, pinned: str | None = None) -> None:
         self.kind = kind
@@ -257,7 +257,6 @@ class _Call:
         self.slot = False
         self.sid = 0  # the session stamp (sid, seq) of an append, given at its first dispatch
         self.seq = 0
-        self.stamp_order = 0  # when it was first stamped (the client's order of its writes)
         self.unsure = False  # an attempt was sent and its outcome is unknown
         self.no_result = False  # an APPEND answered at commit, without the state machine's result
 
@@ -476,7 +475,7 @@ class DLedgerClient:
         # session not yet resolved, and those of them that were never stored, waiting to be
         # stamped again in their first order, ahead of every write submitted after them.
         self._draining: set[_Call] = set()
-        self._restamps: list[_Call] = []
+        self._restamps: list[tuple[int, _Call]] = []  # (its seq in the abandoned session, write)
         # (session, seq) of the abandoned session's append that was definitely never stored: a
         # leader stores a seq only after the one before it, so no later seq of that session can
         # have been stored either, whatever their attempts saw (they need not wait it out).
@@ -488,7 +487,6 @@ class DLedgerClient:
         # a write, timing a writer's appends out for 10 s after a leader's handler was killed).
         self._gap_waiters: dict[int, _Call] = {}
         self._pulling = False
-        self._stamp_orders = itertools.count(1)
 
         self._ctx = make_context()
         self._thread = threading.Thread(target=self._io_main, name="dledger-client-io", daemon=True)
@@ -1084,8 +1082,9 @@ class DLedgerClient:
     def _stamp(self, call: _Call, now: float) -> bool:
         """Give a write its (session, seq), in dispatch order; False when it must wait for a
         session to be opened (it is parked and resumed by `_session_opened`), or for the writes
-        of an abandoned session to be resolved (resumed by `_drained`)."""
-        if self._sid == 0 or self._draining:
+        of an abandoned session to be resolved (resumed by `_drained`). While any is unresolved
+        there is no session: abandoning clears `_sid`, and no OPEN is sent until they are."""
+        if self._sid == 0:
             call.state = _WAITING
             self._session_waiting.append(call)
             self._set_timer(call, call.deadline)
@@ -1095,8 +1094,6 @@ class DLedgerClient:
                 self._dispatch(self._opening, now)
             return False
         call.sid, call.seq = self._sid, self._next_seq
-        if not call.stamp_order:
-            call.stamp_order = next(self._stamp_orders)
         self._next_seq = seq_add(self._next_seq, call.count)
         return True
 
@@ -1184,20 +1181,24 @@ class DLedgerClient:
     def _drained(self, now: float) -> None:
         """Every write of the abandoned session is resolved: those never stored are stamped in a
         new session first, in their first order, then the writes submitted meanwhile."""
-        restamps = sorted((c for c in self._restamps if c.state == _WAITING), key=lambda c: c.stamp_order)
+        waiting = [(seq, c) for seq, c in self._restamps if c.state == _WAITING]
         self._restamps = []
-        self._session_waiting = restamps + self._session_waiting
+        if waiting:  # one session's seqs: ordered relative to any one of them (they may wrap)
+            base = waiting[0][0]
+            waiting.sort(key=lambda sc: seq_after(base, sc[0]))
+        self._session_waiting = [c for _seq, c in waiting] + self._session_waiting
         self._release_session_waiting(now)
 
     def _restamp(self, call: _Call, now: float) -> None:
         """Send a write that was definitely not stored under a fresh session: once every write of
         its old session is resolved (it is one of them), ahead of the writes submitted later."""
+        old_seq = call.seq
         call.sid = call.seq = 0
         if call not in self._draining:
             self._dispatch(call, now)
             return
         call.state = _WAITING
-        self._restamps.append(call)
+        self._restamps.append((old_seq, call))
         self._set_timer(call, call.deadline)
         self._resolved(call, now)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import time
-from types import TracebackType
 
 from rich.console import Console
 from rich.progress import (
@@ -49,14 +48,14 @@ class BenchProgress:
                 console=Console(stderr=True), refresh_per_second=4)
             self._rich.start()
 
-    def phase(self, name: str, total: float | None = None, figures: str = "") -> None:
+    def phase(self, name: str, total: float | None = None) -> None:
         """Start phase `name`, `total` units long (None: unknown, e.g. a leader election)."""
         self._finish()
         self._name, self._total = name, total
         if self._rich is not None:
-            self._task = self._rich.add_task(name, total=total, figures=figures)
+            self._task = self._rich.add_task(name, total=total, figures="")
         elif not self.quiet:
-            print(f"{name} ..." + (f" {figures}" if figures else ""), file=sys.stderr, flush=True)
+            print(f"{name} ...", file=sys.stderr, flush=True)
             self._last_plain = time.monotonic()
 
     def update(self, completed: float, figures: str = "", description: str | None = None) -> None:
@@ -85,10 +84,3 @@ class BenchProgress:
         if self._rich is not None:
             self._rich.stop()
             self._rich = None
-
-    def __enter__(self) -> BenchProgress:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()

@@ -200,7 +200,6 @@ class Recorder:
             record = self._sec_hists[op].record_value
             for v, c in zip(values.tolist(), counts.tolist(), strict=True):
                 record(v, c)
-            del us
             del buf[:]
 
     def _fold(self) -> None:

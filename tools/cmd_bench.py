@@ -509,7 +509,6 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
         errs = sum(rec.errors_by_code.values())
         samples = [{"t": s.t, unit: s.entries, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "errors": s.errors}
                    for s in rec.seconds if start + s.t + 1 <= end]
-        by_op = {op: _figures(h, rec.entries[op], span) for op, h in rec.hist.items()}
         requests = rec.requests
         errors_by_code = dict(sorted(rec.errors_by_code.items()))
     keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers"]
@@ -525,8 +524,8 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
         "config": {k: getattr(args, k) for k in keys},
         "samples": samples,
     }
-    if unit == "ops" and args.kv_op == "mixed":
-        res["by_op"] = {op: by_op[op] for op in ("put", "get")}
+    if unit == "ops" and args.kv_op == "mixed":  # closed above: nothing records any more
+        res["by_op"] = {op: _figures(rec.hist[op], rec.entries[op], span) for op in ("put", "get")}
     return res
 
 

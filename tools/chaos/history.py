@@ -222,15 +222,15 @@ def check(history: History, replicas: Mapping[str, Replica],
                           f"{r.body[:24]!r}; the committed log holds term {e.term} {e.body[:24]!r}")
 
     acked = [op for op in appends if op.acknowledged]
+    failed_by_code = Counter(op.error for op in appends if op.error is not None and not op.indeterminate)
     indet = [op for op in appends if op.indeterminate]
     stats = {
         "appends": len(appends),
         "acknowledged": len(acked),
         "indeterminate": len(indet),
         "indeterminate_committed": sum(1 for op in indet if op.body in at),
-        "failed_definitely": sum(1 for op in appends if op.error is not None and not op.indeterminate),
-        "failed_by_code": dict(sorted(Counter(op.error for op in appends
-                                              if op.error is not None and not op.indeterminate).items())),
+        "failed_definitely": sum(failed_by_code.values()),
+        "failed_by_code": dict(sorted(failed_by_code.items())),
         "first_failures": [[op.writer, op.seq, round(op.t_invoke, 2), round(op.t_done or -1, 2), op.error,
                             op.indeterminate] for op in sorted(appends, key=lambda o: o.t_invoke)
                            if op.error is not None][:10],
