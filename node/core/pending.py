@@ -28,8 +28,9 @@ class Pending:
     pos: int
     deadline_ms: int
     # The term the entries were written in, when it is not the term the reply is registered
-    # under: a retry recognised by a later leader is answered with where its entries are.
-    entry_term: int = -1
+    # under: a retry recognised by a later leader is answered with where its entries are
+    # (-1: no longer known, retention deleted them). None: the registered term.
+    entry_term: int | None = None
     # The client wants no state-machine result (FLAG_NO_RESULT, a KV put): answered at commit,
     # not once the applier applied the entry.
     no_result: bool = False

@@ -22,9 +22,21 @@ The decision for a request ``(session, first seq, count)``, given the session's 
 * ``GAP``: first > L + 1: entries before it are missing (lost with an uncommitted tail):
   the client must resend from L + 1;
 * ``OVERLAP``: the request straddles L (part written, part not): not a retry of one request;
-* ``EXPIRED``: the session is unknown and first != 1 (or it was opened in an earlier term):
-  its history is older than the table (evicted, or beyond the rebuild scan). The client's unanswered appends of that session are
-  indeterminate; it opens a new session.
+* ``EXPIRED``: the session is unknown and not one this table opened and has seen no entry of:
+  its history may be older than the table (evicted, or beyond the rebuild scan, or an earlier
+  handler's). The client's unanswered appends of that session are indeterminate; it opens a
+  new session.
+
+**The start invariant.** An unknown session's seq 1 is written only if this very table handed
+out the session id (`open`) and has recorded no entry of it since. That is the one fact that
+proves no entry of the session is in the log: the table is a cache — it evicts, it is rebuilt
+from a bounded scan of the log's tail, and a restarted handler rebuilds it in the same term —
+so "the session is unknown" proves nothing, and "the session belongs to my term" does not
+either (an earlier incarnation of this leader's handler may have opened it and written its
+seq 1 out of the scan's reach). Every other unknown session is EXPIRED: the client then knows
+its unanswered appends of that session may have been stored, and never resends them as new.
+The set of opened-but-unwritten ids is bounded by `max_sessions`; one dropped from it is
+EXPIRED at its first append, which costs its client one more OPEN_SESSION, nothing else.
 
 Bounds (documented in docs/client.md): at most `max_sessions` sessions, the least recently
 appending evicted first (by log index, so every replica would evict the same ones), and per
@@ -125,6 +137,7 @@ class SessionTable:
         self.max_sessions = max_sessions
         self.window = window
         self._sessions: OrderedDict[int, _Session] = OrderedDict()  # least recently appended first
+        self._opened: OrderedDict[int, None] = OrderedDict()  # handed out here, no entry recorded yet
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -136,16 +149,26 @@ class SessionTable:
         s = self._sessions.get(session)
         return None if s is None else s.last_seq
 
-    def decide(self, session: int, first_seq: int, count: int = 1, may_start: bool = True) -> Decision:
+    def open(self, session: int) -> None:
+        """`session` was just handed out by this table's owner: its seq 1 may start it (the
+        start invariant, module docstring)."""
+        self._opened[session] = None
+        if len(self._opened) > self.max_sessions:
+            self._opened.popitem(last=False)
+
+    def holds(self, session: int) -> bool:
+        """Whether the id is in use here: it has entries in the table or was opened here."""
+        return session in self._sessions or session in self._opened
+
+    def decide(self, session: int, first_seq: int, count: int = 1) -> Decision:
         """What to do with an append of `count` entries from `session` starting at `first_seq`.
-        `may_start`: an unknown session's seq 1 may begin it. The leader passes False for a
-        session an earlier term opened: its first entry may be in the log beyond what the
-        table was rebuilt from, and appending it again would store it twice."""
+        An unknown session may start only at seq 1 and only if `open` handed it out and no entry
+        of it was recorded since: anything else might store an entry twice."""
         if session == NO_SESSION:
             return _APPEND
         s = self._sessions.get(session)
         if s is None:
-            return _APPEND if first_seq == 1 and may_start else _EXPIRED
+            return _APPEND if first_seq == 1 and session in self._opened else _EXPIRED
         ahead = seq_after(s.last_seq, first_seq)
         if ahead == 1:
             return _APPEND
@@ -167,6 +190,7 @@ class SessionTable:
         log (called in log order: by the leader after writing, by `rebuild` while scanning)."""
         if session == NO_SESSION or count <= 0:
             return
+        self._opened.pop(session, None)
         s = self._sessions.get(session)
         if s is None:
             s = self._sessions[session] = _Session()
@@ -188,8 +212,11 @@ class SessionTable:
 
     def rebuild(self, stamps: Iterable[tuple[int, int, int]]) -> None:
         """Forget everything, then `record` every (index, session, seq) of a log tail, in
-        index order (entries without a session are skipped)."""
+        index order (entries without a session are skipped). Ids opened before are forgotten
+        too: a rebuild starts a new owner's view (a new term, or a restarted handler), which
+        did not hand them out."""
         self._sessions.clear()
+        self._opened.clear()
         run: list[int] | None = None  # [session, first_seq, first_index, count]
         for index, session, seq in stamps:
             if session == NO_SESSION:

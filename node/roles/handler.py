@@ -74,7 +74,14 @@ from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
 from node.core.reads import EarlyReads
 from node.core.results import AwaitingResults, ResultCache
-from node.core.sessions import MAX_SESSION_COUNTER, SessionTable, Verdict, seq_add, session_id
+from node.core.sessions import (
+    MAX_SESSION_COUNTER,
+    SessionTable,
+    Verdict,
+    seq_add,
+    seq_after,
+    session_id,
+)
 from node.member_lock import MemberLock
 from node.role_metrics import HandlerMetrics, store_end_pos
 from node.roles.handler_install import FollowerInstall
@@ -611,12 +618,19 @@ class Handler(FollowerInstall):
                 self.disk_ratio = 0.0
             self.disk_full = self.disk_ratio > self.cfg.disk_full_ratio
 
-    def _refuse_append(self, n: int, m: MemberView, now: int) -> tuple[RC, str] | None:
-        """DLedger's order of checks for an append of `n` entries; None = admit."""
+    def _refuse_leadership(self, m: MemberView, now: int) -> tuple[RC, str] | None:
+        """The first checks of DLedger's order for an append: may this node answer it at all?"""
         if not self._leading(m, now):
             return RC.NOT_LEADER, ""
         if m.transferee_slot != NO_SLOT:
             return RC.LEADER_TRANSFERRING, ""
+        return None
+
+    def _refuse_capacity(self, n: int, now: int) -> tuple[RC, str] | None:
+        """The rest of DLedger's order: is there room to write `n` entries? Asked only of an
+        append that will be written, after the session check: a resend the leader already
+        holds needs no room, and refusing it DISK_FULL (a definite code) would tell its client
+        "not stored" about an entry that is."""
         if self.pending.full(n):
             return RC.LEADER_PENDING_FULL, ""
         self._check_disk(now)
@@ -662,12 +676,14 @@ class Handler(FollowerInstall):
         n = len(req.bodies) if batch else 1
         now = self.now()
         m = self.state.read_member()
-        refused = self._refuse_append(n, m, now)
+        refused = self._refuse_leadership(m, now)
         if refused is None and batch and n == 0:
             refused = RC.REQUEST_WITH_EMPTY_BODYS, ""
         session, seq = req.session, (req.first_seq if batch else req.seq)
         if refused is None and session and not self._session_admits(ident, req, session, seq, n, m, now):
             return
+        if refused is None:
+            refused = self._refuse_capacity(n, now)
         if refused is None:
             store = self.store
             done, refused = self._write_as_leader(
@@ -694,17 +710,26 @@ class Handler(FollowerInstall):
         in all for a client's MULTI), one reply each."""
         now = self.now()
         m = self.state.read_member()
-        refused = self._refuse_append(len(reqs), m, now)
+        refused = self._refuse_leadership(m, now)
         if refused is not None:
             for r in reqs:
                 self._error(ident, r, *refused, m=m)
             return
-        admitted = self._session_admits_singles(ident, reqs, m, now)
+        admitted, repeats = self._session_admits_singles(ident, reqs, m, now)
+        refused = self._refuse_capacity(len(admitted), now) if admitted else None
+        if refused is not None:
+            for r in admitted:
+                self._error(ident, r, *refused, m=m)
+            admitted = []
         start = 0
         for k in range(1, len(admitted) + 1):  # runs of consecutive requests of one session
             if k == len(admitted) or admitted[k].session != admitted[start].session:
                 self._write_singles(ident, admitted[start:k], m, now)
                 start = k
+        for r in repeats:  # a stamp repeated within the frame: answered as the resend it is
+            if self._session_admits(ident, r, r.session, r.seq, 1, m, now):
+                self._error(ident, r, RC.SESSION_SEQ_INVALID, f"session {r.session:#x}: seq {r.seq} "
+                            "twice in one request and not stored", m=m)
 
     def _write_singles(self, ident: bytes, reqs: list[P.AppendRequest], m: MemberView, now: int) -> None:
         n, session = len(reqs), reqs[0].session
@@ -742,8 +767,9 @@ class Handler(FollowerInstall):
                             f"term {self.leader_term}: retry after the next election", m=m)
                 return
             sid = session_id(self.leader_term, self.session_counter)
-            if sid not in self.sessions:
+            if not self.sessions.holds(sid):
                 break
+        self.sessions.open(sid)
         self._reply(ident, P.OpenSessionResponse(RC.SUCCESS, self.cfg.group, self.leader_term, self.cfg.id,
                                                  sid, req.request_id))
 
@@ -752,7 +778,7 @@ class Handler(FollowerInstall):
         """True when the request is new and must be written; otherwise it is answered here: a
         retry with its original index (at once if committed, else when it commits), anything
         else with a SESSION_* code naming the session's last seq."""
-        d = self.sessions.decide(session, seq, n, may_start=(session >> 16) == (self.leader_term & 0xFFFF))
+        d = self.sessions.decide(session, seq, n)
         if d.verdict is Verdict.APPEND:
             return True
         if d.verdict is Verdict.DUPLICATE:
@@ -766,37 +792,64 @@ class Handler(FollowerInstall):
         return False
 
     def _session_admits_singles(self, ident: bytes, reqs: list[P.AppendRequest], m: MemberView,
-                                now: int) -> list[P.AppendRequest]:
-        """`_session_admits` over a MULTI's single appends: one that follows a request admitted
-        earlier in the same MULTI (seq + 1, not recorded yet) is admitted too."""
+                                now: int) -> tuple[list[P.AppendRequest], list[P.AppendRequest]]:
+        """`_session_admits` over a MULTI's single appends. The table learns a request only
+        once it is written, after the whole frame is decided, so within the frame a session's
+        admitted seqs are tracked here: the next one (seq + 1) is admitted, one past it is a
+        GAP, and one the frame already admitted (a client sending one stamp twice) is returned
+        apart, to be answered after the writes as the resend it is — never written twice.
+        Returns (to write, repeats)."""
         admitted: list[P.AppendRequest] = []
-        follows: dict[int, int] = {}
+        repeats: list[P.AppendRequest] = []
+        span: dict[int, tuple[int, int]] = {}  # session -> (first seq admitted here, next seq)
         for r in reqs:
-            if r.session and (follows.get(r.session) == r.seq
-                              or self._session_admits(ident, r, r.session, r.seq, 1, m, now)):
-                follows[r.session] = seq_add(r.seq, 1)
-            elif r.session:
+            if not r.session:
+                admitted.append(r)
                 continue
-            admitted.append(r)
-        return admitted
+            got = span.get(r.session)
+            if got is None:
+                if self._session_admits(ident, r, r.session, r.seq, 1, m, now):
+                    span[r.session] = (r.seq, seq_add(r.seq, 1))
+                    admitted.append(r)
+                continue
+            first, nxt = got
+            if r.seq == nxt:
+                span[r.session] = (first, seq_add(nxt, 1))
+                admitted.append(r)
+            elif seq_after(nxt, r.seq) > 0:
+                self._error(ident, r, RC.SESSION_SEQ_GAP,
+                            f"session {r.session:#x}: seq {r.seq}, last seq {seq_add(nxt, -1)}", m=m)
+            elif seq_after(first, r.seq) >= 0:
+                repeats.append(r)
+            elif self._session_admits(ident, r, r.session, r.seq, 1, m, now):  # before the frame's
+                self._error(ident, r, RC.SESSION_SEQ_INVALID, f"session {r.session:#x}: seq {r.seq} "
+                            "out of order in one request", m=m)
+        return admitted, repeats
 
     def _answer_duplicate(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest, first: int,
                           n: int, m: MemberView, now: int) -> None:
         """Answer a retry with where its entries already are, as the first attempt would have
-        been answered: once they are committed."""
-        try:
-            entries = [self.store.get(i, verify_crc=False) for i in range(first, first + n)]
-        except (StoreError, OSError) as e:
-            self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: {e}"[:200], m=m)
-            return
-        positions = [e.pos for e in entries]
+        been answered: once they are committed. Entries retention already deleted were
+        committed (it deletes nothing else): the retry is answered with their index, and with
+        -1 for the term and positions it can no longer read."""
         batch = isinstance(req, P.BatchAppendRequest)
         last = first + n - 1
+        if first < self.store.ledger_begin_index:
+            positions, entry_term = [-1] * n, -1
+        else:
+            try:
+                entries = [self.store.get(i, verify_crc=False) for i in range(first, first + n)]
+            except (StoreError, OSError) as e:  # the client knows an attempt may be stored: indeterminate
+                self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: {e}"[:200], m=m)
+                return
+            positions, entry_term = [e.pos for e in entries], entries[0].term
         p = Pending(ident, req.request_id, first, positions if batch else None, positions[0],
-                    now + self.cfg.max_wait_ack_ms, entry_term=entries[0].term,
+                    now + self.cfg.max_wait_ack_ms, entry_term=entry_term,
                     no_result=not batch and req.no_result)
         if last <= self.store.committed_index:
             self._complete(self.leader_term, last, p, RC.SUCCESS)
+        elif self.pending.full(n):  # retryable: the client resends it under the same stamp
+            self._error(ident, req, RC.LEADER_PENDING_FULL, "", m=m)
         else:
             self.pending.register(self.leader_term, last, p)
 
@@ -873,7 +926,7 @@ class Handler(FollowerInstall):
     def _send_completion(self, term: int, last: int, p: Pending, code: RC,
                          results: list[bytes | None] | None) -> None:
         leader = self.cfg.id if code == RC.SUCCESS else ""
-        if code == RC.SUCCESS and p.entry_term >= 0:
+        if code == RC.SUCCESS and p.entry_term is not None:
             term = p.entry_term  # a recognised retry: the term its entries were written in
         if code != RC.SUCCESS:
             msg = P.ErrorResponse(code, self.cfg.group, term, leader, "", int(

@@ -70,6 +70,7 @@ class SessionLeader:
             return None
         if isinstance(msg, P.OpenSessionRequest):
             self.opened += 1
+            self.table.open(0x10000 + self.opened)
             return [P.OpenSessionResponse(RC.SUCCESS, GROUP, c.term, node.id, 0x10000 + self.opened,
                                           msg.request_id)]
         batch = isinstance(msg, P.BatchAppendRequest)

@@ -86,9 +86,117 @@ def test_gaps_straddles_and_unknown_sessions_get_their_codes(tmp_path: Path) -> 
     assert wire.answer(13).code == RC.SESSION_EXPIRED
     append(h, 14, session_id(2, 9), 1)  # an earlier term's: its seq 1 may be beyond the scan
     assert wire.answer(14).code == RC.SESSION_EXPIRED
-    append(h, 15, session_id(3, 9), 1)  # one of this term's: a first append just starts it
+    append(h, 15, session_id(3, 9), 1)  # this term's, not handed out here: it may be in the log
+    assert wire.answer(15).code == RC.SESSION_EXPIRED
+    fresh = open_session(h, wire, 16)
+    append(h, 17, fresh, 1)  # handed out here, nothing written yet: a first append starts it
     commit_all(h, state)
-    assert wire.answer(15).code == RC.SUCCESS
+    assert wire.answer(17).code == RC.SUCCESS
+
+
+def bodies(h) -> list[bytes]:  # noqa: ANN001
+    s = h.store
+    return [bytes(s.get(i).body) for i in range(max(s.ledger_begin_index, 0), s.ledger_end_index + 1)]
+
+
+def test_an_evicted_session_of_the_leaders_term_is_never_written_twice(tmp_path: Path) -> None:
+    """The table evicts the least recently appending session (max_sessions): its seq-1 resend
+    must not look like a new session's first append. Before the fix it was written again."""
+    h, wire, state = leader_handler(tmp_path, Clock(), max_sessions=2)
+    victim = open_session(h, wire, 1)
+    append(h, 10, victim, 1, b"victim")
+    commit_all(h, state)
+    assert wire.answer(10).code == RC.SUCCESS
+    for rid in (20, 30):  # two more clients append: the victim is evicted
+        append(h, rid + 1, open_session(h, wire, rid), 1, b"other")
+    commit_all(h, state)
+    append(h, 11, victim, 1, b"victim")  # the client never saw answer 10
+    commit_all(h, state)
+    assert wire.answer(11).code == RC.SESSION_EXPIRED  # the client: indeterminate, never resent as new
+    assert bodies(h).count(b"victim") == 1
+
+
+def test_a_restarted_handler_does_not_write_a_lost_sessions_seq_1_again(tmp_path: Path) -> None:
+    """The handler restarts in the same term and rebuilds its table from only the newest
+    session_scan_entries entries; the session's seq 1 lies before them. Before the fix its
+    resend was written a second time."""
+    clock = Clock()
+    h, wire, state = leader_handler(tmp_path, clock, session_scan_entries=4)
+    victim = open_session(h, wire, 1)
+    append(h, 10, victim, 1, b"victim")
+    for k in range(6):
+        h.handle_frame(b"o", P.encode(P.AppendRequest("g", "n1", b"plain%d" % k, 100 + k)))
+    commit_all(h, state)
+    h2, wire2 = make_handler(tmp_path, "n1", state, clock, store=h.store, session_scan_entries=4)
+    h2.tick()
+    assert h2.leader_term == 3
+    append(h2, 11, victim, 1, b"victim")
+    commit_all(h2, state)
+    assert wire2.answer(11).code == RC.SESSION_EXPIRED
+    assert bodies(h2).count(b"victim") == 1
+
+
+def test_a_resend_of_a_stored_append_is_answered_with_its_index_on_a_full_disk(tmp_path: Path) -> None:
+    """The session check runs before the capacity refusals: a resend the leader holds needs no
+    room. Before the fix it was answered DISK_FULL, a definite 'not stored'."""
+    h, wire, state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    append(h, 10, s, 1, b"first")
+    commit_all(h, state)
+    first = wire.answer(10)
+    h.disk_full, h.next_disk_check = True, h.now() + 10**9
+    append(h, 11, s, 1, b"first")
+    again = wire.answer(11)
+    assert (again.code, again.index) == (RC.SUCCESS, first.index)
+    append(h, 12, s, 2, b"second")  # a new write is still refused
+    assert wire.answer(12).code == RC.DISK_FULL
+
+
+def test_a_resend_of_an_entry_retention_deleted_is_answered_with_its_index(tmp_path: Path) -> None:
+    """Retention deleted the entry the session table points to. Before the fix the resend was
+    answered INTERNAL_ERROR; the entry was committed, so its index is the answer."""
+    clock = Clock()
+    state = FakeState()
+    state.member = member(Role.LEADER, 3, 1, quorum_ms=clock.now)
+    h, wire = make_handler(tmp_path, "n1", state, clock, data_file_size=4096, index_file_size=1024)
+    h.tick()
+    s = open_session(h, wire, 1)
+    append(h, 10, s, 1, b"pay-invoice-42")
+    commit_all(h, state)
+    first = wire.answer(10)
+    for k in range(200):
+        h.handle_frame(b"o", P.encode(P.AppendRequest("g", "n1", b"y" * 100, 1000 + k)))
+    commit_all(h, state)
+    assert h.store.delete_before(h.store.committed_index) > 0
+    assert h.store.ledger_begin_index > first.index
+    end = h.store.ledger_end_index
+    append(h, 11, s, 1, b"pay-invoice-42")
+    again = wire.answer(11)
+    assert (again.code, again.index, again.term, again.pos) == (RC.SUCCESS, first.index, -1, -1)
+    assert h.store.ledger_end_index == end
+
+
+def test_one_stamp_twice_in_one_multi_is_written_once(tmp_path: Path) -> None:
+    """A misbehaving client sends (S,1), (S,2), (S,1) in one MULTI: the repeat is answered as
+    the resend it is, with the first copy's index (and, as any resend of a pending append,
+    takes over the first copy's reply). Before the fix it was written twice and the table's
+    last seq went wrong."""
+    h, wire, state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    frames = [P.encode(P.AppendRequest("g", "n1", body, rid, s, seq))
+              for rid, body, seq in ((10, b"A", 1), (11, b"B", 2), (12, b"A", 1), (13, b"C", 4))]
+    h.handle_frame(b"c", P.encode_multi(frames))
+    commit_all(h, state)
+    h.tick()  # flushes the coalesced replies
+    assert bodies(h).count(b"A") == 1 and b"C" not in bodies(h)
+    inner = {m.request_id: m for _i, multi in wire.replies if isinstance(multi, P.Multi)
+             for m in map(P.decode, multi.frames)}
+    repeat = inner[12]
+    assert repeat.code == RC.SUCCESS and bytes(h.store.get(repeat.index).body) == b"A"
+    assert inner[11].index == repeat.index + 1
+    assert inner[13].code == RC.SESSION_SEQ_GAP
+    assert h.sessions.last_seq(s) == 2
+    assert [seq for _i, sid, seq in session_stamps(h.store, 10) if sid == s] == [1, 2]
 
 
 def test_single_appends_of_one_multi_are_deduplicated_one_by_one(tmp_path: Path) -> None:

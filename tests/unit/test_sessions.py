@@ -33,12 +33,43 @@ def test_session_ids_carry_the_term_and_a_counter():
         session_id(1, 0x1_0000)
 
 
-def test_a_new_session_starts_at_seq_1_and_an_unknown_later_seq_is_expired():
+def test_a_session_this_table_opened_starts_at_seq_1_and_an_unknown_one_is_expired():
     t = SessionTable()
+    t.open(9)
     assert t.decide(9, 1).verdict is Verdict.APPEND
     assert t.decide(9, 2).verdict is Verdict.EXPIRED
     assert t.decide(NO_SESSION, 77).verdict is Verdict.APPEND  # no session: never deduplicated
-    assert t.decide(9, 1, may_start=False).verdict is Verdict.EXPIRED  # an earlier term's session
+    assert t.decide(8, 1).verdict is Verdict.EXPIRED  # not opened here: its seq 1 may be in the log
+
+
+def test_an_evicted_session_is_expired_at_seq_1_never_started_again():
+    """The start invariant: once an entry of a session was recorded, losing the session from
+    the table (eviction) must not make its seq 1 look new (it would be written twice)."""
+    t = SessionTable(max_sessions=2)
+    for sid in (1, 2, 3):
+        t.open(sid)
+        assert t.decide(sid, 1).verdict is Verdict.APPEND
+        t.record(sid, 1, 10 * sid)
+    assert 1 not in t  # the least recently appending was evicted
+    assert t.decide(1, 1).verdict is Verdict.EXPIRED
+    assert t.decide(3, 1).verdict is Verdict.DUPLICATE
+
+
+def test_a_rebuild_forgets_the_sessions_opened_before_it():
+    """A rebuilt table belongs to a new owner (a restarted handler, a new term), which handed
+    out none of the ids opened before: their seq 1 may be in the log beyond the scan."""
+    t = SessionTable()
+    t.open(7)
+    t.rebuild([(0, 5, 1)])
+    assert t.decide(7, 1).verdict is Verdict.EXPIRED
+    assert t.decide(5, 1).verdict is Verdict.DUPLICATE
+
+
+def test_opened_but_unwritten_ids_are_bounded_and_the_oldest_expire():
+    t = SessionTable(max_sessions=3)
+    for sid in range(1, 6):
+        t.open(sid)
+    assert [t.decide(sid, 1).verdict for sid in range(1, 6)] == [Verdict.EXPIRED] * 2 + [Verdict.APPEND] * 3
 
 
 def test_a_retried_single_append_is_answered_with_its_index():
@@ -119,6 +150,8 @@ def test_every_retry_is_recognised_or_refused_never_written_twice(ops, window):
     A retry is answered with the index of its first entry, or TOO_OLD once outside the
     window; a new request is APPENDed; nothing is ever written twice."""
     t = SessionTable(window=window)
+    for session in (1, 2, 3):
+        t.open(session)
     written: dict[tuple[int, int], int] = {}
     sent: dict[int, list[tuple[int, int]]] = {}  # session -> requests (first seq, count)
     next_seq = {1: 1, 2: 1, 3: 1}
