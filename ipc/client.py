@@ -1418,7 +1418,11 @@ class DLedgerClient:
             self._finish(call, exc=_make_error(code, reason, indeterminate=True, node=node.id))
             return
         if not is_retryable(code):
-            self._finish(call, exc=_make_error(code, reason, indeterminate=False, node=node.id))
+            # A refusal speaks for this attempt only: if an earlier attempt of a stamped write
+            # may have been stored (a lost answer, a dead leader), it still may, so the outcome
+            # is indeterminate. A caller retries a definite failure, which would store it twice.
+            self._finish(call, exc=_make_error(code, reason, indeterminate=call.may_write and call.unsure,
+                                               node=node.id))
             return
         call.last = (code, reason)
         if code == RC.NOT_LEADER:
@@ -1458,8 +1462,11 @@ class DLedgerClient:
                                                      "stored", indeterminate=True, node=call.node.id if call.node else None))
             return True
         if code == RC.SESSION_SEQ_TOO_OLD:
-            self._finish(call, exc=DLedgerError(code, f"{reason}: stored long ago, its index is no "
-                                                      "longer known"))
+            # Stored, but where is no longer known: never a definite failure, which a caller
+            # would retry (storing it twice); indeterminate is the error that says "do not".
+            self._finish(call, exc=_make_error(code, f"{reason}: stored long ago, its index is no "
+                                                     "longer known", indeterminate=True,
+                                               node=call.node.id if call.node else None))
             return True
         if code == RC.SESSION_SEQ_INVALID:
             self._finish(call, exc=_make_error(code, reason, indeterminate=call.unsure))
@@ -1545,13 +1552,22 @@ class DLedgerClient:
             if not colon or not host or not 0 < port < 65536:
                 continue
             new[info.id] = (host.strip("[]"), port)
-        if not new:
-            return
-        for nid, (host, port) in new.items():
+        for nid, (host, port) in list(new.items()):
             node = _Node(nid, host, port)
+            try:
+                self._open_socket(node)
+            except zmq.ZMQError as e:
+                # An address libzmq refuses (a node's misconfigured --peers, a hostile answer):
+                # that member is left out; it must never take the I/O thread down with it.
+                self._close_socket(node)
+                del new[nid]
+                log.warning("member %s named in METADATA has an unusable address %r: %s", nid,
+                            f"{host}:{port}", e)
+                continue
             self._nodes[nid] = node
             self._node_order.append(node)
-            self._open_socket(node)
+        if not new:
+            return
         self.peers = {**self.peers, **new}
         log.debug("learned members %s from METADATA", ", ".join(new))
 

@@ -92,7 +92,11 @@ def dealer(ctx: zmq.Context, connect_addr: str, identity: bytes | str | None = N
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     if _is_network(connect_addr):
         _network(sock, max_msg_size)
-    sock.connect(connect_addr)
+    try:
+        sock.connect(connect_addr)
+    except zmq.ZMQError:
+        sock.close(linger=0)  # an address libzmq refuses: no half-made socket left behind
+        raise
     return sock
 
 

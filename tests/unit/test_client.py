@@ -735,3 +735,27 @@ def test_close_fails_unsent_calls_definitely(make_cluster):
     e = f.exception(0)
     assert isinstance(e, DLedgerError) and not e.indeterminate
     assert sum(n.count(P.AppendRequest) for n in cl.nodes.values()) == 0
+
+
+@pytest.mark.parametrize("address", ["bad host:7000", "no-such-scheme://x:7000", "a\x00b:7000"])
+def test_a_member_with_an_unusable_address_in_metadata_leaves_the_client_working(make_cluster, address):
+    """A METADATA answer names a member whose address libzmq refuses. Before the fix the
+    client's I/O thread died on it: every call failed and the client was dead for good. Now
+    that member is left out and the client goes on with the others."""
+    fake = make_cluster(["n0"])
+    fake.store(b"e0")
+
+    def script(node, msg):  # noqa: ANN001, ANN202
+        if isinstance(msg, P.MetadataRequest):
+            peers = [P.PeerInfo("n0", f"127.0.0.1:{fake.ports['n0']}", 0), P.PeerInfo("bad", address, 0)]
+            return [P.MetadataResponse(RC.SUCCESS, GROUP, fake.term, "n0", "n0", Role.LEADER, 0, 0, 0,
+                                       peers, msg.request_id)]
+        return None
+
+    fake.nodes["n0"].script = script
+    with DLedgerClient(fake.peers, GROUP, timeout=2.0) as c:
+        for _ in range(2):
+            assert c.get(0).body == b"e0"
+        assert c._thread.is_alive()
+        assert "bad" not in c.peers
+        assert c.append(b"e1").index == 1

@@ -255,3 +255,28 @@ def test_writes_waiting_on_a_gap_follow_their_predecessor_at_once(fake):
         took = time.monotonic() - t0
     assert got == list(range(40))
     assert took < 0.5 + 0.6, f"{took:.2f} s: the writes behind the gap waited out their own backoffs"
+
+
+@pytest.mark.parametrize("code", [RC.DISK_FULL, RC.INTERNAL_ERROR, RC.SESSION_SEQ_TOO_OLD])
+def test_a_refused_resend_of_a_possibly_stored_write_is_indeterminate(fake, code):
+    """The first attempt's answer is lost (it may be stored); the resend is refused with a
+    code that speaks only for itself. Before the fix DISK_FULL and INTERNAL_ERROR surfaced as
+    definite failures (a caller that retries one would store the write twice) and TOO_OLD as
+    a plain DLedgerError."""
+    leader = SessionLeader(fake)
+    leader.first_session_answers({1: [None, int(code)]})
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        with pytest.raises(DLedgerError) as ei:
+            c.append(b"maybe")
+    assert ei.value.code == code and ei.value.indeterminate
+
+
+def test_a_definite_refusal_of_a_first_attempt_stays_definite(fake):
+    """Only a write that may have been stored turns indeterminate: a first attempt refused
+    DISK_FULL is definitely not in the log."""
+    leader = SessionLeader(fake)
+    leader.first_session_answers({1: [RC.DISK_FULL]})
+    with DLedgerClient(fake.peers, GROUP, timeout=3.0, attempt_timeout=0.3) as c:
+        with pytest.raises(DLedgerError) as ei:
+            c.append(b"refused")
+    assert ei.value.code == RC.DISK_FULL and not ei.value.indeterminate
