@@ -38,6 +38,7 @@ SUBCOMMANDS: dict[str, str] = {
     "config": "tools.cmd_config",
     "health": "tools.cmd_health",
     "top": "tools.cmd_top",
+    "completion": "tools.cmd_completion",
 }
 
 
@@ -67,6 +68,7 @@ HELP: dict[str, str] = {
     "config": "check a node config file",
     "health": "exit 0 only if the group has one leader, a quorum and no lagging follower",
     "top": "live view of a group (role, commits, lag, rates, p99, disk)",
+    "completion": "print a bash or zsh completion script for dledger",
 }
 
 
@@ -192,7 +194,9 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = (), full: bool = False) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the chosen subcommand gets its options (and its module
+    imported); with `full`, every subcommand does (shell completion needs them all)."""
     parser = Parser(
         prog="dledger", description="DLedger for Python: a Raft-replicated commit log. "
         "Run `dledger COMMAND --help` for one command.")
@@ -202,7 +206,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = _chosen(argv)
     for name, modname in SUBCOMMANDS.items():
-        if name != chosen:
+        if name != chosen and not full:
             sub.add_parser(name, help=HELP[name])
             continue
         try:

@@ -65,9 +65,17 @@ def add_json_argument(p: argparse.ArgumentParser, what: str) -> None:
                         "stdout (default: text)")
 
 
+NO_LEADER_HINT = ("; a group that has just started may still be electing its first leader: "
+                  "wait for it with `dledger health --wait S`, or give a longer --timeout")
+
+
 def cli_error(e: Exception, prefix: str = "", suffix: str = "") -> CliError:
-    """A DLedgerError as one line; indeterminate outcomes get their own exit code."""
+    """A DLedgerError as one line; indeterminate outcomes get their own exit code. A timeout
+    that found no leader says what usually causes it right after `dledger cluster`."""
     indeterminate = bool(getattr(e, "indeterminate", False))
+    if getattr(e, "name", None) == "TIMEOUT" and not indeterminate \
+            and "no reachable leader" in str(getattr(e, "reason", "")):
+        suffix = NO_LEADER_HINT + suffix
     return CliError(f"{prefix}{e}{suffix}", EXIT_INDETERMINATE if indeterminate else EXIT_DEFINITE,
                     response=getattr(e, "name", None))
 
