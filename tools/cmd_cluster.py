@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             outputs.append(NodeOutput(f"n{i}", p.stderr))
         reported: set[int] = set()
         while not stop["now"] and failed is None:
-            select.select([r], [], [], 0.2)
+            select.select([r], [], [], 1.0)
             for i, p in enumerate(procs):
                 if i in reported or p.poll() is None or p.returncode == 0 or stop["now"]:
                     continue
