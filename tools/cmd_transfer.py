@@ -56,9 +56,10 @@ def why_refused(c: DLedgerClient, target: str, e: DLedgerError) -> str:
         behind = leader.ledger_end_index - t.ledger_end_index
         return (f"{target} is {behind} entries behind leader {leader.id} and did not catch up "
                 "within the leader's transfer-timeout-ms")
-    if e.code and e.name == "TAKE_LEADERSHIP_FAILED":
-        return (f"{target} answers and is caught up ({t.role or 'no role'}, term {t.term}): it "
-                "did not win the election it was told to start; see its log and the leader's")
+    if e.name == "TAKE_LEADERSHIP_FAILED":
+        return (f"{target} answers ({t.role or 'no role'}, term {t.term}) and has the leader's "
+                "entries now: it was behind or stalled when asked, or lost the election it was "
+                "told to start; see the leader's log")
     return ""
 
 
