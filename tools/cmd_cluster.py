@@ -91,6 +91,31 @@ class NodeOutput:
         self._thread.join(timeout)
 
 
+def remove_left_segments(group: str, stores: dict[str, Path]) -> list[str]:
+    """Unlink the shared-memory blocks (/dev/shm) these nodes left, once all of their
+    supervisors have exited; the names removed.
+
+    Why: a node stopped in the first moments of its start-up (Ctrl-C right after `dledger
+    cluster` began) can die of the SIGTERM before its supervisor has installed its handler and
+    after it has created its block; the block's resource tracker usually unlinks it, but not if
+    the supervisor died before registering it. Once no supervisor of ours runs, a block with
+    one of our nodes' names is stale by definition (the next start of that node would remove
+    it too, but a temporary cluster's nodes never start again)."""
+    from node.shared_state import segment_name
+
+    removed = []
+    for nid, store in stores.items():
+        seg = Path("/dev/shm", segment_name(group, nid, store))
+        try:
+            seg.unlink()
+            removed.append(seg.name)
+        except FileNotFoundError:
+            pass
+        except OSError:  # another user's, or no /dev/shm: not ours to force
+            pass
+    return removed
+
+
 def _exit_line(node: str, rc: int, reason: str | None) -> str:
     """What the cluster says of a node that exited on its own (rc != 0)."""
     if rc < 0:
@@ -239,6 +264,9 @@ def run(args: argparse.Namespace) -> int:
                 p.wait()
         for out in outputs:
             out.join(2.0)
+        if root is not None:
+            remove_left_segments(str(options.get("group") or "default"),
+                                 {f"n{i}": root / f"n{i}" for i in range(len(procs))})
         if root_fd is not None:
             from node.rundirs import release
 
