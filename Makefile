@@ -1,22 +1,35 @@
 # Two commands matter: `make run` and `make test`. Both create .venv on demand.
+# `make run` installs the package alone (the demo needs no extra); `make test` adds the test
+# and spark extras (pytest, ruff, matplotlib; pyspark and pyarrow, ~660 MB), everything the
+# suite needs from a clean clone.
 PY      ?= python3.11
 VENV    := .venv
 VPY     := $(VENV)/bin/python
-STAMP   := $(VENV)/.installed
+BASE    := $(VENV)/.installed-base
+STAMP   := $(VENV)/.installed-test
+TEST_PKG := .[test,spark]
 
 .PHONY: run test test-long lint venv clean
 
-$(STAMP): setup.cfg pyproject.toml
+define make_venv
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet -e '$(1)'
 	$(VPY) -c "from node.store.codec import CRC_USES_C_EXTENSION as c; assert c, 'crcmod C extension missing'"
-	touch $(STAMP)
+endef
+
+$(BASE): setup.cfg pyproject.toml
+	$(call make_venv,.)
+	touch $(BASE)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(call make_venv,$(TEST_PKG))
+	touch $(BASE) $(STAMP)
 
 venv: $(STAMP)
 
-## run: the main job (see README)
-run: $(STAMP)
+## run: the main job (see README); installs no extra
+run: $(BASE)
 	$(VPY) -m tools.demo
 
 ## test: lint, then the whole suite but the `long` tests; pytest exit 5 (no tests ran) is a failure

@@ -38,15 +38,17 @@ SUBCOMMANDS: dict[str, str] = {
     "config": "tools.cmd_config",
     "health": "tools.cmd_health",
     "top": "tools.cmd_top",
+    "completion": "tools.cmd_completion",
 }
 
 
 class CliError(Exception):
     """An expected failure: printed as one line, exit code `code`."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = 1, response: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.response = response  # the response code's name when a DLedgerError caused it
 
 
 HELP: dict[str, str] = {
@@ -66,6 +68,7 @@ HELP: dict[str, str] = {
     "config": "check a node config file",
     "health": "exit 0 only if the group has one leader, a quorum and no lagging follower",
     "top": "live view of a group (role, commits, lag, rates, p99, disk)",
+    "completion": "print a bash or zsh completion script for dledger",
 }
 
 
@@ -75,7 +78,11 @@ class Parser(argparse.ArgumentParser):
     and people read the last line, and an unknown server flag used to print the top-level
     usage, which hid where the mistake was."""
 
+    json_errors = False  # set by main() when --json is on the command line
+
     def error(self, message: str) -> NoReturn:
+        if Parser.json_errors:
+            print_json_error(f"{self.prog}: {message}", EXIT_USAGE)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -118,11 +125,17 @@ def _checked(kind: type, ok: Callable[[float], bool], rule: str, doc: str) -> Ca
     return parse
 
 
+# The longest duration or timeout any option takes, in seconds (a year). Without a bound,
+# `--timeout 1e308` passed argparse and failed deep inside a wait with "timestamp out of range
+# for platform time_t": an argument error must say the valid range instead.
+MAX_SECONDS = 365 * 24 * 3600
+
 positive_int = _checked(int, lambda v: v >= 1, ">= 1", "An int >= 1 (counts: nodes, entries, threads).")
 nonneg_int = _checked(int, lambda v: v >= 0, ">= 0", "An int >= 0.")
-positive_float = _checked(float, lambda v: v > 0, "> 0",
-                          "A finite number > 0 (durations and timeouts, in seconds).")
-nonneg_float = _checked(float, lambda v: v >= 0, ">= 0", "A finite number >= 0.")
+positive_float = _checked(float, lambda v: 0 < v <= MAX_SECONDS, f"> 0 and <= {MAX_SECONDS} seconds",
+                          "A finite number of seconds in (0, MAX_SECONDS] (durations, timeouts).")
+nonneg_float = _checked(float, lambda v: 0 <= v <= MAX_SECONDS, f">= 0 and <= {MAX_SECONDS} seconds",
+                        "A finite number of seconds in [0, MAX_SECONDS].")
 fraction = _checked(float, lambda v: 0 <= v <= 1, "between 0 and 1", "A number in [0, 1].")
 
 
@@ -181,7 +194,9 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = (), full: bool = False) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the chosen subcommand gets its options (and its module
+    imported); with `full`, every subcommand does (shell completion needs them all)."""
     parser = Parser(
         prog="dledger", description="DLedger for Python: a Raft-replicated commit log. "
         "Run `dledger COMMAND --help` for one command.")
@@ -191,7 +206,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = _chosen(argv)
     for name, modname in SUBCOMMANDS.items():
-        if name != chosen:
+        if name != chosen and not full:
             sub.add_parser(name, help=HELP[name])
             continue
         try:
@@ -223,6 +238,16 @@ def innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C while the parser or a subcommand module is still being imported: quiet, like
+        # one during the command itself (a traceback of an import is noise to an operator).
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    Parser.json_errors = "--json" in argv
     parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -237,12 +262,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        # A reader that stopped reading (`dledger get ... | head -1`): its choice, not a
+        # failure. Commands that write to the group (append) catch it themselves: for them a
+        # closed stdout must not silently drop input.
+        quiet_stdout()
         return 0
     except Exception as e:  # noqa: BLE001 - the CLI's one place that turns errors into a line
         if debug:
             raise
-        print(f"dledger {args.command}: error: {one_line(e)}", file=sys.stderr)
-        return e.code if isinstance(e, CliError) else EXIT_RUNTIME
+        message = one_line(e)
+        rc = e.code if isinstance(e, CliError) else EXIT_RUNTIME
+        print(f"dledger {args.command}: error: {message}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json_error(message, rc, error_code(e))
+        return rc
+
+
+def error_code(e: BaseException) -> str | None:
+    """The response code's name behind an error (`TIMEOUT`, `TAKE_LEADERSHIP_FAILED`), if any:
+    a CliError made from a DLedgerError keeps it (cmd_metadata.cli_error)."""
+    if isinstance(e, CliError):
+        return e.response
+    name = getattr(e, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def print_json_error(message: str, exit_code: int, code: str | None = None) -> None:
+    """Under --json a failure is a JSON object on stdout too (scripts parse stdout, and an
+    empty stdout said nothing): {"error": message, "code": response code name or null,
+    "exit_code": the process's exit code}. The one line on stderr stays for people."""
+    import json
+
+    try:
+        print(json.dumps({"error": message, "code": code, "exit_code": exit_code}), flush=True)
+    except BrokenPipeError:
+        quiet_stdout()
+
+
+def quiet_stdout() -> None:
+    """After EPIPE on stdout: point it at /dev/null so the interpreter's final flush does not
+    print "Exception ignored ... BrokenPipeError" (Python's documented recipe)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def one_line(e: BaseException) -> str:

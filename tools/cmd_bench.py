@@ -79,7 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "directory (required: --peers or --local)")
     p.add_argument("--group", default="default", help="group name (default: %(default)s)")
     p.add_argument("--size", type=size_arg, default=1024, metavar="SIZE",
-                   help="body size, bytes or 1KiB-style (default: %(default)s)")
+                   help="body size, bytes or 1KiB-style, at most the nodes' max-body-size (4MiB, "
+                        "or a --server-arg --max-body-size) (default: %(default)s)")
     p.add_argument("--duration", type=positive_float, default=10.0, metavar="S",
                    help="seconds to measure (default: %(default)s)")
     p.add_argument("--count", type=positive_int, default=None, metavar="N",
@@ -153,7 +154,8 @@ class Bench:
         a = self.a
         self.progress = progress
         with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
-                           max_in_flight=max(a.concurrency, 1)) as c:
+                           max_in_flight=max(a.concurrency, 1),
+                           max_body_size=body_limit(a.server_arg)) as c:
             c.metadata()  # find the leader before the clock starts mattering
             self._prepare(c)
             t0 = time.perf_counter()
@@ -587,10 +589,33 @@ class _RssSampler:
                 "max_growth_one_process_after_warmup": growth / 1e6}
 
 
+def body_limit(server_args: list[str]) -> int:
+    """The largest body the benched group takes: the server's --max-body-size when this bench
+    starts the group with one (--server-arg), else the default every node and the client share
+    (ipc.protocol.DEFAULT_MAX_BODY, `max-body-size` in docs/operations.md)."""
+    from ipc.protocol import DEFAULT_MAX_BODY
+    from tools.cli import size_arg
+
+    limit = DEFAULT_MAX_BODY
+    for i, a in enumerate(server_args):
+        text = (a.partition("=")[2] if a.startswith("--max-body-size=")
+                else server_args[i + 1] if a == "--max-body-size" and i + 1 < len(server_args) else None)
+        if text is not None:
+            try:
+                limit = size_arg(text)
+            except argparse.ArgumentTypeError:
+                pass  # the server refuses it itself, in one line
+    return limit
+
+
 def run(args: argparse.Namespace) -> int:
     if args.size < 0 or args.batch < 1 or args.concurrency < 1:
         raise CliError("--size must be >= 0, --batch and --concurrency >= 1", 2)
     server_args = list(args.server_arg)
+    limit = body_limit(server_args)
+    if args.size > limit:  # every request would fail: refuse before starting anything
+        raise CliError(f"--size {args.size} bytes is over the largest body a node accepts "
+                       f"({limit} bytes, max-body-size; every append would be refused)", 2)
     if args.kv:
         if args.batch != 1:
             raise CliError("--kv sends one op per request: --batch must be 1", 2)

@@ -1,8 +1,14 @@
 """Run a local N-node group on 127.0.0.1 in the foreground (one `dledger server` per node).
 
 Prints the peers string first, alone on its line (so another terminal or a script can use
-`--peers`), then the nodes' logs. SIGTERM/SIGINT stops every node cleanly (SIGTERM, grace,
-SIGKILL) and exits 0. Without --store-dir the stores live in a temporary directory removed at
+`--peers`), then the nodes' logs. SIGTERM/SIGINT (Ctrl-C, at any moment, start-up included)
+stops every node cleanly (SIGTERM, grace, SIGKILL) and exits 0, quietly: the nodes run in
+their own process groups, so a Ctrl-C reaches only this command, which stops them.
+
+A node that stops by itself with an error (it cannot bind its port, its store is damaged...)
+stops the whole group: one line `dledger cluster: error: node n1 stopped: <its reason>`, exit
+1. A node killed by a signal (an experiment: `kill -9` of one node) is reported in one line
+and the others keep running. Without --store-dir the stores live in a temporary directory removed at
 the end (also on SIGTERM/SIGINT; one left by a cluster that was SIGKILLed is removed by the
 next `dledger cluster`); with it, node i uses DIR/n<i> and the data stays.
 
@@ -27,8 +33,10 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from node.config import (
     LOCAL_DATA_FILE_SIZE,
@@ -45,6 +53,78 @@ from tools.cli import EXIT_USAGE, CliError
 
 MAX_NODES = 15
 TEMP_PREFIX = "dledger-cluster-"
+SERVER_ERROR = b"dledger server: error: "
+# The nodes' resource trackers (multiprocessing's, which remove a SIGKILLed supervisor's
+# shared-memory block: node/shared_state.py) announce that clean-up as a "leaked
+# shared_memory objects" UserWarning on the group's stderr. Under `dledger cluster` a killed
+# node is reported by this command in one line instead, so that warning is filtered, and only
+# it (warnings' module field matches the whole module name).
+TRACKER_WARNING_FILTER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+class NodeOutput:
+    """One node's stderr, copied line by line to ours by a thread, except its last words
+    (`dledger server: error: REASON`), which are kept: the cluster's own line says them with
+    the node's name. Lines stay whole (each node's log lines arrive through its own pipe)."""
+
+    def __init__(self, node: str, stream: IO[bytes]) -> None:
+        self.node = node
+        self.reason: str | None = None
+        self._stream = stream
+        self._thread = threading.Thread(target=self._copy, name=f"{node}-stderr", daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        out = sys.stderr.buffer
+        for line in iter(self._stream.readline, b""):
+            if line.startswith(SERVER_ERROR):
+                self.reason = line[len(SERVER_ERROR):].decode("utf-8", "replace").strip()
+                continue
+            try:
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):  # our stderr is gone: keep draining the node's pipe
+                pass
+        self._stream.close()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def remove_left_segments(group: str, stores: dict[str, Path]) -> list[str]:
+    """Unlink the shared-memory blocks (/dev/shm) these nodes left, once all of their
+    supervisors have exited; the names removed.
+
+    Why: a node stopped in the first moments of its start-up (Ctrl-C right after `dledger
+    cluster` began) can die of the SIGTERM before its supervisor has installed its handler and
+    after it has created its block; the block's resource tracker usually unlinks it, but not if
+    the supervisor died before registering it. Once no supervisor of ours runs, a block with
+    one of our nodes' names is stale by definition (the next start of that node would remove
+    it too, but a temporary cluster's nodes never start again)."""
+    from node.shared_state import segment_name
+
+    removed = []
+    for nid, store in stores.items():
+        seg = Path("/dev/shm", segment_name(group, nid, store))
+        try:
+            seg.unlink()
+            removed.append(seg.name)
+        except FileNotFoundError:
+            pass
+        except OSError:  # another user's, or no /dev/shm: not ours to force
+            pass
+    return removed
+
+
+def _exit_line(node: str, rc: int, reason: str | None) -> str:
+    """What the cluster says of a node that exited on its own (rc != 0)."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"node {node} was killed by {name}; the other nodes keep running"
+    return f"node {node} stopped: {reason or f'exit code {rc}, see its log above'}"
 
 
 def _nodes(text: str) -> int:
@@ -113,11 +193,15 @@ def run(args: argparse.Namespace) -> int:
     flags = [x for k, v in options.items() if k != "metrics_port"
              for x in ("--" + k.replace("_", "-"), str(v))]
     procs: list[subprocess.Popen] = []
+    outputs: list[NodeOutput] = []
     stop = {"now": False}
+    failed: str | None = None
 
     def on_signal(signum: int, _frame: object) -> None:
         stop["now"] = True
 
+    env = dict(os.environ)
+    env["PYTHONWARNINGS"] = ",".join(x for x in (env.get("PYTHONWARNINGS"), TRACKER_WARNING_FILTER) if x)
     # Signals first, the temporary directory second: a SIGTERM at any moment after this
     # line ends in the `finally` that removes it.
     r, w = os.pipe()
@@ -146,13 +230,27 @@ def run(args: argparse.Namespace) -> int:
             if debug:
                 cmd.insert(3, "--debug")
             # die_with_parent: a cluster killed with SIGKILL still stops its nodes (SIGTERM).
-            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))
-        while not stop["now"]:
+            # process_group=0: the terminal's Ctrl-C (SIGINT to the foreground process group)
+            # reaches this command only; the nodes, interrupted in the middle of their imports,
+            # used to print a hundred lines of KeyboardInterrupt tracebacks. This command stops
+            # them with SIGTERM instead, which every stage of a node's start-up obeys quietly.
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                 preexec_fn=die_with_parent, process_group=0)
+            procs.append(p)
+            outputs.append(NodeOutput(f"n{i}", p.stderr))
+        reported: set[int] = set()
+        while not stop["now"] and failed is None:
             select.select([r], [], [], 1.0)
             for i, p in enumerate(procs):
-                if p.poll() is not None and p.returncode != 0 and not stop["now"]:
-                    print(f"dledger cluster: node n{i} exited with {p.returncode}", file=sys.stderr)
-                    procs[i].returncode = 0  # report once
+                if i in reported or p.poll() is None or p.returncode == 0 or stop["now"]:
+                    continue
+                reported.add(i)
+                outputs[i].join(2.0)  # its last line (the reason) is read before we speak
+                line = _exit_line(f"n{i}", p.returncode, outputs[i].reason)
+                if p.returncode > 0:  # it stopped by itself: it cannot work, so neither can we
+                    failed = line
+                    break
+                print(f"dledger cluster: {line}", file=sys.stderr, flush=True)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -164,13 +262,20 @@ def run(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for out in outputs:
+            out.join(2.0)
+        if root is not None:
+            remove_left_segments(str(options.get("group") or "default"),
+                                 {f"n{i}": root / f"n{i}" for i in range(len(procs))})
+        if root_fd is not None:
+            from node.rundirs import release
+
+            release(root, root_fd)
         signal.set_wakeup_fd(old_wakeup)
         for s, h in old.items():
             signal.signal(s, h)
         os.close(r)
         os.close(w)
-        if root_fd is not None:
-            from node.rundirs import release
-
-            release(root, root_fd)
+    if failed is not None:
+        raise CliError(f"{failed}; all nodes stopped")
     return 0

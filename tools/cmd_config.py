@@ -7,6 +7,8 @@ with underscores or dashes, sizes with units (64MiB). Every value is checked for
 range, the peers string for collisions (an id or address given twice, a port on another
 node's elector port), and store_dir/run_dir for being directories this user can write.
 id, peers and store_dir may be left to the command line; --strict requires them in the file.
+--json prints one object: {"ok", "problems": [lines], "missing": [options the command line
+must give]}, with the same exit codes.
 
 Examples:
   dledger config check node.toml
@@ -16,8 +18,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 
 from tools.cli import EXIT_USAGE, CliError
+from tools.cmd_metadata import add_json_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +32,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     check.add_argument("--strict", action="store_true",
                        help="id, peers and store_dir must be in the file (default: they may come "
                             "from the command line)")
+    add_json_argument(check, 'one {"ok", "problems", "missing"} object')
+
+
+def _verdict(args: argparse.Namespace, problems: list[str], missing: list[str]) -> int:
+    if args.json:
+        print(json.dumps({"ok": not problems, "problems": problems, "missing": missing}))
+    elif problems:
+        for problem in problems:
+            print(problem)
+    else:
+        print("ok" + (f" ({', '.join(missing)} to be given on the command line)" if missing else ""))
+    return 1 if problems else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
         unreadable = any(m.startswith("config: cannot read") for m in e.problems)
         if unreadable:
             raise CliError(e.problems[0], EXIT_USAGE) from None
-        for problem in e.problems:
-            print(problem)
-        return 1
+        return _verdict(args, list(e.problems), [])
     given = {k.replace("-", "_") for k in values}
     placeholders: dict[str, str] = {}
     if not args.strict:
@@ -57,9 +71,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         build_config({**placeholders, **values}, {})
     except ConfigError as e:
-        for problem in e.problems:
-            print(f"{args.file}: {problem}")
-        return 1
-    missing = [k for k in REQUIRED if k not in given]
-    print("ok" + (f" ({', '.join(missing)} to be given on the command line)" if missing else ""))
-    return 0
+        return _verdict(args, [f"{args.file}: {problem}" for problem in e.problems], [])
+    return _verdict(args, [], [k for k in REQUIRED if k not in given])

@@ -3,7 +3,7 @@
 Reads DIR with the `dledger` data source (committed entries only: the uncommitted tail may
 still be truncated) and writes Parquet with the columns node, index, term, pos, size, type,
 body_crc, crc_ok, error, body. Refuses an existing --out unless --overwrite. Prints the number
-of rows written.
+of rows written (--json: {"rows", "out"}).
 
 Examples:
   dledger export --store-dir /data/n0 --out /tmp/n0.parquet
@@ -15,9 +15,11 @@ Every executor must see DIR at the same path (a shared or replicated mount).
 from __future__ import annotations
 
 import argparse
+import json
 
 from tools.cli import CliError
 from tools.cmd_dump import open_reader
+from tools.cmd_metadata import add_json_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not ship our packages to executors, they are installed there (default: ship)")
     parser.add_argument("--node", metavar="NAME",
                         help="value of the node column (default: the directory name)")
+    add_json_argument(parser, 'one {"rows", "out"} object')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,5 +48,5 @@ def run(args: argparse.Namespace) -> int:
     with spark_session(args.master, ship=args.ship, app_name="dledger-export") as spark:
         n = export_committed(spark, args.store_dir, args.out, overwrite=args.overwrite,
                              node=args.node)
-    print(f"{n} rows written to {args.out}")
+    print(json.dumps({"rows": n, "out": args.out}) if args.json else f"{n} rows written to {args.out}")
     return 0

@@ -10,10 +10,15 @@ Prints one line either way: `ok: leader n0 term 3, 3/3 alive, max lag 12` on std
 --json prints one object instead: {"healthy", "reason", "leader", "term", "alive", "quorum",
 "lag": {follower: entries}}.
 
+--wait S asks again (every 0.2 s) until the group is healthy or S seconds have passed, for a
+script that just started a group: exit 0 as soon as it is healthy, else 1 with the last
+round's reason. Without --wait, one round.
+
 Exit codes: 0 healthy, 1 unhealthy, 2 bad arguments.
 
 Example:
   dledger health --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" --max-lag 1000
+  dledger health --peers "$PEERS" --wait 30
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
-from tools.cli import add_group_arguments, nonneg_int, positive_float
+from tools.cli import add_group_arguments, nonneg_float, nonneg_int, positive_float
 from tools.group_status import GroupProbe, GroupView, read_group
 
 DEFAULT_MAX_LAG = 10_000
+WAIT_INTERVAL = 0.2  # seconds between two rounds under --wait
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest follower lag accepted, in entries (default: %(default)s)")
     p.add_argument("--timeout", type=positive_float, default=2.0, metavar="S",
                    help="how long to wait for the nodes' answers, in seconds (default: %(default)s)")
+    p.add_argument("--wait", type=nonneg_float, default=0.0, metavar="S",
+                   help="ask again until healthy or S seconds have passed (default: %(default)s, "
+                        "one round)")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: one line)")
 
 
@@ -65,10 +75,16 @@ def verdict(view: GroupView, n_peers: int, max_lag: int) -> tuple[bool, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.wait
     with GroupProbe(args.peers, args.group, timeout=args.timeout) as probe:
-        view = read_group(probe.round())
-    n = len(view.answers)
-    ok, why = verdict(view, n, args.max_lag)
+        while True:
+            view = read_group(probe.round())
+            n = len(view.answers)
+            ok, why = verdict(view, n, args.max_lag)
+            left = deadline - time.monotonic()
+            if ok or left <= 0:
+                break
+            time.sleep(min(WAIT_INTERVAL, left))
     if args.json:
         print(json.dumps({"healthy": ok, "reason": why,
                           "leader": view.leader.id if view.leader else None, "term": view.term,

@@ -4,13 +4,15 @@ Every node is asked at once; a node that does not answer within a short per-node
 shown as not alive (with --json: "alive": false and null fields). The group's leader and term
 are the highest-term leader claim among the answers.
 
---json prints exactly:
+--json prints one object:
   {"group", "leader", "term", "nodes": [{"id", "address", "role", "term", "leader",
-   "ledger_begin_index", "ledger_end_index", "committed_index", "alive"}]}
-with role one of LEADER, FOLLOWER, CANDIDATE. With --status each node also has "lag" (entries
-behind the leader, as the leader's watermarks say; null for the leader), "version",
-"store_bytes" and "disk_usage_ratio" (null when the node did not answer); the table always
-shows them.
+   "ledger_begin_index", "ledger_end_index", "committed_index", "alive",
+   "lag", "version", "store_bytes", "disk_usage_ratio"}]}
+with role one of LEADER, FOLLOWER, CANDIDATE; "lag" is entries behind the leader, as the
+leader's watermarks say (null for the leader); "version", "store_bytes" (bytes) and
+"disk_usage_ratio" (0-1) are null when the node did not answer. These are what the table
+shows; --status, which once was needed for the last four, is still accepted. A failure under
+--json is {"error", "code", "exit_code"} on stdout (and the line on stderr).
 
 Exit codes (all client subcommands): 0 success, 1 definite failure, 2 bad arguments,
 3 indeterminate failure (an append or transfer may still take effect).
@@ -56,18 +58,34 @@ def open_client(args: argparse.Namespace) -> DLedgerClient:
         raise CliError(f"bad --peers/--group: {e}", EXIT_USAGE) from None
 
 
-def cli_error(e: Exception, prefix: str = "") -> CliError:
-    """A DLedgerError as one line; indeterminate outcomes get their own exit code."""
+def add_json_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """--json, the same for every command that prints: `what` says the shape it prints."""
+    p.add_argument("--json", action="store_true",
+                   help=f"print {what}; a failure is {{\"error\", \"code\", \"exit_code\"}} on "
+                        "stdout (default: text)")
+
+
+NO_LEADER_HINT = ("; a group that has just started may still be electing its first leader: "
+                  "wait for it with `dledger health --wait S`, or give a longer --timeout")
+
+
+def cli_error(e: Exception, prefix: str = "", suffix: str = "") -> CliError:
+    """A DLedgerError as one line; indeterminate outcomes get their own exit code. A timeout
+    that found no leader says what usually causes it right after `dledger cluster`."""
     indeterminate = bool(getattr(e, "indeterminate", False))
-    return CliError(f"{prefix}{e}", EXIT_INDETERMINATE if indeterminate else EXIT_DEFINITE)
+    if getattr(e, "name", None) == "TIMEOUT" and not indeterminate \
+            and "no reachable leader" in str(getattr(e, "reason", "")):
+        suffix = NO_LEADER_HINT + suffix
+    return CliError(f"{prefix}{e}{suffix}", EXIT_INDETERMINATE if indeterminate else EXIT_DEFINITE,
+                    response=getattr(e, "name", None))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a table)")
     p.add_argument("--status", action="store_true",
-                   help="--json: add each node's lag, version, store_bytes and disk_usage_ratio "
-                        "(the table always shows them) (default: off)")
+                   help="accepted for old scripts: --json now always has each node's lag, "
+                        "version, store_bytes and disk_usage_ratio (default: off)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,13 +101,13 @@ def run(args: argparse.Namespace) -> int:
                        f"({len(m.nodes)} asked: {', '.join(n.address for n in m.nodes)})")
     from tools.group_status import node_extras
 
-    extras = None
-    if args.status or not args.json:  # lag, version, disk: one more METADATA round
-        extras = node_extras(args.peers, args.group, min(args.timeout, 1.0))
+    # lag, version, disk: one more METADATA round (with the status trailer), for both outputs
+    extras = node_extras(args.peers, args.group, min(args.timeout, 1.0))
     if args.json:
         d = m.to_dict()
-        for n in d["nodes"]:
-            n.update((extras or {}).get(n["id"], {}))
+        blank = {"lag": None, "version": None, "store_bytes": None, "disk_usage_ratio": None}
+        for n in d["nodes"]:  # added keys only: the CONTRACT's keys stay as they were
+            n.update({**blank, **extras.get(n["id"], {})})
         print(json.dumps(d))
         return 0
     _print_table(m, extras)

@@ -54,6 +54,15 @@ CASES = [
     ([*SERVER, "--store-dir", "{store}", "--config", "{node.yaml}"], 2, "unsupported format .yaml"),
     (["get", "--peers", GOOD, "--index", "99999999999999999999999"], 2, "--index: must be between 0"),
     (["server", "--bogus"], 2, "dledger server: error: unrecognized arguments: --bogus"),
+    # a duration beyond any wait: the valid range, not "timestamp out of range for platform time_t"
+    (["append", "--peers", GOOD, "--timeout", "1e308", "x"], 2,
+     "--timeout: must be > 0 and <= 31536000 seconds, got 1e308"),
+    (["health", "--peers", GOOD, "--wait", "1e12"], 2, "--wait: must be >= 0 and <= 31536000 seconds"),
+    # a body no node accepts: refused before thousands of doomed requests
+    (["bench", "--local", "3", "--size", "5MiB"], 2,
+     "--size 5242880 bytes is over the largest body a node accepts (4194304 bytes"),
+    (["bench", "--local", "3", "--size", "5MiB", "--server-arg=--max-body-size=4MiB"], 2,
+     "over the largest body a node accepts (4194304 bytes"),
     # negative / zero counts, durations, sizes
     (["bench", "--local", "3", "--duration", "0"], 2, "--duration: must be > 0"),
     (["bench", "--local", "3", "--duration", "nan"], 2, "--duration: expected a finite number"),

@@ -108,3 +108,22 @@ def test_legacy_run_dirs_are_reclaimed_only_when_clearly_dead(tmp_path):
     assert not legacy_run_dir_is_stale(live)  # its store's supervisor (this pid) is alive
     (store / "run.json").write_text(json.dumps({"pid": os.getpid(), "run_dir": "/tmp/dl-n3-other"}))
     assert legacy_run_dir_is_stale(live)  # that node runs with another run dir now
+
+
+def test_cluster_removes_the_blocks_its_stopped_nodes_left(tmp_path):
+    """A node killed by the cluster's SIGTERM before its supervisor registered its block with
+    the resource tracker leaves the block behind: the cluster removes its own nodes' blocks
+    once they have all exited (and nothing else: another store's block stays)."""
+    from node.shared_state import segment_name
+    from tools.cmd_cluster import remove_left_segments
+
+    ours = Path("/dev/shm", segment_name("g", "n1", tmp_path / "n1"))
+    other = Path("/dev/shm", segment_name("g", "n1", tmp_path / "elsewhere"))
+    try:
+        ours.write_bytes(b"x")
+        other.write_bytes(b"x")
+        removed = remove_left_segments("g", {"n0": tmp_path / "n0", "n1": tmp_path / "n1"})
+        assert removed == [ours.name] and not ours.exists() and other.exists()
+    finally:
+        ours.unlink(missing_ok=True)
+        other.unlink(missing_ok=True)

@@ -619,7 +619,9 @@ def test_cli_metadata_json_exact_keys(make_cluster, capsys):
     assert (doc["group"], doc["leader"], doc["term"]) == (GROUP, "n0", 1)
     keys = ["id", "address", "role", "term", "leader", "ledger_begin_index", "ledger_end_index",
             "committed_index", "alive"]
-    assert [list(n) for n in doc["nodes"]] == [keys] * 3
+    # The CONTRACT's keys, in order, then what the table also shows (added, never instead)
+    added = ["lag", "version", "store_bytes", "disk_usage_ratio"]
+    assert [list(n) for n in doc["nodes"]] == [keys + added] * 3
     assert [n["role"] for n in doc["nodes"]] == ["LEADER", None, "FOLLOWER"]
     dead = doc["nodes"][1]
     assert dead["alive"] is False and dead["id"] == "n1"
