@@ -67,6 +67,13 @@ from node.store.term_vote import TermVoteFile
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
 MAX_WAIT_MS = 1000  # the loop beats at least this often
 
+# Why a node does not vote (the block's `not_voting`, metric dledger_not_voting).
+NOT_VOTING_REPAIR = 1
+NOT_VOTING_WHY = {
+    NOT_VOTING_REPAIR: "its store is fetching a damaged committed range again (repair_index "
+                       "in the block, repairIndex in the checkpoint)",
+}
+
 
 def damaged_term_file(path: Path, e: Exception) -> str:
     """One line saying what is wrong with the term/vote file (the node refuses to start)."""
@@ -145,6 +152,7 @@ class Elector:
         self.hook = shlex.split(self.cfg.on_role_change) if self.cfg.on_role_change else []
         self.hook_procs: list[subprocess.Popen] = []
         self.leader_since_ms = 0
+        self._not_voting = 0  # the reason last published to the block's `not_voting`
 
     def now(self) -> int:
         return self.rc.clock()
@@ -165,7 +173,21 @@ class Elector:
             writable = self.state.get("store_unwritable_ms") == 0
         except KeyError:  # a block layout without the field: the handler cannot tell us
             writable = True
-        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable)
+        reason = self._not_voting_reason(led.committed_index)
+        if reason != self._not_voting:
+            self._not_voting = reason
+            self.state.set("not_voting", reason)
+            if reason:
+                self.log.warning("%s does not vote or stand: %s", self.cfg.id, NOT_VOTING_WHY[reason])
+            else:
+                self.log.warning("%s votes again", self.cfg.id)
+        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0)
+
+    def _not_voting_reason(self, committed: int) -> int:
+        """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`)."""
+        if self.state.get("repair_index") >= 0:
+            return NOT_VOTING_REPAIR
+        return 0
 
     def _transfer_view(self) -> TransferView:
         c = self.core

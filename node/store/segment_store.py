@@ -258,7 +258,7 @@ class SegmentStore:
         wrong-sized file keeps the files before it; returns (what is wrong, the files after
         it) for `_recover`, which deletes them only once it has recorded what they held."""
         problem, rest = self.data.load_salvaging()
-        idx_problem, idx_rest = self.index.load_salvaging()
+        idx_problem, idx_rest = self.index.load_salvaging(derived=True)
         if idx_problem is not None:
             log.warning("%s: index list damaged (%s): rebuilding it from the data", self.dir, idx_problem)
             self.index.delete_all()
