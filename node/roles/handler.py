@@ -280,6 +280,12 @@ class Handler(FollowerInstall):
             self.store.open()
         except StoreCorruptError as e:
             self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
+        if self.single and self.store.repair_index >= 0:
+            # Nobody to fetch the range from: serving on would hide the loss.
+            self.store.close()
+            self.rc.fatal(f"store {self.cfg.store_dir}: {self.store.damage or 'committed entries lost'}; "
+                          "a one-member group has no peer to repair it from: restore the store from "
+                          "a backup or a copy")
         self.retention.store = self.store  # `store` may have been replaced after construction
         self.metrics.watch_store(self.store)
         self.publish_ledger()

@@ -129,6 +129,7 @@ class SegmentStore:
         # found entries it may have acknowledged damaged or missing and cut them (mark_damaged;
         # docs/store.md "Repair from peers"). Persisted in the checkpoint while set.
         self.repair_index = -1
+        self.damage: str | None = None  # what the last damage found was (one line), for the operator
         self._lock = threading.Lock()  # file-list changes vs. the flush service
         # Checkpoint writes vs. reset_to: a periodic checkpoint must never write values read
         # before a reset after the reset's own checkpoint (it would put back a committed index
@@ -392,6 +393,7 @@ class SegmentStore:
         except OSError as e:
             raise self._io_failed(e, "recording a damaged range") from e
         self._checkpointed = cp
+        self.damage = f"committed entry {first_bad} is damaged: {why}"
         log.error("%s: DAMAGED committed entries from index %d: %s. Cutting the log there and "
                   "fetching it again from the leader; this node does not vote until it holds "
                   "committed entries up to %d again (repair)", self.dir, first_bad, why,

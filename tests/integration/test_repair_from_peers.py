@@ -144,7 +144,7 @@ def test_follower_with_damaged_committed_entry_does_not_vote_until_repaired(make
     elected (however many votes the healthy one asks for). Once the old leader is back, a
     leader is elected without the damaged node, which then gets the range back."""
     c = make_cluster(3, **OPTS)
-    lead = c.wait_leader(timeout=15)
+    lead = c.wait_leader(timeout=60)
     append(c, 0, 600)
     c.wait_converged(timeout=30)
     victim, other = [n for n in c.nodes if n != lead]
@@ -164,7 +164,7 @@ def test_follower_with_damaged_committed_entry_does_not_vote_until_repaired(make
     assert c.leader() is None, c.describe()
     assert block_value(c.nodes[victim], "votes_granted") == 0
     c.nodes[lead].start()
-    c.wait_leader(timeout=30)
+    c.wait_leader(timeout=60)
     append(c, 600, 100)
     wait_for(lambda: block_value(c.nodes[victim], "repair_index") == -1, 30, "the repair to finish")
     wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote again")
@@ -177,7 +177,7 @@ def test_follower_with_damaged_committed_entry_does_not_vote_until_repaired(make
                                     truncate_index_file], ids=lambda f: f.__name__)
 def test_damaged_follower_repairs_while_the_group_keeps_appending(make_cluster, damage):
     c = make_cluster(3, **OPTS)
-    lead = c.wait_leader(timeout=15)
+    lead = c.wait_leader(timeout=60)
     append(c, 0, 600)
     c.wait_converged(timeout=30)
     victim = next(n for n in c.nodes if n != lead)
@@ -208,3 +208,90 @@ def test_damaged_follower_repairs_while_the_group_keeps_appending(make_cluster, 
     logs = same_logs(c, converged_then_stopped(c))
     bodies = [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL]
     assert bodies == [body(i) for i in range(total)]
+
+
+def _restart_with(c, victim: str, damage) -> str:
+    """Stop `victim`, damage its store, start it; return its log since the restart once the
+    elector decided what it may vote in."""
+    node = c.nodes[victim]
+    node.stop()
+    damage(Path(node.store_dir))
+    seen = len(node.log_text())
+    node.start()
+    wait_for(lambda: "votes from term" in node.log_text()[seen:] or "a new group" in node.log_text()[seen:],
+             60, f"{victim} to learn the group's term")
+    return node.log_text()[seen:]
+
+
+def _term_file(node) -> dict[str, str]:
+    text = Path(node.store_dir, "currterm").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@pytest.mark.parametrize("how", ["deleted", "garbled"])
+def test_lost_term_vote_file_rejoins_without_a_vote_in_any_term_it_may_have_voted_in(make_cluster, how):
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 100)
+    c.wait_converged(timeout=30)
+    victim = next(n for n in c.nodes if n != lead)
+    before = int(_term_file(c.nodes[victim])["currTerm"])
+
+    def damage(store: Path) -> None:
+        if how == "deleted":
+            (store / "currterm").unlink()
+        else:
+            (store / "currterm").write_bytes(b"currTerm=\xff\x00\n")
+
+    w = Writer(c, 100)
+    w.start()
+    try:
+        text = _restart_with(c, victim, damage)
+        assert "not voting until 2 other member(s) told their term" in text, text[-3000:]
+        assert "a new group" not in text
+        tv = _term_file(c.nodes[victim])
+        assert int(tv["currTerm"]) >= before and tv["voteLeader"] == "<lost>"
+        assert "catchUpIndex" not in tv  # its log is intact: only the term was lost
+        wait_for(lambda: w.next >= 300, 60, "appends to go on")
+    finally:
+        total = w.done()
+    wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote")
+    # It can lead again (it votes for itself in a later term): hand it the leadership.
+    c.wait_converged(timeout=60)
+    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
+        cl.transfer_leadership(victim, timeout=20)
+    assert c.wait_leader(timeout=60) == victim
+    append(c, total, 20)
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total + 20)]
+
+
+def test_wiped_store_catches_up_before_it_votes(make_cluster):
+    """A member restarted with an empty store directory: the group has a term and a log, so
+    it lost its disk; it follows, catches up to what the group had, and only then votes. A
+    brand-new group (every other test here) starts from empty stores and elects at once."""
+    import shutil
+
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 600)
+    c.wait_converged(timeout=30)
+    victim = next(n for n in c.nodes if n != lead)
+    end = c.metadata(lead).ledger_end_index
+    w = Writer(c, 600)
+    w.start()
+    try:
+        text = _restart_with(c, victim, lambda store: shutil.rmtree(store))
+        assert "an empty store (a new member, or a lost disk)" in text, text[-3000:]
+        assert "once entries up to" in text
+        catch_up = int(_term_file(c.nodes[victim])["catchUpIndex"])
+        assert catch_up >= end
+        wait_for(lambda: f"caught up to index {catch_up}" in c.nodes[victim].log_text(), 60,
+                 "the wiped node to catch up")
+        wait_for(lambda: w.next >= 800, 60, "appends to go on")
+    finally:
+        total = w.done()
+    wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote")
+    assert "catchUpIndex" not in _term_file(c.nodes[victim])
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
