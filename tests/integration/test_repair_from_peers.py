@@ -295,3 +295,59 @@ def test_wiped_store_catches_up_before_it_votes(make_cluster):
     assert "catchUpIndex" not in _term_file(c.nodes[victim])
     logs = same_logs(c, converged_then_stopped(c))
     assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
+
+
+def test_leader_that_reads_a_damaged_entry_steps_down_and_repairs(make_cluster):
+    """Bit rot under a running leader: a GET of the entry answers DISK_ERROR (never the bad
+    bytes), the leader stops voting, steps down before cutting its log (its dispatchers
+    must never push a cut log), a new leader is elected without it, and it gets the range back
+    from that leader. Appends go on through the failover."""
+    from ipc import protocol as P
+    from ipc.codes import ResponseCode
+
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 600)
+    c.wait_converged(timeout=30)
+    bad = flip_body_byte(c.nodes[lead])  # in place: the running leader maps this file
+    w = Writer(c, 600)
+    w.start()
+    try:
+        r = c.request(lead, P.GetRequest(c.group, lead, bad, 1, request_id=7), timeout=10)
+        assert isinstance(r, P.ErrorResponse) and r.code == ResponseCode.DISK_ERROR, r
+        assert "repairing from peers" in r.reason
+        wait_for(lambda: c.leader() not in (None, lead), 60, "a leader other than the damaged one")
+        wait_for(lambda: block_value(c.nodes[lead], "repair_index") == -1, 60, "the repair to finish")
+        wait_for(lambda: w.next >= 800, 60, "appends to go on")
+    finally:
+        total = w.done()
+    text = c.nodes[lead].log_text()
+    assert f"entry {bad} is damaged" in text and f"DAMAGED committed entries from index {bad}" in text
+    assert text.index("does not vote or stand") < text.index(f"DAMAGED committed entries from index {bad}")
+    wait_for(lambda: block_value(c.nodes[lead], "not_voting") == 0, 30, "the old leader to vote again")
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[lead] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
+
+
+def test_leader_damaged_while_down_rejoins_as_a_repairing_follower(make_cluster):
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 600)
+    c.wait_converged(timeout=30)
+    c.nodes[lead].stop()
+    bad = delete_middle_segment(c.nodes[lead])
+    new = c.wait_leader(timeout=60, among=[n for n in c.nodes if n != lead])
+    w = Writer(c, 600)
+    w.start()
+    try:
+        c.nodes[lead].start()
+        wait_for(lambda: f"DAMAGED committed entries from index {bad}" in c.nodes[lead].log_text(), 60,
+                 "the old leader to find the damage")
+        wait_for(lambda: block_value(c.nodes[lead], "repair_index") == -1, 60, "the repair to finish")
+        wait_for(lambda: w.next >= 800, 60, "appends to go on")
+    finally:
+        total = w.done()
+    assert new != lead
+    wait_for(lambda: block_value(c.nodes[lead], "not_voting") == 0, 30, "the old leader to vote again")
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[lead] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
