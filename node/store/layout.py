@@ -3,7 +3,8 @@
     DIR/data/00000000000000000000     data segment files, named by their first byte's global
     DIR/data/00000000001073741824     offset (20 digits); all the same size, preallocated
     DIR/index/00000000000000000000    index segment files, 32-byte records, entry i at i*32
-    DIR/checkpoint                    committedIndex / endIndex (Java-properties text), and
+    DIR/checkpoint                    committedIndex / endIndex (Java-properties text), repairIndex
+                                      while a repair is under way, and
                                       baseIndex / baseTerm / basePos once the log was reset
                                       to begin after a snapshot (`LogBase`)
     DIR/currterm                      currTerm / voteLeader (see node.store.term_vote)

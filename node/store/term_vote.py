@@ -7,8 +7,10 @@ or vote only after `save` returns (persist before send).
 
 A file that is present but unreadable (not UTF-8, no `currTerm=`/`voteLeader=` line, a term
 that is not a non-negative integer) raises `TermFileDamaged` naming the file: loading it as
-"term 0, no vote" would let the node vote a second time in a term it already voted in. Only an
-absent file is a new node. A failed save (ENOSPC, EIO) raises a store error (DISK_FULL /
+"term 0, no vote" would let the node vote a second time in a term it already voted in. The
+elector opens it with `tolerate_damage=True` and, for a damaged or an absent file alike, learns
+the group's term before voting (node/core/lost_state.py; docs/election.md "Non-voting
+members"), then saves the term with `LOST_VOTE`. A failed save (ENOSPC, EIO) raises a store error (DISK_FULL /
 DISK_ERROR) naming the file, and the term/vote in memory stays what is on disk.
 """
 
@@ -31,8 +33,8 @@ the one-vote-per-term rule then refuses every vote in that term, and only that t
 
 
 class TermFileDamaged(LayoutError):
-    """The term/vote file exists but cannot be trusted: the node must not start (an operator
-    restores it, or removes the node's store and re-adds it as a new member)."""
+    """The term/vote file exists but cannot be trusted: never read as term 0 (the elector
+    learns the group's term instead)."""
 
 
 @dataclass(frozen=True, slots=True)
