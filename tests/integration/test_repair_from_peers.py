@@ -351,3 +351,35 @@ def test_leader_damaged_while_down_rejoins_as_a_repairing_follower(make_cluster)
     wait_for(lambda: block_value(c.nodes[lead], "not_voting") == 0, 30, "the old leader to vote again")
     logs = same_logs(c, converged_then_stopped(c))
     assert [e[3] for e in logs[lead] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
+
+
+def test_wiped_store_behind_a_compacted_log_installs_a_snapshot_then_votes(make_cluster):
+    """The lost disk of a member whose leader's retention no longer has the log's start: it
+    catches up by a snapshot install plus the log after it, and votes only then."""
+    import shutil
+
+    from ipc.client import KVClient
+
+    c = make_cluster(3, state_machine="kv", snapshot_threshold=200, data_file_size=64 * 1024,
+                     max_body_size=16000, file_reserved_hours=0, disk_space_ratio_to_clean=0.0001)
+    lead = c.wait_leader(timeout=60)
+    victim = next(n for n in c.nodes if n != lead)
+    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
+        for i in range(1200):
+            kv.put(b"k%05d" % i, b"%d-" % i + b"x" * 200)
+    wait_for(lambda: all((m := c.metadata(n)) is not None and m.ledger_begin_index > 1
+                         for n in c.nodes if n != victim), 60, "retention to trim the live logs")
+    text = _restart_with(c, victim, lambda store: shutil.rmtree(store))
+    assert "once entries up to" in text, text[-3000:]
+    catch_up = int(_term_file(c.nodes[victim])["catchUpIndex"])
+    wait_for(lambda: f"caught up to index {catch_up}" in c.nodes[victim].log_text(), 90,
+             "the wiped node to catch up")
+    assert "installed the leader's snapshot" in c.nodes[victim].log_text()
+    wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote")
+    c.wait_converged(timeout=60)
+    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
+        cl.transfer_leadership(victim, timeout=30)
+    assert c.wait_leader(timeout=60) == victim  # its applier answers the reads below
+    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
+        assert kv.get(b"k00007").value.startswith(b"7-")
+        assert len(kv.scan(b"k0", limit=5000)) == 1200
