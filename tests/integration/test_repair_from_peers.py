@@ -383,3 +383,20 @@ def test_wiped_store_behind_a_compacted_log_installs_a_snapshot_then_votes(make_
     with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
         assert kv.get(b"k00007").value.startswith(b"7-")
         assert len(kv.scan(b"k0", limit=5000)) == 1200
+
+
+def test_damaged_follower_of_an_idle_group_is_repaired(make_cluster):
+    """No appends after the restart: only the leader's COMMIT messages reach the follower,
+    and its answer (it lacks the committed entry) is what makes the leader resend."""
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 600)
+    c.wait_converged(timeout=30)
+    victim = next(n for n in c.nodes if n != lead)
+    c.nodes[victim].stop()
+    truncate_data_file(c.nodes[victim])
+    c.nodes[victim].start()
+    wait_for(lambda: "DAMAGED committed entries" in c.nodes[victim].log_text(), 60, "the damage to be found")
+    wait_for(lambda: block_value(c.nodes[victim], "repair_index") == -1, 60, "the repair to finish")
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(600)]
