@@ -155,6 +155,12 @@ class NodeCollector(Collector):
                      st.get("pending_appends") if m.role == Role.LEADER else 0)
         yield _gauge("dledger_store_unwritable", "1 while the store refuses writes (disk full "
                      "or error)", lv, 1.0 if st.get("store_unwritable_ms") else 0.0)
+        yield _gauge("dledger_repair_index", "while >= 0 the store lost committed entries up "
+                     "to this index and fetches them again from the leader (-1: healthy)", lv,
+                     st.get("repair_index"))
+        yield _gauge("dledger_not_voting", "0 when this node votes and stands; else why not "
+                     "(1 store repair, 2 term/vote state lost, 3 catching up after a lost disk)",
+                     lv, st.get("not_voting"))
 
         for field, stem, doc in _COUNTERS:
             c = CounterMetricFamily(f"dledger_{stem}", doc, labels=_LABELS)

@@ -56,6 +56,9 @@ Safety rules added on top of DLedger (issue 10):
   vote round won): node/core/lease.py explains why the other roles may act on it.
 - **Unwritable store.** A LEADER whose `LedgerEnd.writable` is False steps down; a candidate
   that cannot write does not campaign (it still votes).
+- **Non-voting member.** While `LedgerEnd.voting` is False (a store repairing a damaged
+  committed range, lost term/vote state) the node neither votes nor stands, refuses
+  TAKE_LEADERSHIP, and a LEADER steps down; it still follows (docs/election.md).
 """
 
 from __future__ import annotations
@@ -413,6 +416,13 @@ class ElectorCore:
     def on_vote_request(self, req: VoteRequest, ledger: LedgerEnd, now_ms: int,
                         token: object = None) -> Step:
         """handleVote(request, false). Execute the Persist effect before the Reply."""
+        if not ledger.voting:
+            # No vote and no term adoption: UNKNOWN is "no valid answer" to the candidate, so a
+            # round that needed this node retries in its term instead of inflating terms.
+            self._out.replies.append(Reply(VoteResponse(
+                int(ResponseCode.SUCCESS), self.group, self.term, self.leader_id or "",
+                VoteResult.UNKNOWN, ledger.term, ledger.index, req.request_id), token))
+            return self._finish(now_ms)
         d: VoteDecision = decide_vote(self.view(ledger), req)
         if d.candidate_term is not None:
             # changeRoleToCandidate(request.term) + needIncreaseTermImmediately, applied now.
@@ -461,7 +471,7 @@ class ElectorCore:
             code = ResponseCode.UNEXPECTED_MEMBER
         elif req.term != self.term:
             code = ResponseCode.INCONSISTENT_TERM  # "[BUG] currTerm != request.term"
-        elif not ledger.writable:
+        elif not ledger.writable or not ledger.voting:
             code = ResponseCode.TAKE_LEADERSHIP_FAILED
         if code is not None:
             self._out.replies.append(Reply(TakeLeadershipResponse(
@@ -559,7 +569,7 @@ class ElectorCore:
                 break
 
     def _maintain_as_leader(self, now_ms: int, ledger: LedgerEnd) -> None:
-        if not ledger.writable:
+        if not ledger.writable or not ledger.voting:
             # C5: a leader whose handler cannot write would answer but never commit; step down
             # so that a member that can write takes over.
             self._step_down(now_ms)
@@ -593,8 +603,9 @@ class ElectorCore:
     def _maintain_as_candidate(self, now_ms: int, ledger: LedgerEnd) -> None:
         if self._vote_round is not None or now_ms < self.next_vote_ms:
             return
-        if not ledger.writable:
-            # C5: could not write a NOOP if elected; look again after another vote interval
+        if not ledger.writable or not ledger.voting:
+            # C5: could not write a NOOP if elected (or must not vote, not even for itself):
+            # look again after another vote interval
             # (re-arming the timer also keeps the caller from spinning on a past deadline).
             self.next_vote_ms = next_time_to_request_vote(now_ms, 0, self.cfg, self.rng)
             return

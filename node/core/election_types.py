@@ -91,6 +91,13 @@ class LedgerEnd(NamedTuple):
     index: int = -1
     term: int = -1
     writable: bool = True
+    voting: bool = True
+    """False while this node must not take part in elections: its store is repairing a
+    damaged committed range, or it lost its term/vote state and has not yet learned a term past
+    any it may have voted in (docs/election.md "Non-voting members"). It then grants no vote
+    (answers UNKNOWN: no valid answer, so no candidate moves to a new term because of it),
+    does not stand, refuses TAKE_LEADERSHIP, and a LEADER steps down. It still follows a
+    leader and stores what it pushes: that is how it repairs."""
 
 
 EMPTY_LEDGER = LedgerEnd()

@@ -289,7 +289,13 @@ class FollowerCore:
                     self.verified_end = max(self.verified_end, pre)  # we hold the leader's entry
             except StoreError:
                 pass
-            return out + self._commit(req.commit_index, store) + [Reply(ident, req, RC.SUCCESS, term)]
+            # A leader sends COMMIT only once this follower acknowledged everything up to it
+            # (nothing pending). A log that ends before the committed entry lost entries since
+            # (a repaired range, a lost disk, an async-mode tail): say so, or an idle leader
+            # would never resend them (its watermark says we have them).
+            lost = req.pre_log_index > store.ledger_end_index
+            return out + self._commit(req.commit_index, store) + [
+                Reply(ident, req, RC.INCONSISTENT_STATE if lost else RC.SUCCESS, term)]
         if kind == P.PushKind.COMPARE:
             out += self._drop_queue(term)
             try:

@@ -357,7 +357,14 @@ class DispatcherCore:
                 return False
             self._to_compare(now_ms, backoff=code != RC.INCONSISTENT_STATE)
             return False
-        return False  # COMMIT responses carry nothing we need
+        if (kind == "COMMIT" and code == RC.INCONSISTENT_STATE and self.state == PushState.APPEND
+                and not self.pending and end_index < self.match_index):
+            # The follower lacks the committed entry our watermark says it has (it lost
+            # entries: a repair, a wiped disk): compare again from its end. (With appends in
+            # flight the answer may predate them: their answers decide then.)
+            self.write_index = min(self.write_index, max(end_index, -1) + 1)
+            self._to_compare(now_ms)
+        return False  # other COMMIT responses carry nothing we need
 
 
 def _backup_target(x_term: int, x_index: int, compared: int, begin: int, end: int, term_at) -> int:  # noqa: ANN001

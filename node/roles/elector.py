@@ -35,7 +35,16 @@ import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
-from ipc.sockets import dealer, elector_address, from_source, pub, recv_routed, router, send_routed
+from ipc.sockets import (
+    data_address,
+    dealer,
+    elector_address,
+    from_source,
+    pub,
+    recv_routed,
+    router,
+    send_routed,
+)
 from node import channels
 from node.core.election import (
     ElectorCore,
@@ -47,6 +56,7 @@ from node.core.election import (
     Send,
     Step,
 )
+from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -62,10 +72,24 @@ from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT
 from node.store.base import StoreError
 from node.store.layout import LOCK_FILE, TERM_FILE, LayoutError
-from node.store.term_vote import TermVoteFile
+from node.store.term_vote import LOST_VOTE, TermVoteFile
 
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
 MAX_WAIT_MS = 1000  # the loop beats at least this often
+
+# Why a node does not vote (the block's `not_voting`, metric dledger_not_voting).
+NOT_VOTING_REPAIR = 1
+NOT_VOTING_TERM_LOST = 2
+NOT_VOTING_CATCH_UP = 3
+NOT_VOTING_WHY = {
+    NOT_VOTING_REPAIR: "its store is fetching a damaged committed range again (repair_index "
+                       "in the block, repairIndex in the checkpoint)",
+    NOT_VOTING_TERM_LOST: "its term/vote state is lost; asking the other members for the "
+                          "group's term",
+    NOT_VOTING_CATCH_UP: "it lost its disk and has not yet caught up to what the group had "
+                         "(catchUpIndex in currterm)",
+}
+LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
 
 
 def damaged_term_file(path: Path, e: Exception) -> str:
@@ -145,16 +169,19 @@ class Elector:
         self.hook = shlex.split(self.cfg.on_role_change) if self.cfg.on_role_change else []
         self.hook_procs: list[subprocess.Popen] = []
         self.leader_since_ms = 0
+        self._not_voting = 0  # the reason last published to the block's `not_voting`
 
     def now(self) -> int:
         return self.rc.clock()
 
     def _open_termvote(self) -> TermVoteFile:
-        """Read term and vote; a file that cannot be trusted stops the node (naming it): a
-        wrong term or a forgotten vote could make this node vote twice in one term."""
+        """Read term and vote. A file that cannot be trusted is not used: a wrong term or a
+        forgotten vote could make this node vote twice in one term. The node then learns the
+        group's term before it votes (`_learn_group_term`); only a file that cannot even be
+        examined stops the node (naming it)."""
         path = Path(self.cfg.store_dir) / TERM_FILE
         try:
-            return TermVoteFile(self.cfg.store_dir)
+            return TermVoteFile(self.cfg.store_dir, tolerate_damage=True)
         except (LayoutError, ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
             self.rc.fatal(damaged_term_file(path, e))
 
@@ -165,7 +192,102 @@ class Elector:
             writable = self.state.get("store_unwritable_ms") == 0
         except KeyError:  # a block layout without the field: the handler cannot tell us
             writable = True
-        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable)
+        reason = self._not_voting_reason(led.committed_index)
+        if reason != self._not_voting:
+            self._not_voting = reason
+            self.state.set("not_voting", reason)
+            if reason:
+                self.log.warning("%s does not vote or stand: %s", self.cfg.id, NOT_VOTING_WHY[reason])
+            else:
+                self.log.warning("%s votes again", self.cfg.id)
+        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0)
+
+    def _not_voting_reason(self, committed: int) -> int:
+        """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`)."""
+        if self.state.get("repair_index") >= 0:
+            return NOT_VOTING_REPAIR
+        tv = self.termvote.current
+        if tv.catch_up >= 0:
+            if committed < tv.catch_up:
+                return NOT_VOTING_CATCH_UP
+            self.termvote.save(tv.term, tv.voted_for, catch_up=-1)  # caught up, durably
+            self.log.warning("%s caught up to index %d after a lost disk", self.cfg.id, tv.catch_up)
+        return 0
+
+    def _learn_group_term(self) -> bool:
+        """The term/vote file is damaged or absent: before the core starts, ask the other
+        members' handlers for their term (METADATA) until `decide_lost_state` can decide, then
+        record it (node/core/lost_state.py says why this is safe). Meanwhile nothing is
+        voted or answered (the role is still the block's initial one: no leader, term 0, so
+        the handler refuses pushes too). False when the node is stopping."""
+        tv = self.termvote
+        led = self.state.read_ledger()
+        local_empty = led.ledger_end_index < 0 and led.ledger_begin_index < 0
+        n = len(self.peer_ids)
+        if n == 1 and tv.absent and local_empty:
+            return True
+        if tv.damaged is None and not tv.absent:
+            return True
+        self._not_voting = NOT_VOTING_TERM_LOST
+        self.state.set("not_voting", NOT_VOTING_TERM_LOST)
+        what = tv.damaged or ("no term/vote file and an empty store (a new member, or a lost disk)"
+                              if local_empty else "no term/vote file, but a log")
+        self.log.warning("%s: %s; not voting until %d other member(s) told their term",
+                         self.cfg.id, what, answers_needed(n))
+        answers: dict[str, PeerTerm] = {}
+        socks: dict[str, zmq.Socket] = {}
+        host = self.cfg.address[0]
+        source = host if self.cfg.connect_from_own_host else None
+        for peer in self.others:
+            h, p = self.cfg.peer_map[peer]
+            socks[peer] = dealer(self.rc.zctx, from_source(data_address(h, p), source))
+        poller = zmq.Poller()
+        for sk in socks.values():
+            poller.register(sk, zmq.POLLIN)
+        asked: dict[str, int] = {}
+        try:
+            while not self.rc.should_stop():
+                decision = decide_lost_state(n, list(answers.values()), file_absent=tv.absent,
+                                             local_empty=local_empty,
+                                             local_end_term=led.ledger_end_term)
+                if decision is not None:
+                    break
+                now = self.now()
+                for peer, sk in socks.items():
+                    if peer not in answers and now - asked.get(peer, -LOST_STATE_ASK_MS) >= LOST_STATE_ASK_MS:
+                        asked[peer] = now
+                        try:
+                            sk.send(P.encode(P.MetadataRequest(self.cfg.group, peer, request_id=now)),
+                                    zmq.NOBLOCK)
+                        except zmq.Again:
+                            pass
+                for sk, _ in poller.poll(100):
+                    peer = next(q for q, x in socks.items() if x is sk)
+                    try:
+                        msg = P.decode(sk.recv(zmq.NOBLOCK))
+                    except (zmq.Again, P.ProtocolError):
+                        continue
+                    if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
+                            and msg.group == self.cfg.group and msg.self_id == peer):
+                        answers[peer] = PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
+                self.rc.beat()
+            else:
+                return False
+        finally:
+            for sk in socks.values():
+                sk.close(linger=0)
+        if decision.new_group:
+            self.log.info("%s: a new group (every member that answered is in term 0 with an "
+                          "empty log): voting from the start", self.cfg.id)
+            return True
+        tv.save(decision.term, LOST_VOTE, catch_up=decision.catch_up)
+        self.log.warning("%s: the group is in term %d (answers: %s); recorded term %d with no "
+                         "vote to give in it: votes from term %d on%s", self.cfg.id, decision.term,
+                         ", ".join(f"{a.peer}={a.term}" for a in answers.values()), decision.term,
+                         decision.term + 1,
+                         f", once entries up to {decision.catch_up} are committed here"
+                         if decision.catch_up >= 0 else "")
+        return True
 
     def _transfer_view(self) -> TransferView:
         c = self.core
@@ -402,7 +524,7 @@ class Elector:
     def run(self) -> None:
         rc = self.rc
         tr = self.transport = ZmqElectorTransport(rc, self.others)
-        if not self._wait_for_handler():
+        if not self._wait_for_handler() or not self._learn_group_term():
             return
         self.start()
         poller = zmq.Poller()

@@ -27,8 +27,12 @@ loops calling the input methods (`handle_frame`, `on_commit_wakeup`, `on_control
 the simulator sets its own transport and calls the same methods. Every time is `self.now()`
 (`rc.clock`).
 
-A store that refuses to open (a damaged committed entry) is fatal: `rc.fatal(message)`, and the
-supervisor stops the node with that message instead of restarting it.
+A damaged committed range (found by recovery at open, or later by a read that fails its CRC:
+`store_damaged`) is cut and recorded by the store (`SegmentStore.mark_damaged`); the handler
+publishes the repair index (block `repair_index`), so the elector stops voting and standing
+until the leader's pushes have brought the range back (docs/store.md "Repair from peers"). A
+store that still refuses to open (a layout this version cannot read) is fatal:
+`rc.fatal(message)`, and the supervisor stops the node with that message.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT, MemberView
 from node.status import node_status
 from node.store import codec
-from node.store.base import StoreCorruptError, StoreError
+from node.store.base import CorruptEntry, StoreCorruptError, StoreError
 from node.store.layout import LOCK_FILE
 from node.store.segment_store import SegmentStore, disk_usage_ratio
 from node.store.stamps import session_stamps
@@ -267,17 +271,28 @@ class Handler(FollowerInstall):
         self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
         self._view: MemberView | None = None  # the member snapshot of the last tick
         self.metrics = HandlerMetrics(self.state, self.cfg.max_wait_ack_ms)  # /metrics words
+        self._published_repair = -1  # the block's repair_index as last written
+        # (first damaged index, why, repair target) found by a read, cut once this node no
+        # longer leads (store_damaged): a leader must not cut its log under its dispatchers.
+        self._damage: tuple[int, str, int] | None = None
 
     def now(self) -> int:
         return self.rc.clock()
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
-        """Open (recover) the store and publish the ledger. A damaged store is fatal."""
+        """Open (recover) the store and publish the ledger (with the repair index when recovery
+        found damaged committed entries). A store this version cannot read is fatal."""
         try:
             self.store.open()
         except StoreCorruptError as e:
             self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
+        if self.single and self.store.repair_index >= 0:
+            # Nobody to fetch the range from: serving on would hide the loss.
+            self.store.close()
+            self.rc.fatal(f"store {self.cfg.store_dir}: {self.store.damage or 'committed entries lost'}; "
+                          "a one-member group has no peer to repair it from: restore the store from "
+                          "a backup or a copy")
         self.retention.store = self.store  # `store` may have been replaced after construction
         self.metrics.watch_store(self.store)
         self.publish_ledger()
@@ -295,10 +310,65 @@ class Handler(FollowerInstall):
         self.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
                                 ledger_end_term=s.ledger_end_term, committed_index=s.committed_index,
                                 store_generation=s.generation)
+        repair = getattr(s, "repair_index", -1)
+        if self._damage is not None:
+            repair = max(repair, self._damage[2])
+        if repair != self._published_repair:
+            # After the ledger: the elector reads both under the member lock, and a repair
+            # that just ended is only ever published together with the ledger that ends it.
+            self.state.set("repair_index", repair)
+            if repair < 0:
+                self.log.warning("store repaired: committed entries up to %d are here again",
+                                 self._published_repair)
+            else:
+                self.log.warning("store repairing: does not vote until entries up to %d are "
+                                 "committed here again (committed %d)", repair, s.committed_index)
+            self._published_repair = repair
         self.metrics.published(store_end_pos(s))
         if self.sm_link is not None and self._apply_hint_due(s.committed_index):
             self._hinted_commit = s.committed_index
             self.sm_link.committed_moved()
+
+    def store_damaged(self, lo: int, hi: int, why: str) -> None:
+        """A read found damage among entries [lo, hi): find the first entry that fails its
+        checks and hand it to the store's one damage path (`SegmentStore.mark_damaged`),
+        under the member lock like every follower write, then publish: the elector sees
+        `repair_index` and steps down / stops voting; the leader's catch-up brings the range
+        back. Any other role (or a background check) that finds damage must get it here: the
+        handler is the store's one writer. A store that cannot cut there stops the node."""
+        s = self.store
+        first = -1
+        for i in range(max(lo, s.ledger_begin_index), min(hi, s.ledger_end_index + 1)):
+            try:
+                s.get(i)
+            except (StoreError, OSError):
+                first = i
+                break
+        if first < 0:
+            return  # a race with a truncation, not damage: the read is simply answered with an error
+        if self._damage is None or first < self._damage[0]:
+            self._damage = (first, why, max(s.committed_index, s.ledger_end_index))
+        self.log.error("entry %d is damaged (%s): stepping down if leading, then repairing", first, why)
+        self.publish_ledger()  # repair_index: the elector stops voting and a leader steps down
+        self._fail_all_pending()
+        self._cut_damage(self.state.read_member())
+
+    def _cut_damage(self, m: MemberView) -> None:
+        """The second half of `store_damaged`, once the block no longer says LEADER (the
+        elector stepped down on `repair_index`): cut the log at the damaged entry through the
+        store's one damage path. Until then nothing is cut: the dispatchers still read this
+        log, and `_leading` is already False so nothing new is written to it."""
+        if self._damage is None or m.role == Role.LEADER:
+            return
+        first, why, _target = self._damage
+        try:
+            with self.lock:
+                self.store.mark_damaged(first, why)
+                self._damage = None
+                self.publish_ledger()
+        except StoreError as e:
+            self.rc.fatal(f"store {self.cfg.store_dir}: damaged entry {first} cannot be repaired "
+                          f"in place: {e}")
 
     def _apply_hint_due(self, committed: int) -> bool:
         """Whether to wake the applier for this commit move. A leader's applier: always (its
@@ -351,7 +421,7 @@ class Handler(FollowerInstall):
     def _leading(self, m: MemberView, now: int) -> bool:
         """Act as leader only while the block says LEADER of the term whose NOOP we wrote and the
         lease holds (a paused or partitioned elector must not leave us serving: repro t5)."""
-        return (m.current_term == self.leader_term
+        return (m.current_term == self.leader_term and self._damage is None
                 and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
 
     # ------------------------------------------------------------------ replies
@@ -561,6 +631,9 @@ class Handler(FollowerInstall):
                 i += n
                 left -= n
         except (StoreError, codec.CodecError, OSError) as e:
+            if isinstance(e, (CorruptEntry, codec.CodecError)):
+                self.store_damaged(i, min(req.index + req.count, s.committed_index + 1), str(e))
+                e = StoreError(f"entry damaged on this node, repairing from peers: {e}", "DISK_ERROR")  # noqa: PLW2901
             self._error(ident, req, RC[getattr(e, "code_name", store_error_code(e))], str(e)[:200], m=m)
             return
         self._reply(ident, P.GetResponse(RC.SUCCESS, self.cfg.group, m.current_term,
@@ -1328,6 +1401,7 @@ class Handler(FollowerInstall):
         now = self.now()
         m = self._view = self.state.read_member()
         self._sync_role(m, now)
+        self._cut_damage(m)
         self._apply_quorum()
         self._expire_pending(now)
         self._execute(self.follower.check_abnormal(m, now, self.store), m)

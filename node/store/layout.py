@@ -3,7 +3,8 @@
     DIR/data/00000000000000000000     data segment files, named by their first byte's global
     DIR/data/00000000001073741824     offset (20 digits); all the same size, preallocated
     DIR/index/00000000000000000000    index segment files, 32-byte records, entry i at i*32
-    DIR/checkpoint                    committedIndex / endIndex (Java-properties text), and
+    DIR/checkpoint                    committedIndex / endIndex (Java-properties text), repairIndex
+                                      while a repair is under way, and
                                       baseIndex / baseTerm / basePos once the log was reset
                                       to begin after a snapshot (`LogBase`)
     DIR/currterm                      currTerm / voteLeader (see node.store.term_vote)
@@ -24,7 +25,7 @@ INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 TERM_FILE = "currterm"
 LOCK_FILE = "member.lock"
-_SEGMENT_NAME = re.compile(r"^\d{20}$")
+SEGMENT_NAME = re.compile(r"^\d{20}$")
 
 
 class LayoutError(ValueError):
@@ -56,7 +57,7 @@ def list_segments(directory: str | os.PathLike[str]) -> list[Segment]:
     if not d.is_dir():
         return []
     segs = sorted(
-        (Segment(int(p.name), p, p.stat().st_size) for p in d.iterdir() if _SEGMENT_NAME.match(p.name)),
+        (Segment(int(p.name), p, p.stat().st_size) for p in d.iterdir() if SEGMENT_NAME.match(p.name)),
         key=lambda s: s.start,
     )
     for prev, cur in zip(segs, segs[1:], strict=False):
@@ -90,6 +91,10 @@ class Checkpoint:
     committed_index: int = -1
     end_index: int = -1
     base: LogBase | None = None
+    repair_index: int = -1
+    """-1, or: this replica lost (damaged) entries it may have acknowledged, up to this index,
+    and must not vote until its committed index reaches it again (docs/store.md "Repair from
+    peers"). Written only while set, so a healthy store keeps DLedger's two-key file."""
 
 
 def parse_properties(path: str | os.PathLike[str], raw: bytes) -> dict[str, str]:
@@ -149,6 +154,7 @@ def write_properties_atomically(path: str | os.PathLike[str], values: dict[str, 
 
 
 _BASE_KEYS = ("baseIndex", "baseTerm", "basePos")
+_REPAIR_KEY = "repairIndex"
 
 
 def read_checkpoint(store_dir: str | os.PathLike[str]) -> Checkpoint:
@@ -161,9 +167,13 @@ def read_checkpoint(store_dir: str | os.PathLike[str]) -> Checkpoint:
         committed, end = int(props.get("committedIndex", -1)), int(props.get("endIndex", -1))
     except ValueError as e:
         raise LayoutError(f"{path}: {e}") from e
+    try:
+        repair = int(props.get(_REPAIR_KEY, -1))
+    except ValueError as e:
+        raise LayoutError(f"{path}: {e}") from e
     present = [k for k in _BASE_KEYS if k in props]
     if not present:
-        return Checkpoint(committed, end)
+        return Checkpoint(committed, end, None, repair)
     if len(present) != len(_BASE_KEYS):
         missing = ", ".join(k for k in _BASE_KEYS if k not in props)
         raise LayoutError(f"{path}: log base incomplete (no {missing}); the file is damaged")
@@ -173,7 +183,7 @@ def read_checkpoint(store_dir: str | os.PathLike[str]) -> Checkpoint:
         if not v.isdigit():
             raise LayoutError(f"{path}: {k}={v!r} is not a non-negative integer")
         values.append(int(v))
-    return Checkpoint(committed, end, LogBase(*values))
+    return Checkpoint(committed, end, LogBase(*values), repair)
 
 
 def write_checkpoint(store_dir: str | os.PathLike[str], cp: Checkpoint) -> None:
@@ -183,6 +193,8 @@ def write_checkpoint(store_dir: str | os.PathLike[str], cp: Checkpoint) -> None:
     values: dict[str, object] = {"committedIndex": cp.committed_index, "endIndex": cp.end_index}
     if cp.base is not None:
         values.update(zip(_BASE_KEYS, (cp.base.index, cp.base.term, cp.base.pos), strict=True))
+    if cp.repair_index >= 0:
+        values[_REPAIR_KEY] = cp.repair_index
     write_properties_atomically(Path(store_dir) / CHECKPOINT_FILE, values)
 
 

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from node.store.layout import list_segments, segment_name
+from node.store.layout import SEGMENT_NAME, Segment, list_segments, segment_name
 
 log = logging.getLogger("dledger.store")
 
@@ -237,6 +237,37 @@ class MappedFileList:
             f = MappedFile(seg.path, seg.start, seg.size, self.readonly)
             f.dirty = not self.readonly
             self.files.append(f)
+
+    def load_salvaging(self, derived: bool = False) -> tuple[str | None, list[Path]]:
+        """Recovery's `load` for a list that may be damaged: map the longest run of files
+        from the first that is contiguous and of the configured size, and return (what is
+        wrong, the files after it) instead of raising. The caller decides what the lost range
+        means and deletes the leftovers (after recording that it lost them).
+
+        One case stays an error for the data list: every file has the same size and it is not
+        the configured one. That is a configuration mistake (the store was created with another
+        file size), and reading it as damage would throw a healthy log away. A `derived` list
+        (the index: recovery rewrites it from the data) reports it as a problem instead."""
+        self.close()
+        segs = sorted((Segment(int(p.name), p, p.stat().st_size) for p in self.dir.iterdir()
+                       if SEGMENT_NAME.match(p.name)), key=lambda s: s.start) if self.dir.is_dir() else []
+        if not derived and segs and all(sg.size == segs[0].size != self.file_size for sg in segs):
+            raise StoreIOError(
+                f"{segs[0].path}: size {segs[0].size} but the store is configured for "
+                f"{self.file_size}; start with the file size the store was created with")
+        problem: str | None = None
+        for k, seg in enumerate(segs):
+            if seg.size != self.file_size:
+                problem = f"{seg.path.name}: size {seg.size}, expected {self.file_size} (truncated or damaged)"
+            elif self.files and seg.start != self.files[-1].end:
+                problem = (f"{self.dir.name}/ has no file at offset {self.files[-1].end} "
+                           f"(a segment file is missing; next is {seg.path.name})")
+            if problem is not None:
+                return problem, [sg.path for sg in segs[k:]]
+            f = MappedFile(seg.path, seg.start, seg.size, self.readonly)
+            f.dirty = not self.readonly
+            self.files.append(f)
+        return None, []
 
     def refresh(self) -> None:
         """Reader side: pick up files created or deleted by the writer since the last look.

@@ -10,8 +10,11 @@ Recovery (`open`) trusts the data list and nothing else: it walks entries from t
 file, checking magic, size, index continuity, term monotonicity, pos, and — in the last
 `recover_verify_files` files — the body CRC. The first entry that fails ends the log: the torn
 tail is zeroed and later files deleted, and the index list is rewritten wherever it disagrees.
-If that cut would remove an entry at or below the checkpoint's committed index the store refuses
-to open (StoreCorruptError) instead of losing a committed entry.
+If that cut removes an entry at or below the checkpoint's committed index (or a data file is
+missing or of the wrong size), the store records a *repair index* in the checkpoint first and
+then cuts: the node rejoins, does not vote, and fetches the range again from the leader
+(`mark_damaged`, the one path for damage found at open or later; docs/store.md "Repair from
+peers").
 
 A log can also begin after a snapshot (`reset_to`, issue 11 §4): the checkpoint then carries
 a log base (index S, term T, data position P); the log is empty from S + 1 until entries come,
@@ -42,7 +45,6 @@ from node.store.base import (
     InconsistentAppend,
     IndexOutOfRange,
     StoreConfig,
-    StoreCorruptError,
     StoreError,
     store_error_from_os,
 )
@@ -123,6 +125,11 @@ class SegmentStore:
         # begins at the first entry ever written. Persisted in the checkpoint.
         self._base: LogBase | None = None
         self._checkpointed = Checkpoint()
+        # -1, or the index this replica must hold committed again before it may vote: it
+        # found entries it may have acknowledged damaged or missing and cut them (mark_damaged;
+        # docs/store.md "Repair from peers"). Persisted in the checkpoint while set.
+        self.repair_index = -1
+        self.damage: str | None = None  # what the last damage found was (one line), for the operator
         self._lock = threading.Lock()  # file-list changes vs. the flush service
         # Checkpoint writes vs. reset_to: a periodic checkpoint must never write values read
         # before a reset after the reset's own checkpoint (it would put back a committed index
@@ -136,15 +143,15 @@ class SegmentStore:
     def open(self) -> None:
         """Recover the log from the files. Always moves the generation (recovery may cut the
         tail and delete files a reader of a previous incarnation still maps). I/O failures
-        raise DiskFull/DiskError naming the file; damage raises StoreCorruptError/LayoutError."""
+        raise DiskFull/DiskError naming the file; damage to committed entries is cut and recorded
+        (`repair_index`), a layout this version cannot read raises LayoutError."""
         self._broken = None  # recovery re-reads what is really on disk
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._gen = GenerationCounter(self.dir, durable=self._sync)
             with self._gen:
-                self.data.load()
-                self.index.load()
-                self._recover()
+                lost = self._load_lists()
+                self._recover(lost)
             if self._sync:
                 self.flush()  # whatever recovery found (or zeroed) is durable before we serve it
         except StoreIOError:
@@ -245,7 +252,22 @@ class SegmentStore:
         self.close()
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self) -> None:
+    def _load_lists(self) -> tuple[str | None, list[Path]]:
+        """Map both lists. The index list is derived data (recovery rewrites every record
+        from the data list), so an index file that is missing, of the wrong size or after a
+        hole is not damage: the whole list is rebuilt. A data list with a missing or
+        wrong-sized file keeps the files before it; returns (what is wrong, the files after
+        it) for `_recover`, which deletes them only once it has recorded what they held."""
+        problem, rest = self.data.load_salvaging()
+        idx_problem, idx_rest = self.index.load_salvaging(derived=True)
+        if idx_problem is not None:
+            log.warning("%s: index list damaged (%s): rebuilding it from the data", self.dir, idx_problem)
+            self.index.delete_all()
+            for p in idx_rest:
+                p.unlink(missing_ok=True)
+        return problem, rest
+
+    def _recover(self, lost: tuple[str | None, list[Path]] = (None, [])) -> None:
         cp = read_checkpoint(self.dir)
         base = cp.base
         cleaned = base is not None and self._drop_replaced_files(base)
@@ -315,17 +337,23 @@ class SegmentStore:
             end_pos = f.end  # the file ended in a BLANK: the log continues in the next one
 
         end = (expected_index - 1) if expected_index is not None else -1
-        if problem is not None:
-            first_lost = end + 1
-            if cp.committed_index >= first_lost:
-                raise StoreCorruptError(
-                    f"{self.dir}: committed entry {first_lost} (committed index {cp.committed_index}) "
-                    f"is damaged: {problem}. Refusing to start; restore this replica from a healthy peer.")
-            log.warning("%s: cutting the log after index %d: %s", self.dir, end, problem)
+        if problem is None and lost[0] is not None:
+            problem = lost[0]  # the walk ran off the end of the files before a missing one
+        self.repair_index = cp.repair_index
+        self._checkpointed = cp
         if cp.committed_index > end:
-            raise StoreCorruptError(
-                f"{self.dir}: checkpoint says entries up to {cp.committed_index} are committed but the "
-                f"log ends at {end}. Refusing to start; restore this replica from a healthy peer.")
+            # Committed entries are damaged or gone. Not cut silently, not refused either:
+            # recorded (repair index, durable before the cut), cut, and fetched again from the
+            # leader; the node must not vote meanwhile (docs/store.md "Repair from peers").
+            why = problem or f"the log ends at {end}, the checkpoint says {cp.committed_index} is committed"
+            self._enter_repair(max(cp.committed_index, cp.end_index), end + 1,
+                               Checkpoint(end, end, base, cp.repair_index), why)
+        elif problem is not None:
+            log.warning("%s: cutting the log after index %d: %s", self.dir, end, problem)
+        for p in lost[1]:
+            p.unlink(missing_ok=True)  # after the repair index is durable (inside open's fence)
+        if lost[1]:
+            fsync_dir(self.data.dir)
         if cp.end_index > end and problem is None:
             log.warning("%s: checkpoint recorded ledger end %d, recovered end is %d", self.dir, cp.end_index, end)
 
@@ -344,14 +372,59 @@ class SegmentStore:
         self.ledger_begin_index = begin
         self.ledger_end_index = end
         self.ledger_end_term = records[-1][4] if records else (base.term if anchored else -1)
-        committed = cp.committed_index
+        committed = min(cp.committed_index, end)
         if base is not None and base.index <= end:
             committed = max(committed, base.index)  # the base is a snapshot of committed state
         self.committed_index = committed
-        self._checkpointed = cp
-        log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s", self.dir, begin, end,
+        log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s%s", self.dir, begin, end,
                  self.ledger_end_term, self.committed_index,
-                 f" base={base.index}/{base.term}@{base.pos}" if base is not None else "")
+                 f" base={base.index}/{base.term}@{base.pos}" if base is not None else "",
+                 f" repairing up to {self.repair_index}" if self.repair_index >= 0 else "")
+
+    def _enter_repair(self, target: int, first_bad: int, cp: Checkpoint, why: str) -> None:
+        """Record durably that this replica lost entries up to `target` (from `first_bad`)
+        BEFORE anything is cut: a crash after it reopens with the repair index still set.
+        The checkpoint `cp` (committed and end at most first_bad - 1) is written with it.
+        The caller then cuts the log at `first_bad` (recovery's torn-tail cut or truncate)."""
+        self.repair_index = max(self.repair_index, target)
+        cp = Checkpoint(cp.committed_index, cp.end_index, cp.base, self.repair_index)
+        try:
+            write_checkpoint(self.dir, cp)
+        except OSError as e:
+            raise self._io_failed(e, "recording a damaged range") from e
+        self._checkpointed = cp
+        self.damage = f"committed entry {first_bad} is damaged: {why}"
+        log.error("%s: DAMAGED committed entries from index %d: %s. Cutting the log there and "
+                  "fetching it again from the leader; this node does not vote until it holds "
+                  "committed entries up to %d again (repair)", self.dir, first_bad, why,
+                  self.repair_index)
+
+    def mark_damaged(self, first_bad: int, why: str) -> int:
+        """THE path for a damaged entry found after open (a read that fails its CRC, a
+        background check): entries from `first_bad` on can no longer be trusted or served.
+        Records the repair index (everything this replica may have acknowledged: its ledger
+        end) durably, then drops the log from `first_bad` on -- even below the committed
+        index -- so the leader's normal catch-up (COMPARE at the new end, then APPEND, or an
+        install) fetches the range again. Recovery at open takes the same way
+        (`_enter_repair` + the cut). Returns the repair index; the caller (the handler, the
+        store's one writer, under the member lock) publishes it so the elector stops voting.
+
+        Raises StoreError when the log cannot be cut there: `first_bad` at the begin of a log
+        that retention trimmed (emptying it needs a snapshot to continue from)."""
+        if first_bad > self.ledger_end_index:
+            return self.repair_index
+        if first_bad < self.ledger_begin_index or (first_bad == self.ledger_begin_index and first_bad > 0
+                                                   and self.log_base is None):
+            raise StoreError(f"damaged entry {first_bad} at the begin {self.ledger_begin_index} of a "
+                             "trimmed log: cannot cut there", "DISK_ERROR")
+        target = max(self.committed_index, self.ledger_end_index)
+        keep = first_bad - 1
+        with self._cp_lock:
+            self._enter_repair(target, first_bad, Checkpoint(min(self.committed_index, keep), keep,
+                                                             self._base, self.repair_index), why)
+            self.committed_index = min(self.committed_index, keep)
+        self.truncate(first_bad)
+        return self.repair_index
 
     def _drop_replaced_files(self, base: LogBase) -> bool:
         """Delete the data files a reset left behind: every file that ends at or before the base
@@ -705,7 +778,7 @@ class SegmentStore:
         new = LogBase(b.index, b.term, pos)
         with self._cp_lock:
             end = self.ledger_end_index
-            cp = Checkpoint(min(self.committed_index, end), end, new)
+            cp = Checkpoint(min(self.committed_index, end), end, new, self.repair_index)
             try:
                 write_checkpoint(self.dir, cp)
             except OSError as e:
@@ -869,7 +942,8 @@ class SegmentStore:
                 # log's, so recovery can tell leftovers from new files by name alone.
                 pos = self.data.files[-1].end if self.data.files else self._data_end()
                 base = LogBase(snapshot_index, snapshot_term, pos)
-                cp = Checkpoint(snapshot_index, snapshot_index, base)
+                cp = Checkpoint(snapshot_index, snapshot_index, base,
+                                -1 if self.repair_index <= snapshot_index else self.repair_index)
                 try:
                     write_checkpoint(self.dir, cp)  # the commit point
                 except OSError as e:
@@ -880,6 +954,8 @@ class SegmentStore:
                 self.ledger_end_index = snapshot_index
                 self.ledger_end_term = snapshot_term
                 self.committed_index = snapshot_index
+                if 0 <= self.repair_index <= snapshot_index:
+                    self._repaired()
                 try:
                     with self._lock:
                         self.data.delete_all()  # front first: leftovers are a contiguous suffix
@@ -945,7 +1021,17 @@ class SegmentStore:
             index = self.ledger_end_index
         if index > self.committed_index:
             self.committed_index = index
+            if 0 <= self.repair_index <= index:
+                self._repaired()
 
+    def _repaired(self) -> None:
+        """The committed index reached the repair index: every entry this replica may have
+        acknowledged before the damage is here again, written by a leader that has it
+        committed. The next checkpoint drops the key (until then a restart only waits for
+        the commit again: being a non-voter longer is always safe)."""
+        log.warning("%s: repaired: committed entries up to %d are here again; voting resumes",
+                    self.dir, self.repair_index)
+        self.repair_index = -1
     # ------------------------------------------------------------------ durability
     def flush(self) -> None:
         """fdatasync what was written (and zeroed) since the last flush. A failure leaves the
@@ -979,7 +1065,7 @@ class SegmentStore:
 
     def _write_checkpoint(self, committed: int, end: int) -> None:
         """The caller holds `_cp_lock` (and read `committed`/`end` under it)."""
-        cp = Checkpoint(min(committed, end), end, self._base)
+        cp = Checkpoint(min(committed, end), end, self._base, self.repair_index)
         if cp != self._checkpointed:
             try:
                 write_checkpoint(self.dir, cp)
@@ -1078,6 +1164,7 @@ class SegmentStore:
             "data_wrote_position": self.data.wrote_position,
             "generation": self.generation,
             "base_index": self._base.index if self._base is not None else -1,
+            "repair_index": self.repair_index,
             "flush_failing": int(self.last_flush_error is not None),
             "refusing_writes": int(self._broken is not None),
         }

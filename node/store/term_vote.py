@@ -7,8 +7,10 @@ or vote only after `save` returns (persist before send).
 
 A file that is present but unreadable (not UTF-8, no `currTerm=`/`voteLeader=` line, a term
 that is not a non-negative integer) raises `TermFileDamaged` naming the file: loading it as
-"term 0, no vote" would let the node vote a second time in a term it already voted in. Only an
-absent file is a new node. A failed save (ENOSPC, EIO) raises a store error (DISK_FULL /
+"term 0, no vote" would let the node vote a second time in a term it already voted in. The
+elector opens it with `tolerate_damage=True` and, for a damaged or an absent file alike, learns
+the group's term before voting (node/core/lost_state.py; docs/election.md "Non-voting
+members"), then saves the term with `LOST_VOTE`. A failed save (ENOSPC, EIO) raises a store error (DISK_FULL /
 DISK_ERROR) naming the file, and the term/vote in memory stays what is on disk.
 """
 
@@ -23,25 +25,43 @@ from node.store.layout import TERM_FILE, LayoutError, parse_properties, write_pr
 
 TERM_KEY = "currTerm"
 VOTE_KEY = "voteLeader"
+CATCH_UP_KEY = "catchUpIndex"
+LOST_VOTE = "<lost>"
+"""The vote recorded for a term this node may have voted in but cannot tell for whom (its
+term/vote state was lost; docs/election.md "Non-voting members"): no member has this id, so
+the one-vote-per-term rule then refuses every vote in that term, and only that term."""
 
 
 class TermFileDamaged(LayoutError):
-    """The term/vote file exists but cannot be trusted: the node must not start (an operator
-    restores it, or removes the node's store and re-adds it as a new member)."""
+    """The term/vote file exists but cannot be trusted: never read as term 0 (the elector
+    learns the group's term instead)."""
 
 
 @dataclass(frozen=True, slots=True)
 class TermVote:
     term: int = 0
     voted_for: str | None = None  # a peer id, or None when no vote was cast in `term`
+    catch_up: int = -1
+    """-1, or: this node lost its disk and must hold entries up to this index, committed,
+    before it votes (what the group had when it rejoined)."""
 
 
 class TermVoteFile:
     """Load/save the term and vote of one node. `save` refuses to go backwards."""
 
-    def __init__(self, store_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, store_dir: str | os.PathLike[str], tolerate_damage: bool = False) -> None:
         self.path = Path(store_dir) / TERM_FILE
-        self.current = self.load()
+        self.absent = not self.path.exists()
+        # Why the file could not be trusted (tolerate_damage: the elector then learns the
+        # group's term before voting instead of refusing to start); None when it was read.
+        self.damaged: str | None = None
+        try:
+            self.current = self.load()
+        except TermFileDamaged as e:
+            if not tolerate_damage:
+                raise
+            self.damaged = str(e)
+            self.current = TermVote()
 
     def load(self) -> TermVote:
         """The saved term/vote; TermVote() when there is no file (a new node). Raises
@@ -68,23 +88,34 @@ class TermVoteFile:
             term = -1
         if term < 0 or not value.isdigit():
             raise TermFileDamaged(f"{self.path}: {TERM_KEY}={value!r} is not a non-negative integer")
-        return TermVote(term, props[VOTE_KEY] or None)
+        catch_up = props.get(CATCH_UP_KEY, "-1")
+        try:
+            catch_up_index = int(catch_up)
+        except ValueError:
+            raise TermFileDamaged(f"{self.path}: {CATCH_UP_KEY}={catch_up!r} is not an integer") from None
+        return TermVote(term, props[VOTE_KEY] or None, catch_up_index)
 
-    def save(self, term: int, voted_for: str | None) -> TermVote:
+    def save(self, term: int, voted_for: str | None, catch_up: int | None = None) -> TermVote:
         """Durably record (term, voted_for). A lower term, or a different vote in the same term,
-        is a bug in the caller and raises instead of being written. An I/O failure raises
-        DiskFull/DiskError naming the file; nothing changes then."""
+        is a bug in the caller and raises instead of being written. `catch_up` None keeps the
+        current one. An I/O failure raises DiskFull/DiskError naming the file; nothing changes
+        then. A damaged file is replaced whole by the first save."""
         cur = self.current
         if term < cur.term:
             raise ValueError(f"term going backwards: {cur.term} -> {term}")
         if term == cur.term and cur.voted_for is not None and voted_for != cur.voted_for:
             raise ValueError(f"second vote in term {term}: {cur.voted_for} then {voted_for}")
-        new = TermVote(term, voted_for)
-        if new != cur:
+        new = TermVote(term, voted_for, cur.catch_up if catch_up is None else catch_up)
+        if new != cur or self.damaged is not None:
+            values: dict[str, object] = {TERM_KEY: term, VOTE_KEY: voted_for or ""}
+            if new.catch_up >= 0:
+                values[CATCH_UP_KEY] = new.catch_up
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                write_properties_atomically(self.path, {TERM_KEY: term, VOTE_KEY: voted_for or ""})
+                write_properties_atomically(self.path, values)
             except OSError as e:
                 raise store_error_from_os(e, f"saving term {term} / vote {voted_for or '-'}") from e
             self.current = new
+            self.damaged = None
+            self.absent = False
         return new

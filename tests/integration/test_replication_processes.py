@@ -11,6 +11,7 @@ from ipc import protocol as P
 from ipc.client import DLedgerError
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.shared_state import SharedState
 
 
 def assert_identical_replicas(c, acked: dict[int, bytes]) -> list:
@@ -72,6 +73,10 @@ def test_append_times_out_with_followers_down_then_commits_when_they_return(make
     c = make_cluster(3, max_heartbeat_leak=60, max_wait_ack_ms=500)
     lead = c.wait_leader(timeout=15)
     followers = [x for x in c.nodes if x != lead]
+    # Every member votes: one that found the group already in a term when it first started
+    # (slow to start) votes only once it has caught up, and a follower that cannot vote could
+    # not help elect below (docs/election.md "Non-voting members").
+    wait_for(lambda: all(_not_voting(c, n) == 0 for n in c.nodes), 30, "every member to vote")
     for f in followers:
         c.nodes[f].kill()
     # Without a session: the node's own answer is what this test is about (with one, the
@@ -90,6 +95,14 @@ def test_append_times_out_with_followers_down_then_commits_when_they_return(make
         assert cl.get(end).body == b"waiting for a quorum"
         c.nodes[followers[1]].start()
         c.wait_converged(timeout=20)
+
+
+def _not_voting(c, node_id: str) -> int:
+    st = SharedState.attach(c.nodes[node_id].shm_name())
+    try:
+        return st.get("not_voting")
+    finally:
+        st.close()
 
 
 def _raw_dealer(c, node_id):

@@ -1,6 +1,7 @@
-"""A replica whose store holds a damaged committed entry refuses to start (contract C6): the
-handler stops fatally with one line naming the store and the entry, and the supervisor stops
-the node — no restart loop, no half-alive node answering without a log."""
+"""A ONE-member group whose store holds a damaged committed entry refuses to start (contract
+C6): there is no peer to repair it from (a member of a larger group repairs instead:
+test_repair_from_peers.py). The handler stops fatally with one line naming the store and the
+entry, and the supervisor stops the node — no restart loop, no half-alive node."""
 
 import os
 import signal

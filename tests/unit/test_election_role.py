@@ -1,7 +1,7 @@
 """The elector role class (node/roles/elector.py) driven in-process through its injectable I/O
 (contract C7): a fake transport, a virtual clock, a real shared block. What the role adds to the
 core: the block's ledger end and writability, CONFIRM_LEADERSHIP and transfers on the control
-channel, and a fatal stop on a damaged term/vote file."""
+channel, a damaged term/vote file that is not trusted, and a node that must not vote."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from node import channels
 from node.config import NodeConfig
 from node.roles.elector import Elector
 from node.shared_state import SharedState, segment_name
+from node.store.term_vote import LOST_VOTE, TermVote, TermVoteFile
 
 PEERS = "n0-127.0.0.1:20001;n1-127.0.0.1:20003;n2-127.0.0.1:20005"
 
@@ -112,13 +113,49 @@ def answer_heartbeats(el: Elector, tr: FakeTransport, *peers: str) -> None:
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"currTerm=x\nvoteLeader=\n"])
-def test_damaged_term_file_is_a_fatal_stop_naming_the_file(rc, content):
+def test_damaged_term_file_is_not_trusted_and_replaced_by_the_first_save(rc, content):
+    """Not a fatal stop any more: the elector learns the group's term before voting
+    (`_learn_group_term`); the damaged file is never read as term 0."""
     path = Path(rc.cfg.store_dir) / "currterm"
     path.write_bytes(content)
-    with pytest.raises(Fatal) as ei:
-        Elector(rc)
-    assert str(ei.value).startswith(f"{path}: ")
-    assert "\n" not in str(ei.value)
+    el = Elector(rc)
+    assert el.termvote.damaged is not None and str(path) in el.termvote.damaged
+    el.termvote.save(7, LOST_VOTE)
+    assert TermVoteFile(rc.cfg.store_dir).current == TermVote(7, LOST_VOTE)
+
+
+def test_a_lost_vote_refuses_every_vote_in_its_term_only(rc):
+    (Path(rc.cfg.store_dir) / "currterm").write_text(f"currTerm=7\nvoteLeader={LOST_VOTE}\n")
+    el, tr = started(rc)
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 7, -1, -1, 1)))
+    assert tr.replies[-1][1].vote_result == VoteResult.REJECT_ALREADY_VOTED
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, -1, -1, 2)))  # enters 8 first
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, -1, -1, 3)))
+    assert tr.replies[-1][1].vote_result == VoteResult.ACCEPT
+
+
+@pytest.mark.parametrize("field,value", [("repair_index", 40)])
+def test_a_repairing_node_neither_votes_nor_stands_and_a_leader_steps_down(rc, field, value):
+    el, tr = lead(rc)
+    rc.state.set(field, value)
+    rc.now += el.next_wait_ms() + 1
+    el.tick()
+    assert rc.state.read_member().role != Role.LEADER
+    assert rc.state.get("not_voting") == 1
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 50, -1, -1, 9)))
+    assert tr.replies[-1][1].vote_result == VoteResult.UNKNOWN
+    assert el.core.term < 50  # no term adoption either
+    tr.sent.clear()
+    for _ in range(20):  # however long it waits, it never stands
+        rc.now = el.core.next_deadline(rc.now)
+        el.tick()
+    assert tr.take(P.VoteRequest) == []
+    rc.state.set(field, -1)
+    rc.now = el.core.next_deadline(rc.now) + 1000
+    el.tick()
+    rc.now = el.core.next_deadline(rc.now)
+    el.tick()
+    assert tr.take(P.VoteRequest) and rc.state.get("not_voting") == 0
 
 
 def test_start_publishes_candidate_and_first_vote_is_in_a_new_term(rc):

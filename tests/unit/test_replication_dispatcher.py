@@ -577,3 +577,19 @@ def test_bug_stale_append_success_must_not_cancel_the_resend() -> None:
     assert 5 in d.pending, "B (5..9) was never acknowledged"
     # B is lost: after the push timeout the dispatcher must resend from the watermark
     assert act(d, log, 2 * t + 1, committed=7) == Append(8, 2)
+
+
+def test_a_follower_that_lost_acknowledged_entries_is_compared_again_from_its_end() -> None:
+    """An idle leader only sends COMMIT; a follower whose log was cut (repair from peers) or
+    wiped answers it INCONSISTENT_STATE with its end, and the dispatcher compares again from
+    there (before, the answer was ignored and the follower never got its entries back)."""
+    log = Log([1] * 10)
+    d = to_append(log, 9)
+    assert act(d, log, 100, committed=9) == Commit(9)
+    d.sent(Commit(9), 100)
+    d.on_response("COMMIT", RC.INCONSISTENT_STATE, 100, end_index=4, first_index=9)
+    assert d.state == PushState.COMPARE
+    assert act(d, log, 100, committed=9) == Compare(4, 1)
+    d2 = to_append(Log([1] * 10, begin=5), 9)  # the leader's retention is past the follower's end
+    d2.on_response("COMMIT", RC.INCONSISTENT_STATE, 100, end_index=-1, first_index=9)
+    assert isinstance(act(d2, Log([1] * 10, begin=5), 100, committed=9), NeedSnapshot)

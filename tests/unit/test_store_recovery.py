@@ -1,5 +1,7 @@
 """Recovery at open (SPEC §4): torn tails are cut, index files are rebuilt from data, and a
-damaged *committed* entry makes the store refuse to open instead of silently losing it."""
+damaged *committed* entry is never silently lost: it is cut with a repair index recorded first
+(the node then does not vote until the range is fetched again: docs/store.md "Repair from
+peers")."""
 
 import os
 import struct
@@ -7,7 +9,7 @@ import struct
 import pytest
 
 from node.store import codec
-from node.store.base import CorruptEntry, StoreCorruptError
+from node.store.base import CorruptEntry
 from node.store.layout import Checkpoint, read_checkpoint, write_checkpoint
 from node.store.segment_store import SegmentStore, StoreConfig
 
@@ -51,11 +53,15 @@ def test_bit_flip_in_uncommitted_tail_is_cut(tmp_path):
         assert s.ledger_end_index == 25 and bytes(s.get(25).body) == b"new"
 
 
-def test_bit_flip_in_committed_entry_refuses_to_open(tmp_path):
+def test_bit_flip_in_committed_entry_is_cut_and_marked_for_repair(tmp_path):
     pos = _write(tmp_path, 30, committed=28)
     _patch(tmp_path, pos[25] + codec.HEADER_SIZE + 2, b"\xff")
-    with pytest.raises(StoreCorruptError, match="committed entry 25"):
-        SegmentStore(_cfg(tmp_path)).open()
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index) == (24, 24)
+        assert s.repair_index == 29  # everything it may have acknowledged: the old end
+        assert read_checkpoint(tmp_path).repair_index == 29  # durable before the cut
+    with SegmentStore(_cfg(tmp_path)) as s:  # a restart keeps the mark
+        assert s.repair_index == 29
 
 
 def test_committed_corruption_outside_verified_files_is_caught_on_read(tmp_path):
@@ -104,11 +110,11 @@ def test_index_records_beyond_data_are_dropped(tmp_path):
         assert r.index == 5 and s.index_record(5).pos == r.pos
 
 
-def test_checkpoint_beyond_log_end_refuses(tmp_path):
+def test_checkpoint_beyond_log_end_marks_for_repair(tmp_path):
     _write(tmp_path, 5)
     write_checkpoint(tmp_path, Checkpoint(committed_index=9, end_index=9))
-    with pytest.raises(StoreCorruptError, match="log ends at 4"):
-        SegmentStore(_cfg(tmp_path)).open()
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (4, 4, 9)
 
 
 def test_truncate_zeroes_so_a_crash_cannot_resurrect(tmp_path):

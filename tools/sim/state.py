@@ -57,7 +57,7 @@ class NodeBlock:
         self.quorum = QuorumView(-1, -1)
         self.snapshot = SnapshotView(-1, -1)  # the applier's newest snapshot (--state-machine)
         self.peers = [PeerView(p, -1, -1, False, 0, 0, 0, 0, 0) for p in range(n_peers)]
-        self.words: dict[str, int] = {}
+        self.words: dict[str, int] = {"repair_index": -1}  # as SharedState.create initialises it
 
 
 class SimState:

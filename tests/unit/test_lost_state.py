@@ -1,0 +1,47 @@
+"""decide_lost_state (node/core/lost_state.py): when a member that lost its term/vote state
+knows enough to vote again, and when an empty member is in a brand-new group."""
+
+from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
+
+
+def a(peer, term, end=-1, committed=-1):
+    return PeerTerm(peer, term, end, committed)
+
+
+def test_answers_needed_intersect_every_majority_without_me():
+    # n - majority + 1 others: with the majority's other members (majority - 1 of them) they
+    # are more than the n - 1 others, so they share one.
+    assert [answers_needed(n) for n in (1, 2, 3, 4, 5, 7)] == [1, 1, 2, 2, 3, 4]
+
+
+def test_damaged_file_waits_for_enough_answers_then_takes_the_highest_term():
+    kw = dict(file_absent=False, local_empty=False, local_end_term=3)
+    assert decide_lost_state(3, [a("n1", 9, 50)], **kw) is None
+    d = decide_lost_state(3, [a("n1", 9, 50), a("n2", 11, 40)], **kw)
+    assert (d.new_group, d.term, d.catch_up) == (False, 11, -1)
+
+
+def test_brand_new_group_needs_a_majority_with_me_all_in_term_zero():
+    kw = dict(file_absent=True, local_empty=True, local_end_term=-1)
+    assert decide_lost_state(3, [a("n1", 0)], **kw).new_group
+    assert decide_lost_state(5, [a("n1", 0)], **kw) is None
+    assert decide_lost_state(5, [a("n1", 0), a("n2", 0)], **kw).new_group
+    assert decide_lost_state(1, [], **kw).new_group
+
+
+def test_lost_disk_is_any_history_and_catches_up_to_the_highest_end():
+    kw = dict(file_absent=True, local_empty=True, local_end_term=-1)
+    assert decide_lost_state(3, [a("n1", 4, 120)], **kw) is None  # history: wait for the rest
+    d = decide_lost_state(3, [a("n1", 4, 120, 118), a("n2", 0, -1)], **kw)
+    assert (d.new_group, d.term, d.catch_up) == (False, 4, 120)
+
+
+def test_absent_file_with_a_log_is_lost_state_not_a_new_node():
+    d = decide_lost_state(3, [a("n1", 0), a("n2", 0)], file_absent=True, local_empty=False,
+                          local_end_term=2)
+    assert (d.new_group, d.term, d.catch_up) == (False, 2, -1)
+
+
+def test_single_member_uses_its_log_term():
+    d = decide_lost_state(1, [], file_absent=False, local_empty=False, local_end_term=6)
+    assert (d.new_group, d.term) == (False, 6)

@@ -1,0 +1,157 @@
+"""Damage to committed entries, at open and later (docs/store.md "Repair from peers"): the
+store cuts the log at the first entry it cannot trust, records a repair index durably before
+the cut, clears it once the committed index (set from a leader) reaches it again, and never
+serves a damaged entry. Every damage kind a disk can produce, not just the one a test flips."""
+
+import os
+
+import pytest
+
+from node.store import codec
+from node.store.base import StoreError
+from node.store.layout import read_checkpoint
+from node.store.mmap_file import StoreIOError
+from node.store.segment_store import SegmentStore, StoreConfig
+
+FILE = 4096
+
+
+def _cfg(path, **kw):
+    return StoreConfig(store_dir=str(path), data_file_size=FILE, index_file_size=256, **kw)
+
+
+def _body(i):
+    return bytes([i % 251]) * 300  # ~12 entries per data file
+
+
+def _write(path, n=60, committed=55):
+    with SegmentStore(_cfg(path)) as s:
+        for i in range(n):
+            s.append_leader(_body(i), 1 + i // 20)
+        s.set_committed_index(committed)
+        return [s.index_record(i).pos for i in range(n)]
+
+
+def _data_files(path):
+    return sorted((path / "data").iterdir())
+
+
+def _check_prefix(s, end):
+    for i in range(end + 1):
+        assert bytes(s.get(i).body) == _body(i)
+
+
+def _catch_up(s, upto, committed):
+    """What a leader's pushes do: entries again, then the commit index."""
+    for i in range(s.ledger_end_index + 1, upto + 1):
+        s.append_leader(_body(i), 1 + i // 20)
+    s.set_committed_index(committed)
+
+
+@pytest.mark.parametrize("verify_files", [3, 100])
+def test_flipped_body_byte_in_a_verified_file(tmp_path, verify_files):
+    pos = _write(tmp_path)
+    victim = 50 if verify_files == 3 else 10  # the last 3 files are CRC-checked by default
+    with open(tmp_path / "data" / f"{pos[victim] - pos[victim] % FILE:020d}", "r+b") as fh:
+        fh.seek(pos[victim] % FILE + codec.HEADER_SIZE + 100)
+        fh.write(b"\x00")
+    with SegmentStore(_cfg(tmp_path, recover_verify_files=verify_files)) as s:
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (victim - 1, victim - 1, 59)
+        _check_prefix(s, victim - 1)
+        _catch_up(s, 59, 55)
+        assert s.repair_index == 59  # committed 55 < 59: entries it may have acked are not all back
+        s.set_committed_index(59)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert s.repair_index == -1 and read_checkpoint(tmp_path).repair_index == -1
+        _check_prefix(s, 59)
+
+
+def test_missing_middle_data_file(tmp_path):
+    _write(tmp_path)
+    files = _data_files(tmp_path)
+    gone = files[2]
+    gone.unlink()
+    with SegmentStore(_cfg(tmp_path)) as s:
+        first_lost = s.ledger_end_index + 1
+        assert first_lost > 0 and s.repair_index == 59
+        assert s.data.files[-1].end <= int(gone.name) + FILE  # files after the hole are gone
+        _check_prefix(s, s.ledger_end_index)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        _check_prefix(s, 59)
+
+
+def test_missing_last_data_file_below_commit(tmp_path):
+    _write(tmp_path, committed=59)
+    _data_files(tmp_path)[-1].unlink()
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert s.ledger_end_index < 59 and s.repair_index == 59
+
+
+def test_truncated_data_file(tmp_path):
+    _write(tmp_path)
+    f = _data_files(tmp_path)[1]
+    os.truncate(f, 1000)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert s.repair_index == 59 and len(s.data.files) == 1
+        _check_prefix(s, s.ledger_end_index)
+
+
+def test_every_file_of_another_size_is_a_configuration_error(tmp_path):
+    _write(tmp_path)
+    with pytest.raises(StoreIOError, match="configured for 8192"):
+        SegmentStore(StoreConfig(store_dir=str(tmp_path), data_file_size=8192, index_file_size=256)).open()
+    with SegmentStore(_cfg(tmp_path)) as s:  # nothing was thrown away
+        assert s.ledger_end_index == 59 and s.repair_index == -1
+
+
+def test_truncated_or_missing_index_file_is_rebuilt_without_repair(tmp_path):
+    _write(tmp_path)
+    idx = sorted((tmp_path / "index").iterdir())
+    os.truncate(idx[1], 100)
+    idx[3].unlink()
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.repair_index) == (59, -1)  # the index is derived data
+        _check_prefix(s, 59)
+
+
+def test_garbled_header_in_committed_range(tmp_path):
+    pos = _write(tmp_path)
+    with open(tmp_path / "data" / f"{pos[20] - pos[20] % FILE:020d}", "r+b") as fh:
+        fh.seek(pos[20] % FILE + 8)  # the index field
+        fh.write(b"\x7f" * 8)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.repair_index) == (19, 59)
+
+
+def test_mark_damaged_at_runtime_cuts_below_commit_and_survives_restart(tmp_path):
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        g = s.generation
+        assert s.mark_damaged(30, "CRC mismatch on read") == 59
+        assert (s.ledger_end_index, s.committed_index) == (29, 29)
+        assert s.generation > g  # readers mapping the old files are fenced
+        _check_prefix(s, 29)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.repair_index) == (29, 59)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+
+
+def test_mark_damaged_at_a_trimmed_begin_refuses(tmp_path):
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.delete_before(40)
+        with pytest.raises(StoreError, match="trimmed"):
+            s.mark_damaged(s.ledger_begin_index, "x")
+
+
+def test_install_clears_repair_when_it_covers_it(tmp_path):
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.mark_damaged(10, "x")
+        s.reset_to(70, 4)
+        assert s.repair_index == -1
+    assert read_checkpoint(tmp_path).repair_index == -1
