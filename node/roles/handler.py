@@ -27,8 +27,10 @@ loops calling the input methods (`handle_frame`, `on_commit_wakeup`, `on_control
 the simulator sets its own transport and calls the same methods. Every time is `self.now()`
 (`rc.clock`).
 
-A store that refuses to open (a damaged committed entry) is fatal: `rc.fatal(message)`, and the
-supervisor stops the node with that message instead of restarting it.
+A damaged committed entry — found by recovery at open, by the scrub of what recovery left
+unchecked (one step per loop turn, `_scrub`) or by a GET — goes to the node's one damage path,
+`node.roles.store_damage.store_damaged` (today a fatal stop: the supervisor stops the node
+with that message instead of restarting it).
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ from node.role_metrics import HandlerMetrics, store_end_pos
 from node.roles.handler_install import FollowerInstall
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
+from node.roles.store_damage import store_damaged
 from node.shared_state import NO_SLOT, MemberView
 from node.status import node_status
 from node.store import codec
-from node.store.base import StoreCorruptError, StoreError
+from node.store.base import CorruptEntry, StoreCorruptError, StoreError, committed_damage
 from node.store.layout import LOCK_FILE
 from node.store.segment_store import SegmentStore, disk_usage_ratio
 from node.store.stamps import session_stamps
@@ -98,6 +101,7 @@ QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
 FOLLOWER_APPLY_RUN = 256  # a follower wakes its applier once this many entries committed unapplied
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
+SCRUB_STEP_BYTES = 1 << 20  # data the scrub checks per loop turn (~1-3 ms of CPU)
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
 
@@ -260,6 +264,7 @@ class Handler(FollowerInstall):
         self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
         self._view: MemberView | None = None  # the member snapshot of the last tick
         self.metrics = HandlerMetrics(self.state, self.cfg.max_wait_ack_ms)  # /metrics words
+        self._unchecked_published = -1  # unchecked_end_index as last published
 
     def now(self) -> int:
         return self.rc.clock()
@@ -270,10 +275,27 @@ class Handler(FollowerInstall):
         try:
             self.store.open()
         except StoreCorruptError as e:
-            self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
+            store_damaged(self.rc, e)
         self.retention.store = self.store  # `store` may have been replaced after construction
         self.metrics.watch_store(self.store)
+        # Before the ledger is published (and so before this node can lead): a dispatcher
+        # checks what it pushes at or below this index, which recovery left unchecked.
+        self._unchecked_published = self.store.unchecked_end
+        self.state.set("unchecked_end_index", self._unchecked_published)
         self.publish_ledger()
+
+    def _scrub(self) -> None:
+        """One step of the scrub of the entries recovery left unchecked (SegmentStore
+        .scrub_step, ~1 MiB per loop turn, so requests wait at most a few ms for it); damage
+        goes to the node's damage path. Publishes `unchecked_end_index` = -1 once done."""
+        try:
+            self.store.scrub_step(SCRUB_STEP_BYTES)
+        except StoreCorruptError as e:
+            store_damaged(self.rc, e)
+        end = self.store.unchecked_end
+        if end != self._unchecked_published:
+            self._unchecked_published = end
+            self.state.set("unchecked_end_index", end)
 
     def close(self) -> None:
         self._fail_all_pending()
@@ -547,14 +569,20 @@ class Handler(FollowerInstall):
         try:
             while left > 0 and size < MAX_GET_BYTES:
                 blob, n = s.get_raw(i, left, MAX_GET_BYTES - size)
-                for _off, _e in codec.iter_entries(blob):  # verify CRCs: never serve garbage
-                    pass
+                # Verify every header and CRC: never serve garbage (entries below the
+                # checkpoint may not have been checked since open: docs/store.md "Recovery").
+                for k, (_off, e) in enumerate(codec.iter_entries(blob)):
+                    if e.index != i + k:
+                        raise CorruptEntry(f"entry {i + k}: the data file holds index {e.index} there")
                 parts.append(bytes(blob))
                 size += len(blob)
                 i += n
                 left -= n
         except (StoreError, codec.CodecError, OSError) as e:
             self._error(ident, req, RC[getattr(e, "code_name", store_error_code(e))], str(e)[:200], m=m)
+            if isinstance(e, (CorruptEntry, codec.CodecError)):  # a committed entry is damaged
+                self._flush_replies()
+                store_damaged(self.rc, committed_damage(self.cfg.store_dir, i, s.committed_index, str(e)))
             return
         self._reply(ident, P.GetResponse(RC.SUCCESS, self.cfg.group, m.current_term,
                                          self._slot_id(m.leader_slot), b"".join(parts), req.request_id))
@@ -1285,6 +1313,8 @@ class Handler(FollowerInstall):
         self._probe_room(now)
         if self.retention.due(now):
             self._run_retention(now)
+        if self._unchecked_published >= 0:
+            self._scrub()
         self._flush_wake()
         self._flush_replies()
         self.metrics.pending(self.pending.entries)
@@ -1303,6 +1333,8 @@ class Handler(FollowerInstall):
             due.append(now + READ_POLL_MS)
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)
+        if self._unchecked_published >= 0:
+            due.append(now + 1)  # the scrub has work: its next step after a short poll
         if self.unwritable:
             due.append(max(now + 1, self.next_room_probe_ms))
         elif self.leader_term == -1 and self._view is not None and self._view.role == Role.LEADER:

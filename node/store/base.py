@@ -83,6 +83,15 @@ class StoreCorruptError(StoreError):
     code_name = "DISK_ERROR"
 
 
+def committed_damage(store_dir: object, index: int, committed: int, problem: str) -> StoreCorruptError:
+    """The one error for a damaged committed entry, wherever it is found (recovery at open,
+    the scrub, a read): it names the store, the entry and what is wrong. Whoever gets it hands
+    it to the node's damage path (node.roles.store_damage) and never serves the entry."""
+    return StoreCorruptError(
+        f"{store_dir}: committed entry {index} (committed index {committed}) is damaged: "
+        f"{problem}. Refusing to start; restore this replica from a healthy peer.")
+
+
 class AppendResult(NamedTuple):
     index: int
     term: int
