@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -101,7 +102,11 @@ QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
 FOLLOWER_APPLY_RUN = 256  # a follower wakes its applier once this many entries committed unapplied
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
-SCRUB_STEP_BYTES = 1 << 20  # data the scrub checks per loop turn (~1-3 ms of CPU)
+SCRUB_STEP_BYTES = 1 << 20  # data the scrub checks per step (~1-3 ms of CPU)
+SCRUB_DELAY_MS = int(os.environ.get("DLEDGER_SCRUB_DELAY_MS", "2000"))
+"""The scrub starts this long after the store opened (the environment variable is for tests
+that must reach an unchecked entry through a read before the scrub does)."""
+SCRUB_PAUSE_FACTOR = 2  # pause after a scrub step: this many times what the step took
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
 
@@ -265,6 +270,7 @@ class Handler(FollowerInstall):
         self._view: MemberView | None = None  # the member snapshot of the last tick
         self.metrics = HandlerMetrics(self.state, self.cfg.max_wait_ack_ms)  # /metrics words
         self._unchecked_published = -1  # unchecked_end_index as last published
+        self._next_scrub_ms = 0  # when the scrub's next step is due
 
     def now(self) -> int:
         return self.rc.clock()
@@ -282,16 +288,27 @@ class Handler(FollowerInstall):
         # checks what it pushes at or below this index, which recovery left unchecked.
         self._unchecked_published = self.store.unchecked_end
         self.state.set("unchecked_end_index", self._unchecked_published)
+        self._next_scrub_ms = self.now() + SCRUB_DELAY_MS
         self.publish_ledger()
 
-    def _scrub(self) -> None:
+    def _scrub(self, now: int) -> None:
         """One step of the scrub of the entries recovery left unchecked (SegmentStore
-        .scrub_step, ~1 MiB per loop turn, so requests wait at most a few ms for it); damage
-        goes to the node's damage path. Publishes `unchecked_end_index` = -1 once done."""
+        .scrub_step, SCRUB_STEP_BYTES, so a request waits at most a few ms for it); damage
+        goes to the node's damage path. Publishes `unchecked_end_index` = -1 once done.
+
+        Paced: the first step SCRUB_DELAY_MS after the store opened (the other roles start
+        then, on the same cores), and then the pause after each step is SCRUB_PAUSE_FACTOR
+        times what the step took (a third of a core at most). Nothing waits for the scrub: an
+        unchecked entry is checked by whoever reads it first."""
+        if now < self._next_scrub_ms:
+            return
+        t0 = time.perf_counter()
         try:
             self.store.scrub_step(SCRUB_STEP_BYTES)
         except StoreCorruptError as e:
             store_damaged(self.rc, e)
+        took_ms = (time.perf_counter() - t0) * 1000
+        self._next_scrub_ms = now + max(1, int(took_ms * SCRUB_PAUSE_FACTOR))
         end = self.store.unchecked_end
         if end != self._unchecked_published:
             self._unchecked_published = end
@@ -1314,7 +1331,7 @@ class Handler(FollowerInstall):
         if self.retention.due(now):
             self._run_retention(now)
         if self._unchecked_published >= 0:
-            self._scrub()
+            self._scrub(now)
         self._flush_wake()
         self._flush_replies()
         self.metrics.pending(self.pending.entries)
@@ -1334,7 +1351,7 @@ class Handler(FollowerInstall):
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)
         if self._unchecked_published >= 0:
-            due.append(now + 1)  # the scrub has work: its next step after a short poll
+            due.append(self._next_scrub_ms)  # the scrub has work
         if self.unwritable:
             due.append(max(now + 1, self.next_room_probe_ms))
         elif self.leader_term == -1 and self._view is not None and self._view.role == Role.LEADER:

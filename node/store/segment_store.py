@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import struct
 import threading
 import time
@@ -74,7 +73,6 @@ from node.store.mmap_file import MappedFileList, StoreIOError, fsync_dir
 log = logging.getLogger("dledger.store")
 
 _BLANK = codec.BLANK
-_ENTRY_NAMED = re.compile(r"entry (\d+)")  # a scrub error's first words name the bad entry
 _crc32 = codec.crc32
 
 
@@ -141,6 +139,7 @@ class SegmentStore:
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         self._opened = False
+        self._open_started = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -148,6 +147,7 @@ class SegmentStore:
         tail and delete files a reader of a previous incarnation still maps). I/O failures
         raise DiskFull/DiskError naming the file; damage raises StoreCorruptError/LayoutError."""
         self._broken = None  # recovery re-reads what is really on disk
+        self._open_started = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._gen = GenerationCounter(self.dir, durable=self._sync)
@@ -373,11 +373,12 @@ class SegmentStore:
         unchecked_end = end if crc_from is None else crc_from - 1
         self._scrub_reset(begin if begin >= 0 and records else -1, unchecked_end if begin >= 0 else -1)
         log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s (walked %d entries from %s; "
-                 "%s left to the scrub)", self.dir, begin, end,
+                 "%s left to the scrub); opened in %.0f ms", self.dir, begin, end,
                  self.ledger_end_term, self.committed_index,
                  f" base={base.index}/{base.term}@{base.pos}" if base is not None else "",
                  len(records), "the checkpoint" if start is not None else "the first file",
-                 f"{begin}..{self._unchecked_end}" if self._unchecked_end >= 0 else "nothing")
+                 f"{begin}..{self._unchecked_end}" if self._unchecked_end >= 0 else "nothing",
+                 (time.monotonic() - self._open_started) * 1000)
 
     def committed_damage(self, index: int, committed: int, problem: str) -> StoreCorruptError:
         """`base.committed_damage` for this store: recovery and the scrub raise it."""
@@ -418,8 +419,7 @@ class SegmentStore:
         try:
             n, last_term, run_end = self._scrub_run(i, end, max_bytes)
         except (StoreError, OSError, struct.error, codec.CodecError) as e:
-            bad = int(m.group(1)) if (m := _ENTRY_NAMED.match(str(e))) else i
-            raise self.committed_damage(bad, max(self.committed_index, end), str(e)) from e
+            raise self.committed_damage(i, max(self.committed_index, end), str(e)) from e
         self._scrub_next = i + n
         self._scrub_prev = (last_term, run_end)
         if self._scrub_next > end:
