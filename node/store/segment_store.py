@@ -6,12 +6,16 @@ files through `node.store.reader.StoreReader`. Write order on every append is da
 then the in-memory ledger end (which the handler publishes to the shared block afterwards), so
 anything a reader can see published is already in the files.
 
-Recovery (`open`) trusts the data list and nothing else: it walks entries from the first data
-file, checking magic, size, index continuity, term monotonicity, pos, and — in the last
-`recover_verify_files` files — the body CRC. The first entry that fails ends the log: the torn
-tail is zeroed and later files deleted, and the index list is rewritten wherever it disagrees.
-If that cut would remove an entry at or below the checkpoint's committed index the store refuses
-to open (StoreCorruptError) instead of losing a committed entry.
+Recovery (`open`) trusts the data list for the tail: it walks entries from the checkpoint's
+committed entry C (from the first data file when the checkpoint cannot vouch: none, or index
+records that disagree), checking magic, size, index continuity, term monotonicity, pos and the
+body CRC. The first entry that fails ends the log: the torn tail is zeroed and later files
+deleted, and the index list is rewritten wherever it disagrees. If that cut would remove an
+entry at or below the checkpoint's committed index the store refuses to open
+(StoreCorruptError) instead of losing a committed entry. The entries below C (flushed before
+the checkpoint was written, and never moved since) are checked lazily: by `scrub_step`, which
+the handler runs in the background, and by every reader before it uses them (`unchecked_end`;
+docs/store.md "Recovery"), so open does not grow with the log.
 
 A log can also begin after a snapshot (`reset_to`, issue 11 §4): the checkpoint then carries
 a log base (index S, term T, data position P); the log is empty from S + 1 until entries come,

@@ -185,3 +185,21 @@ def test_checkpoint_file_is_atomic_and_readable(tmp_path):
     assert read_checkpoint(tmp_path) == Checkpoint(3, 5)
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
     assert os.path.getsize(tmp_path / "checkpoint") > 0
+
+
+def test_bytes_past_the_end_are_zeroed_in_a_large_file(tmp_path):
+    """Recovery zeroes from the log's end to the end of its last file (fallocate ZERO_RANGE
+    for a range of 4 MiB or more, where the file system has it; else written zeroes): stale
+    bytes a power loss left past the end can never be walked into later."""
+    cfg = StoreConfig(store_dir=str(tmp_path), data_file_size=16 << 20, index_file_size=4096)
+    with SegmentStore(cfg) as s:
+        s.append_leader_batch([b"a" * 100] * 10, 1)
+        end = s.data.wrote_position
+    stale = end + (3 << 20) + 5
+    with open(tmp_path / "data" / f"{0:020d}", "r+b") as fh:
+        fh.seek(stale)
+        fh.write(b"\x07" * 5000)
+    with SegmentStore(cfg) as s:
+        assert s.ledger_end_index == 9
+        assert bytes(s.data.files[0].mm[end:]) == bytes((16 << 20) - end)
+        assert bytes(s.get(9).body) == b"a" * 100
