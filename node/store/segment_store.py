@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from node.core.sessions import entry_seqs
-from node.store import codec, push_check
+from node.store import codec
 from node.store.base import (
     AppendResult,
     CorruptEntry,
@@ -78,6 +78,15 @@ log = logging.getLogger("dledger.store")
 
 _BLANK = codec.BLANK
 _crc32 = codec.crc32
+
+
+def _push_check():  # noqa: ANN202 - the module
+    """node.store.push_check, imported on first use: it imports numpy (~0.1 s of CPU at start,
+    a third of the handler's imports), which a handler needs for pushes and the scrub, not to
+    start serving; `Handler.run` imports it in the background once it serves."""
+    from node.store import push_check
+
+    return push_check
 
 
 def disk_usage_ratio(path: str | os.PathLike[str]) -> float:
@@ -484,7 +493,7 @@ class SegmentStore:
         recs = xf.view[xrel: xrel + n * INDEX_SIZE]
         mv = f.view[rec.pos - f.start: run_end - f.start]
         try:
-            push_check.check_run(mv, recs, n, verify_bodies=True)
+            _push_check().check_run(mv, recs, n, verify_bodies=True)
         except StoreError:
             self._first_bad_entry(i, mv, recs, n)  # names the entry; the run's error otherwise
             raise
@@ -497,7 +506,7 @@ class SegmentStore:
         off = 0
         for j, (_m, _p, size, _x, _t) in enumerate(INDEX.iter_unpack(recs)):
             try:
-                push_check.check_run(mv[off: off + size], recs[j * INDEX_SIZE: (j + 1) * INDEX_SIZE],
+                _push_check().check_run(mv[off: off + size], recs[j * INDEX_SIZE: (j + 1) * INDEX_SIZE],
                                      1, verify_bodies=True)
             except StoreError as e:
                 raise CorruptEntry(f"entry {i + j}: {e}") from e
@@ -789,7 +798,7 @@ class SegmentStore:
                 return self.ledger_end_index
         verify = self.config.verify_push_crc and not with_records
         if verify and run_crc is not None:
-            push_check.check_run_crc(mv, recs, run_crc)
+            _push_check().check_run_crc(mv, recs, run_crc)
             verify = False  # the run CRC covered every body
         spans = self._follower_spans(mv, verify)
         if not spans:
@@ -851,9 +860,9 @@ class SegmentStore:
         128 B bench line's bound; the run CRC is two C calls per push."""
         verify = self.config.verify_push_crc
         if verify and run_crc is not None:
-            push_check.check_run_crc(mv, recs, run_crc)
+            _push_check().check_run_crc(mv, recs, run_crc)
             verify = False
-        push_check.check_run(mv, recs, n, verify_bodies=verify)
+        _push_check().check_run(mv, recs, n, verify_bodies=verify)
 
     def _append_follower_fast(self, mv: memoryview, recs: memoryview, n: int) -> bool:
         """Store a run of `n` entries with the leader's index records, already checked by
