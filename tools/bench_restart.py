@@ -117,8 +117,9 @@ def _wait(cond, timeout: float, what: str) -> float:  # noqa: ANN001
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def restart_once(g: LocalGroup, nid: str, leader: str, timeout: float) -> dict[str, float]:
+def restart_once(g: LocalGroup, nid: str, timeout: float) -> dict[str, float]:
     """SIGTERM `nid`'s supervisor, start it again; seconds to each phase (see module doc)."""
+    was = g.meta(nid, 200)
     p = g.procs[nid]
     os.kill(p.pid, signal.SIGTERM)
     p.wait(timeout=60)
@@ -127,13 +128,14 @@ def restart_once(g: LocalGroup, nid: str, leader: str, timeout: float) -> dict[s
     t_meta = _wait(lambda: g.meta(nid, 50) is not None, timeout, f"{nid} to answer METADATA")
     t_meta_wall = t0_wall + (t_meta - t0)
 
-    def following() -> bool:
+    def following() -> bool:  # of any leader: on a busy machine leadership may move meanwhile
         m = g.meta(nid, 50)
-        return m is not None and m.role == Role.FOLLOWER and m.leader_id == leader
+        return m is not None and m.role == Role.FOLLOWER and bool(m.leader_id)
 
-    t_join = _wait(following, timeout, f"{nid} to follow {leader}")
+    t_join = _wait(following, timeout, f"{nid} to follow a leader")
     ev = _events(g.root / f"{nid}.log", t0_wall)
-    out = {"to_metadata": t_meta - t0, "rejoined": t_join - t0}
+    out = {"to_metadata": t_meta - t0, "rejoined": t_join - t0,
+           "was_leader": float(was is not None and was.role == Role.LEADER)}
     marks = [("supervisor", "launch_to_supervisor"), ("spawned", "supervisor_to_spawn"),
              ("recovered", "spawn_to_recovered"), ("serving", "recovered_to_serving")]
     prev = t0_wall
@@ -165,11 +167,11 @@ def bench_size(gib: float, args: argparse.Namespace) -> list[dict]:
             try:
                 g.start("n0")
                 g.start("n1")
-                leader, _term = g.wait_leader(["n0", "n1"], timeout=args.timeout)
+                g.wait_leader(["n0", "n1"], timeout=args.timeout)
                 g.start("n2")
-                _wait(lambda g=g, leader=leader: (m := g.meta("n2", 50)) is not None
-                      and m.role == Role.FOLLOWER and m.leader_id == leader, args.timeout, "n2 to follow")
-                samples = [restart_once(g, "n2", leader, args.timeout) for _ in range(args.restarts)]
+                _wait(lambda g=g: (m := g.meta("n2", 50)) is not None and m.role == Role.FOLLOWER
+                      and bool(m.leader_id), args.timeout, "n2 to follow")
+                samples = [restart_once(g, "n2", args.timeout) for _ in range(args.restarts)]
             finally:
                 g.close()
             keys = list(dict.fromkeys(k for s in samples for k in s))
