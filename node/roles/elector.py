@@ -405,6 +405,7 @@ class Elector:
         if not self._wait_for_handler():
             return
         self.start()
+        rc.beat()  # ready: the supervisor starts the remaining roles on this (supervisor.py)
         poller = zmq.Poller()
         poller.register(tr.router, zmq.POLLIN)
         poller.register(tr.ctl, zmq.POLLIN)

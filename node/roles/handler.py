@@ -105,7 +105,7 @@ SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a whi
 FOLLOWER_APPLY_RUN = 256  # a follower wakes its applier once this many entries committed unapplied
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
 SCRUB_STEP_BYTES = 1 << 20  # data the scrub checks per step (~1-3 ms of CPU)
-SCRUB_DELAY_MS = int(os.environ.get("DLEDGER_SCRUB_DELAY_MS", "2000"))
+SCRUB_DELAY_MS = int(os.environ.get("DLEDGER_SCRUB_DELAY_MS", "5000"))
 """The scrub starts this long after the store opened (the environment variable is for tests
 that must reach an unchecked entry through a read before the scrub does)."""
 SCRUB_PAUSE_FACTOR = 2  # pause after a scrub step: this many times what the step took
