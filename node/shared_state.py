@@ -73,6 +73,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 392 | int64 | ledger_end_pos | handler | - |
 | 400 | int64 | retention_files_deleted | handler | - |
 | 408 | int64 | repair_index | handler | - |
+| 416 | int64 | unchecked_end_index | handler | - |
 | 448 | int64 | quorum_seq | ack_checker | quorum (seq) |
 | 456 | int64 | quorum_index | ack_checker | quorum |
 | 464 | int64 | quorum_term | ack_checker | quorum |
@@ -319,7 +320,8 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         end, "handler", None,
         ("handler_beat_ms", "appends", "append_errors", "gets", "push_requests", "bad_frames",
          "entries_appended", "commits_published", "store_unwritable_ms", "pending_appends",
-         "bytes_appended", "ledger_end_pos", "retention_files_deleted", "repair_index"), None,
+         "bytes_appended", "ledger_end_pos", "retention_files_deleted", "repair_index",
+         "unchecked_end_index"), None,
     )
     out += f
     # ack checker: quorum index+term are a pair, so they get a seqlock too
@@ -709,6 +711,7 @@ class SharedState:
         _SNAPSHOT_S.pack_into(self._buf, _SNAPSHOT_BODY[0].offset, NO_INDEX, NO_INDEX)
         w[idx["applied_index"].offset // 8] = NO_INDEX
         w[idx["repair_index"].offset // 8] = NO_INDEX
+        w[idx["unchecked_end_index"].offset // 8] = NO_INDEX
         for p in range(self.n_peers):
             base = PEERS_OFFSET + p * PEER_STRIDE
             _PEER_S.pack_into(self._buf, base + _PEER_BODY[0].offset, NO_INDEX, NO_INDEX, 0, 0)

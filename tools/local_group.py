@@ -59,6 +59,7 @@ class LocalGroup:
         self.peers = ";".join(f"{i}-{self.hosts[i]}:{p}" for i, p in zip(self.ids, self.ports, strict=True))
         self.extra = list(extra_args or [])
         self.procs: dict[str, subprocess.Popen] = {}
+        self.cwd: str | None = None  # run the servers from another checkout (tools/bench_restart.py)
         self.ctx = zmq.Context()
 
     # ---- processes -------------------------------------------------------------------------
@@ -73,6 +74,7 @@ class LocalGroup:
                      "--data-file-size", str(LOCAL_DATA_FILE_SIZE),
                      "--index-file-size", str(LOCAL_INDEX_FILE_SIZE), *self.extra],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                    cwd=self.cwd, env=None if self.cwd is None else {**os.environ, "PYTHONPATH": self.cwd},
                     # If the tool dies without close() (SIGKILL, the OOM killer), each server
                     # gets SIGTERM and stops cleanly instead of running on unowned.
                     preexec_fn=die_with_parent)

@@ -56,12 +56,14 @@ from node.roles.runtime import RoleContext, role_main
 from node.shared_state import LedgerView, MemberView
 from node.statemachine.snapshot_meta import Snapshot, SnapshotError
 from node.statemachine.snapshot_store import SnapshotStore, read_chunk
+from node.store.base import StoreError, committed_damage
 from node.store.codec import push_run_crc
 from node.store.reader import StaleRead, StoreReader
 
 LEASE_POLL_MS = 5  # a LEADER without a lease looks at the block this often (no wake-up for renewals)
 STALE_RETRY_MS = 5  # after a read the generation fence refused: try again with a new snapshot
 NO_SNAPSHOT_RETRY_MS = 5000  # a follower needs a snapshot this leader does not have (yet)
+DAMAGED_RETRY_MS = 1000  # a run read to push failed its checks: not pushed; the handler's scrub repairs
 
 _KIND = {P.PushKind.APPEND: "APPEND", P.PushKind.COMMIT: "COMMIT", P.PushKind.COMPARE: "COMPARE",
          P.PushKind.TRUNCATE: "TRUNCATE"}
@@ -322,6 +324,10 @@ class Dispatcher:
             blob, n, recs = self.reader.get_run(action.first_index, led.ledger_end_index,
                                                 action.max_count if self.max_batch > 1 else 1,
                                                 self.max_batch)
+            if (action.first_index <= self.state.get("unchecked_end_index")
+                    and not self._check_unchecked(blob, recs, n, action.first_index, led)):
+                self.core.not_before_ms = now + DAMAGED_RETRY_MS  # nothing pushed: the scrub acts
+                return None
             # Raft's AppendEntries check rides along: the entry before the batch and its
             # term, so the follower only appends onto a log that matches ours.
             pre = action.first_index - 1
@@ -341,6 +347,28 @@ class Dispatcher:
                                 **{**base, "commit_index": ci})
             return P.encode(msg), "COMMIT", ci, 0, 0
         return None
+
+    def _check_unchecked(self, blob: memoryview, recs: memoryview, n: int, first: int,
+                         led: LedgerView) -> bool:
+        """Entries the handler's recovery left unchecked (at or below `unchecked_end_index`,
+        until its scrub has been past them) are checked before they are pushed: every header
+        against its index record and every body CRC (push_check.check_run, the follower's own
+        check). The run CRC alone would not do: it is computed here, over whatever the files
+        hold. A failure is damage only if the store generation did not move meanwhile (else it
+        is a read racing a truncation: StaleRead). Damage is never pushed: False, and the run
+        is tried again after DAMAGED_RETRY_MS. The dispatcher cannot act on it (the handler is
+        the store's one writer): the handler's scrub, which walks every unchecked entry, finds
+        the same entry and starts the repair (Handler.store_damaged, docs/store.md)."""
+        from node.store import push_check  # numpy: only a dispatcher pushing old entries pays it
+
+        try:
+            push_check.check_run(blob, recs, n, verify_bodies=True)
+        except StoreError as e:
+            self.reader.validate(led.store_generation)
+            self.log.error("%s", committed_damage(self.cfg.store_dir, first, led.committed_index,
+                                                  f"read to push to {self.peer}: {e}; not pushed"))
+            return False
+        return True
 
     def _term_of(self, index: int, led: LedgerView, known: tuple[int, int] | None) -> int:
         """The term of `index` from the log, or from a snapshot position when the log no longer

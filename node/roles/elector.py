@@ -527,6 +527,7 @@ class Elector:
         if not self._wait_for_handler() or not self._learn_group_term():
             return
         self.start()
+        rc.beat()  # ready: the supervisor starts the remaining roles on this (supervisor.py)
         poller = zmq.Poller()
         poller.register(tr.router, zmq.POLLIN)
         poller.register(tr.ctl, zmq.POLLIN)

@@ -27,19 +27,23 @@ loops calling the input methods (`handle_frame`, `on_commit_wakeup`, `on_control
 the simulator sets its own transport and calls the same methods. Every time is `self.now()`
 (`rc.clock`).
 
-A damaged committed range (found by recovery at open, or later by a read that fails its CRC:
-`store_damaged`) is cut and recorded by the store (`SegmentStore.mark_damaged`); the handler
-publishes the repair index (block `repair_index`), so the elector stops voting and standing
-until the leader's pushes have brought the range back (docs/store.md "Repair from peers"). A
-store that still refuses to open (a layout this version cannot read) is fatal:
-`rc.fatal(message)`, and the supervisor stops the node with that message.
+A damaged committed range — found by recovery at open, by the scrub of what recovery left
+unchecked (one step per loop turn, `_scrub`) or by a GET — goes to `store_damaged`: the store
+cuts and records it (`SegmentStore.mark_damaged`) and the handler publishes the repair index
+(block `repair_index`), so the elector stops voting and standing until the leader's pushes
+have brought the range back (docs/store.md "Repair from peers"). A store that still refuses
+to open (a layout this version cannot read) is fatal: `rc.fatal(message)`, and the
+supervisor stops the node with that message.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import struct
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,6 +113,11 @@ QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
 FOLLOWER_APPLY_RUN = 256  # a follower wakes its applier once this many entries committed unapplied
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
+SCRUB_STEP_BYTES = 1 << 20  # data the scrub checks per step (~1-3 ms of CPU)
+SCRUB_DELAY_MS = int(os.environ.get("DLEDGER_SCRUB_DELAY_MS", "5000"))
+"""The scrub starts this long after the store opened (the environment variable is for tests
+that must reach an unchecked entry through a read before the scrub does)."""
+SCRUB_PAUSE_FACTOR = 2  # pause after a scrub step: this many times what the step took
 DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
 
@@ -275,6 +284,8 @@ class Handler(FollowerInstall):
         # (first damaged index, why, repair target) found by a read, cut once this node no
         # longer leads (store_damaged): a leader must not cut its log under its dispatchers.
         self._damage: tuple[int, str, int] | None = None
+        self._unchecked_published = -1  # unchecked_end_index as last published
+        self._next_scrub_ms = 0  # when the scrub's next step is due
 
     def now(self) -> int:
         return self.rc.clock()
@@ -295,7 +306,35 @@ class Handler(FollowerInstall):
                           "a backup or a copy")
         self.retention.store = self.store  # `store` may have been replaced after construction
         self.metrics.watch_store(self.store)
+        # Before the ledger is published (and so before this node can lead): a dispatcher
+        # checks what it pushes at or below this index, which recovery left unchecked.
+        self._unchecked_published = self.store.unchecked_end
+        self.state.set("unchecked_end_index", self._unchecked_published)
+        self._next_scrub_ms = self.now() + SCRUB_DELAY_MS
         self.publish_ledger()
+
+    def _scrub(self, now: int) -> None:
+        """One step of the scrub of the entries recovery left unchecked (SegmentStore
+        .scrub_step, SCRUB_STEP_BYTES, so a request waits at most a few ms for it); damage
+        goes to the node's damage path. Publishes `unchecked_end_index` = -1 once done.
+
+        Paced: the first step SCRUB_DELAY_MS after the store opened (the other roles start
+        then, on the same cores), and then the pause after each step is SCRUB_PAUSE_FACTOR
+        times what the step took (a third of a core at most). Nothing waits for the scrub: an
+        unchecked entry is checked by whoever reads it first."""
+        if now < self._next_scrub_ms or self._damage is not None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.store.scrub_step(SCRUB_STEP_BYTES)
+        except StoreCorruptError as e:  # names the first bad entry (base.committed_damage)
+            self._damaged_at(getattr(e, "index", self.store.unchecked_end), str(e))
+        took_ms = (time.perf_counter() - t0) * 1000
+        self._next_scrub_ms = now + max(1, int(took_ms * SCRUB_PAUSE_FACTOR))
+        end = self.store.unchecked_end
+        if end != self._unchecked_published:
+            self._unchecked_published = end
+            self.state.set("unchecked_end_index", end)
 
     def close(self) -> None:
         self._fail_all_pending()
@@ -346,6 +385,12 @@ class Handler(FollowerInstall):
                 break
         if first < 0:
             return  # a race with a truncation, not damage: the read is simply answered with an error
+        self._damaged_at(first, why)
+
+    def _damaged_at(self, first: int, why: str) -> None:
+        """Entry `first` is damaged (a read or the scrub said so): record it, publish the repair
+        index, and cut once this node no longer leads (`_cut_damage`)."""
+        s = self.store
         if self._damage is None or first < self._damage[0]:
             self._damage = (first, why, max(s.committed_index, s.ledger_end_index))
         self.log.error("entry %d is damaged (%s): stepping down if leading, then repairing", first, why)
@@ -624,8 +669,11 @@ class Handler(FollowerInstall):
         try:
             while left > 0 and size < MAX_GET_BYTES:
                 blob, n = s.get_raw(i, left, MAX_GET_BYTES - size)
-                for _off, _e in codec.iter_entries(blob):  # verify CRCs: never serve garbage
-                    pass
+                # Verify every header and CRC: never serve garbage (entries below the
+                # checkpoint may not have been checked since open: docs/store.md "Recovery").
+                for k, (_off, e) in enumerate(codec.iter_entries(blob)):
+                    if e.index != i + k:
+                        raise CorruptEntry(f"entry {i + k}: the data file holds index {e.index} there")
                 parts.append(bytes(blob))
                 size += len(blob)
                 i += n
@@ -1412,6 +1460,8 @@ class Handler(FollowerInstall):
         self._probe_room(now)
         if self.retention.due(now):
             self._run_retention(now)
+        if self._unchecked_published >= 0:
+            self._scrub(now)
         self._flush_wake()
         self._flush_replies()
         self.metrics.pending(self.pending.entries)
@@ -1430,6 +1480,8 @@ class Handler(FollowerInstall):
             due.append(now + READ_POLL_MS)
         if self.noop_retry_ms > now:
             due.append(self.noop_retry_ms)
+        if self._unchecked_published >= 0:
+            due.append(self._next_scrub_ms)  # the scrub has work
         if self.unwritable:
             due.append(max(now + 1, self.next_room_probe_ms))
         elif self.leader_term == -1 and self._view is not None and self._view.role == Role.LEADER:
@@ -1471,6 +1523,10 @@ class Handler(FollowerInstall):
                 sm_in = [self.sm_link.results, self.sm_link.query]
                 self.publish_ledger()  # the applier's first wake-up
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
+            # numpy (the push checks) after serving, not before: ~0.1 s less to start; the
+            # first push waits for the import only if it comes before it is done.
+            threading.Thread(target=importlib.import_module, args=("node.store.push_check",),
+                             name="warm-push-check", daemon=True).start()
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)

@@ -7,6 +7,7 @@ against one interface (hashicorp/raft's LogStore idea) and can swap the memory s
 from __future__ import annotations
 
 import errno
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -81,6 +82,26 @@ class StoreCorruptError(StoreError):
     """
 
     code_name = "DISK_ERROR"
+
+
+_ENTRY_NAMED = re.compile(r"\bentry (\d+)")
+
+
+def committed_damage(store_dir: object, index: int, committed: int, problem: str) -> StoreCorruptError:
+    """The one error for a damaged committed entry, wherever it is found (recovery at open,
+    the scrub, a read): it names the store, the entry and what is wrong. Whoever gets it hands
+    it to the node's damage path (node.roles.store_damage) and never serves the entry.
+
+    `index` is where the check started (a run's first entry); when `problem` names an entry
+    (every check of a run does: "push entry 7: body CRC mismatch"), that one is named."""
+    m = _ENTRY_NAMED.search(problem)
+    if m and index <= int(m.group(1)) <= max(committed, index):
+        index = int(m.group(1))
+    err = StoreCorruptError(
+        f"{store_dir}: committed entry {index} (committed index {committed}) is damaged: "
+        f"{problem}. Refusing to serve it; it is fetched again from a peer (repair).")
+    err.index = index  # the first bad entry, for the handler's damage path (mark_damaged)
+    return err
 
 
 class AppendResult(NamedTuple):

@@ -36,6 +36,12 @@ class MemoryStore:
     def open(self) -> None:
         pass
 
+    unchecked_end = -1  # SegmentStore's scrub: memory holds nothing unchecked
+
+    def scrub_step(self, max_bytes: int = 1 << 20) -> bool:
+        """Nothing to check (SegmentStore.scrub_step checks what recovery left)."""
+        return False
+
     def has_room(self) -> bool:
         """Memory never reports DiskFull by itself."""
         return True

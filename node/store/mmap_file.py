@@ -25,6 +25,7 @@ DISK_FULL / DISK_ERROR store errors (node.store.base.store_error_from_os).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import mmap
@@ -38,6 +39,29 @@ log = logging.getLogger("dledger.store")
 
 _ZERO_CHUNK = bytes(1 << 20)
 _IOV_MAX = 1024
+
+
+ZERO_RANGE_MIN = 4 << 20
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_ZERO_RANGE = 0x10
+_fallocate = None
+
+
+def _zero_range(fd: int, offset: int, length: int) -> bool:
+    """fallocate(FALLOC_FL_ZERO_RANGE | KEEP_SIZE) of [offset, offset + length); False where
+    the system or file system does not support it (the caller then writes zeroes)."""
+    global _fallocate
+    if _fallocate is None:
+        try:
+            f = ctypes.CDLL(None, use_errno=True).fallocate
+            f.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+            f.restype = ctypes.c_int
+            _fallocate = f
+        except (OSError, AttributeError):
+            _fallocate = False
+    if not _fallocate:
+        return False
+    return _fallocate(fd, _FALLOC_FL_ZERO_RANGE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0
 
 
 class StoreIOError(OSError):
@@ -159,7 +183,17 @@ class MappedFile:
 
     def zero(self, begin: int, end: int) -> None:
         """Zero [begin, end) of this file, skipping chunks that are zero already (cheap scan).
-        Marks the file dirty, so the next `sync` makes the zeroes durable too."""
+        Marks the file dirty, so the next `sync` makes the zeroes durable too.
+
+        A range of ZERO_RANGE_MIN bytes or more (recovery zeroes from the log's end to the end
+        of the last file: up to a whole 1 GiB file) is zeroed with one
+        fallocate(FALLOC_FL_ZERO_RANGE) where the file system has it (ext4, xfs): it turns the
+        range into allocated, unwritten extents and drops its cached pages, without reading
+        them -- the scan reads ~1 ms per MiB, over a second for a 1 GiB file at every open.
+        The blocks stay allocated (no ENOSPC later), and a reader's mapping sees zeroes."""
+        if end - begin >= ZERO_RANGE_MIN and _zero_range(self.fd, begin, end - begin):
+            self.dirty = True
+            return
         pos = begin
         while pos < end:
             n = min(len(_ZERO_CHUNK), end - pos)

@@ -6,15 +6,18 @@ files through `node.store.reader.StoreReader`. Write order on every append is da
 then the in-memory ledger end (which the handler publishes to the shared block afterwards), so
 anything a reader can see published is already in the files.
 
-Recovery (`open`) trusts the data list and nothing else: it walks entries from the first data
-file, checking magic, size, index continuity, term monotonicity, pos, and — in the last
-`recover_verify_files` files — the body CRC. The first entry that fails ends the log: the torn
-tail is zeroed and later files deleted, and the index list is rewritten wherever it disagrees.
-If that cut removes an entry at or below the checkpoint's committed index (or a data file is
-missing or of the wrong size), the store records a *repair index* in the checkpoint first and
-then cuts: the node rejoins, does not vote, and fetches the range again from the leader
-(`mark_damaged`, the one path for damage found at open or later; docs/store.md "Repair from
-peers").
+Recovery (`open`) trusts the data list for the tail: it walks entries from the checkpoint's
+committed entry C (from the first data file when the checkpoint cannot vouch: none, or index
+records that disagree), checking magic, size, index continuity, term monotonicity, pos and the
+body CRC. The first entry that fails ends the log: the torn tail is zeroed and later files
+deleted, and the index list is rewritten wherever it disagrees. If that cut removes an entry at
+or below the checkpoint's committed index (or a data file is missing or of the wrong size), the
+store records a *repair index* in the checkpoint first and then cuts: the node rejoins, does
+not vote, and fetches the range again from the leader (`mark_damaged`, the one path for damage
+found at open or later; docs/store.md "Repair from peers"). The entries below C (flushed before
+the checkpoint was written, and never moved since) are checked lazily: by `scrub_step`, which
+the handler runs in the background, and by every reader before it uses them (`unchecked_end`;
+docs/store.md "Recovery"), so open does not grow with the log.
 
 A log can also begin after a snapshot (`reset_to`, issue 11 §4): the checkpoint then carries
 a log base (index S, term T, data position P); the log is empty from S + 1 until entries come,
@@ -32,20 +35,23 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from node.core.sessions import entry_seqs
-from node.store import codec, push_check
+from node.store import codec
 from node.store.base import (
     AppendResult,
     CorruptEntry,
     InconsistentAppend,
     IndexOutOfRange,
     StoreConfig,
+    StoreCorruptError,
     StoreError,
+    committed_damage,
     store_error_from_os,
 )
 from node.store.codec import (
@@ -74,6 +80,15 @@ log = logging.getLogger("dledger.store")
 
 _BLANK = codec.BLANK
 _crc32 = codec.crc32
+
+
+def _push_check():  # noqa: ANN202 - the module
+    """node.store.push_check, imported on first use: it imports numpy (~0.1 s of CPU at start,
+    a third of the handler's imports), which a handler needs for pushes and the scrub, not to
+    start serving; `Handler.run` imports it in the background once it serves."""
+    from node.store import push_check
+
+    return push_check
 
 
 def disk_usage_ratio(path: str | os.PathLike[str]) -> float:
@@ -130,6 +145,12 @@ class SegmentStore:
         # docs/store.md "Repair from peers"). Persisted in the checkpoint while set.
         self.repair_index = -1
         self.damage: str | None = None  # what the last damage found was (one line), for the operator
+        # Entries [_scrub_next, _unchecked_end] were not checked since open: recovery started at
+        # the checkpoint's committed entry and left them to `scrub_step` (and every read).
+        # _scrub_prev: (term, data position just past it) of the entry before _scrub_next.
+        self._unchecked_end = -1
+        self._scrub_next = -1
+        self._scrub_prev: tuple[int, int] | None = None
         self._lock = threading.Lock()  # file-list changes vs. the flush service
         # Checkpoint writes vs. reset_to: a periodic checkpoint must never write values read
         # before a reset after the reset's own checkpoint (it would put back a committed index
@@ -138,6 +159,7 @@ class SegmentStore:
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         self._opened = False
+        self._open_started = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -146,6 +168,7 @@ class SegmentStore:
         raise DiskFull/DiskError naming the file; damage to committed entries is cut and recorded
         (`repair_index`), a layout this version cannot read raises LayoutError."""
         self._broken = None  # recovery re-reads what is really on disk
+        self._open_started = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._gen = GenerationCounter(self.dir, durable=self._sync)
@@ -287,12 +310,21 @@ class SegmentStore:
         if anchored:
             expected_index = base.index + 1
             first_off = base.pos - files[0].start if files else 0
-        end_pos = files[0].start + first_off if files else 0
+        start_fi = 0
+        # The checkpoint vouches for the log up to its committed entry C: walk (and CRC-check)
+        # only from C on, and leave the entries before it to the scrub and to every read.
+        start = self._checkpoint_start(cp, base, files, first_off)
+        if start is not None:
+            start_fi, first_off, expected_index, prev_term, begin = start
+            verify_from = start_fi
+        end_pos = files[start_fi].start + first_off if files else 0
+        crc_from: int | None = None  # the first entry whose body CRC this walk checked
         problem: str | None = None
         records: list[tuple[int, int, int, int, int]] = []  # (magic, pos, size, index, term)
 
-        for fi, f in enumerate(files):
-            off, verify = (first_off if fi == 0 else 0), fi >= verify_from
+        for fi in range(start_fi, len(files)):
+            f = files[fi]
+            off, verify = (first_off if fi == start_fi else 0), fi >= verify_from
             mm = f.mm
             while True:
                 if f.size - off < BLANK_SIZE:
@@ -328,6 +360,8 @@ class SegmentStore:
                     break
                 if begin < 0:
                     begin = idx
+                if verify and crc_from is None:
+                    crc_from = idx
                 records.append((magic, pos, size, idx, term))
                 expected_index, prev_term = idx + 1, term
                 off += size
@@ -376,10 +410,191 @@ class SegmentStore:
         if base is not None and base.index <= end:
             committed = max(committed, base.index)  # the base is a snapshot of committed state
         self.committed_index = committed
-        log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s%s", self.dir, begin, end,
+        # What this open did not check: from the log's begin to the entry before the first one
+        # whose CRC the walk checked (the checkpoint's committed entry on the fast path).
+        unchecked_end = end if crc_from is None else crc_from - 1
+        self._scrub_reset(begin if begin >= 0 and records else -1,
+                          min(unchecked_end, end) if begin >= 0 else -1)
+        log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s (walked %d entries from %s; "
+                 "%s left to the scrub)%s; opened in %.0f ms", self.dir, begin, end,
                  self.ledger_end_term, self.committed_index,
                  f" base={base.index}/{base.term}@{base.pos}" if base is not None else "",
-                 f" repairing up to {self.repair_index}" if self.repair_index >= 0 else "")
+                 len(records), "the checkpoint" if start is not None else "the first file",
+                 f"{begin}..{self._unchecked_end}" if self._unchecked_end >= 0 else "nothing",
+                 f"; repairing up to {self.repair_index}" if self.repair_index >= 0 else "",
+                 (time.monotonic() - self._open_started) * 1000)
+
+    def committed_damage(self, index: int, committed: int, problem: str) -> StoreCorruptError:
+        """`base.committed_damage` for this store: recovery and the scrub raise it."""
+        return committed_damage(self.dir, index, committed, problem)
+
+    # ------------------------------------------------------------------ the scrub
+    def _scrub_reset(self, begin: int, unchecked_end: int) -> None:
+        self._scrub_next = begin
+        self._unchecked_end = unchecked_end if begin >= 0 and unchecked_end >= begin else -1
+        self._scrub_prev = None
+
+    @property
+    def unchecked_end(self) -> int:
+        """The last index of the entries not checked since open (-1: none left). Entries at or
+        below it are checked by whoever reads them before they are used: the handler's GET
+        (body CRCs), a dispatcher before it pushes them (published in the shared block as
+        `unchecked_end_index`), and the scrub, which moves this down to -1."""
+        return self._unchecked_end
+
+    def scrub_step(self, max_bytes: int = 1 << 20) -> bool:
+        """Check the next run of entries recovery left unchecked (at most `max_bytes` of data,
+        at least one entry; never across a data file end): each header against its index
+        record, positions contiguous (a BLANK marker closing each file), index consecutive,
+        terms never decreasing, every body CRC. Returns True while entries are left.
+
+        Raises StoreCorruptError (`committed_damage`) for the first bad entry: every unchecked
+        entry is below the checkpoint's committed index. Called by the handler between
+        requests, so a store of any size opens in bounded time and is still fully checked."""
+        end = self._unchecked_end
+        if end < 0:
+            return False
+        i = max(self._scrub_next, self.ledger_begin_index)
+        if i > end or self.ledger_begin_index < 0:
+            self._unchecked_end = -1
+            return False
+        if i != self._scrub_next:
+            self._scrub_next, self._scrub_prev = i, None  # retention deleted what was left
+        try:
+            n, last_term, run_end = self._scrub_run(i, end, max_bytes)
+        except (StoreError, OSError, struct.error, codec.CodecError) as e:
+            raise self.committed_damage(i, max(self.committed_index, end), str(e)) from e
+        self._scrub_next = i + n
+        self._scrub_prev = (last_term, run_end)
+        if self._scrub_next > end:
+            self._unchecked_end = -1
+            log.info("%s: scrub done: entries up to %d checked", self.dir, end)
+            return False
+        return True
+
+    def scrub(self) -> None:
+        """Run the scrub to the end (tests, tools): `scrub_step` until nothing is left."""
+        while self.scrub_step(16 << 20):
+            pass
+
+    def _scrub_run(self, i: int, end: int, max_bytes: int) -> tuple[int, int, int]:
+        """Check entries from `i` (at most to `end`): (count, last term, data position past the
+        last). Raises StoreError/CodecError naming what is wrong."""
+        rec = self.index_record(i)
+        f = self.data.find(rec.pos)
+        if f is None or rec.pos + rec.size > f.end:
+            raise CorruptEntry(f"entry {i}: pos {rec.pos} size {rec.size} not in a data file")
+        prev = self._scrub_prev
+        if prev is not None:
+            prev_term, prev_end = prev
+            if rec.term < prev_term:
+                raise CorruptEntry(f"entry {i}: term {rec.term} after term {prev_term}")
+            if prev_end != rec.pos:
+                # The previous entry ended its file: the rest of that file is one BLANK record.
+                pf = self.data.find(prev_end)
+                if pf is None or rec.pos != pf.end or f.start != pf.end:
+                    raise CorruptEntry(f"entry {i} at pos {rec.pos}, the previous one ends at {prev_end}")
+                magic, size = _BLANK.unpack_from(pf.mm, prev_end - pf.start)
+                if magic != MAGIC_BLANK or size != pf.end - prev_end:
+                    raise CorruptEntry(f"{pf.path.name}@{prev_end - pf.start}: no BLANK marker "
+                                       f"after the file's last entry (magic {magic}, size {size})")
+        # The run: consecutive records whose entries lie in this data file, within max_bytes.
+        xf = self.index.find(i * INDEX_SIZE)
+        xrel = i * INDEX_SIZE - xf.start
+        k_max = min(end - i + 1, (xf.size - xrel) // INDEX_SIZE, max_bytes // HEADER_SIZE + 1)
+        limit = min(f.end, rec.pos + max(max_bytes, rec.size))
+        unpack, mm = INDEX.unpack_from, xf.mm
+
+        def fits(j: int) -> bool:  # entries i .. i+j-1 end within this file and the budget
+            _m, pos, size, _x, _t = unpack(mm, xrel + (j - 1) * INDEX_SIZE)
+            return rec.pos <= pos and pos + size <= limit
+
+        n = k_max
+        if not fits(n):  # positions grow with the index: bisect the longest run that fits
+            lo, hi = 1, n - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            n = lo
+        _m, pos, size, _x, _t = unpack(mm, xrel + (n - 1) * INDEX_SIZE)
+        run_end = pos + size if n > 1 else rec.pos + rec.size
+        recs = xf.view[xrel: xrel + n * INDEX_SIZE]
+        mv = f.view[rec.pos - f.start: run_end - f.start]
+        try:
+            _push_check().check_run(mv, recs, n, verify_bodies=True)
+        except StoreError:
+            self._first_bad_entry(i, mv, recs, n)  # names the entry; the run's error otherwise
+            raise
+        last_term = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)[4]
+        return n, last_term, run_end
+
+    @staticmethod
+    def _first_bad_entry(i: int, mv: memoryview, recs: memoryview, n: int) -> None:
+        """Raise CorruptEntry naming the first entry of a failed run that fails on its own."""
+        off = 0
+        for j, (_m, _p, size, _x, _t) in enumerate(INDEX.iter_unpack(recs)):
+            try:
+                _push_check().check_run(mv[off: off + size], recs[j * INDEX_SIZE: (j + 1) * INDEX_SIZE],
+                                     1, verify_bodies=True)
+            except StoreError as e:
+                raise CorruptEntry(f"entry {i + j}: {e}") from e
+            off += size
+        del n
+
+    def _checkpoint_start(self, cp: Checkpoint, base: LogBase | None, files: list,
+                          first_off: int) -> tuple[int, int, int, int, int] | None:
+        """Where recovery may start walking instead of the log's first entry: at the
+        checkpoint's committed entry C, as (data file number, offset in it, C, the term C may
+        not go below, the log's first index). None: walk everything (no committed checkpoint,
+        or an index record the shortcut needs is missing or disagrees).
+
+        Why this is enough: the checkpoint is written only after data and index were flushed
+        up to its end, and committed entries never move, so everything below C is where the
+        index records say. What could have happened to it since is damage, which the scrub
+        (`scrub_step`) and every read (`get`, GET's CRC check, a dispatcher's check of runs
+        at or below `unchecked_end`) look for. The tail from C on is walked with every check,
+        CRCs included, so the last entry (which votes and compares depend on) is checked
+        before the node serves, and a torn tail is cut as before."""
+        c = cp.committed_index
+        if c < 0 or not files or not self.index.files:
+            return None
+        f0 = files[0]
+        try:
+            magic, _s, first, _t, pos0, *_rest = HEADER.unpack_from(f0.mm, first_off)
+            if magic not in ENTRY_MAGICS or pos0 != f0.start + first_off or first > c:
+                return None
+            if base is not None and first <= base.index:
+                return None
+            rb, rc = self._raw_record(first), self._raw_record(c)
+            if rb is None or rc is None or rb[1] != pos0:
+                return None
+            pos = rc[1]
+            fi = (pos - f0.start) // self.config.data_file_size
+            if not 0 <= fi < len(files) or pos + rc[2] > files[fi].end:
+                return None
+            prev_term = base.term if base is not None else -1
+            if c > first:
+                prev = self._raw_record(c - 1)
+                if prev is None:
+                    return None
+                prev_term = prev[4]
+        except struct.error:
+            return None
+        return fi, pos - files[fi].start, c, prev_term, first
+
+    def _raw_record(self, index: int) -> tuple[int, int, int, int, int] | None:
+        """Index record `index` straight from the index files, or None when it is missing or
+        does not name an entry `index` (recovery, before the ledger bounds are known)."""
+        f = self.index.find(index * INDEX_SIZE)
+        if f is None:
+            return None
+        rec = INDEX.unpack_from(f.mm, index * INDEX_SIZE - f.start)
+        if rec[0] not in ENTRY_MAGICS or rec[3] != index or rec[2] < HEADER_SIZE:
+            return None
+        return rec
 
     def _enter_repair(self, target: int, first_bad: int, cp: Checkpoint, why: str) -> None:
         """Record durably that this replica lost entries up to `target` (from `first_bad`)
@@ -424,6 +639,8 @@ class SegmentStore:
                                                              self._base, self.repair_index), why)
             self.committed_index = min(self.committed_index, keep)
         self.truncate(first_bad)
+        if self._unchecked_end >= first_bad:  # nothing left to scrub past the cut
+            self._unchecked_end = first_bad - 1 if self._scrub_next <= first_bad - 1 else -1
         return self.repair_index
 
     def _drop_replaced_files(self, base: LogBase) -> bool:
@@ -659,7 +876,7 @@ class SegmentStore:
                 return self.ledger_end_index
         verify = self.config.verify_push_crc and not with_records
         if verify and run_crc is not None:
-            push_check.check_run_crc(mv, recs, run_crc)
+            _push_check().check_run_crc(mv, recs, run_crc)
             verify = False  # the run CRC covered every body
         spans = self._follower_spans(mv, verify)
         if not spans:
@@ -721,9 +938,9 @@ class SegmentStore:
         128 B bench line's bound; the run CRC is two C calls per push."""
         verify = self.config.verify_push_crc
         if verify and run_crc is not None:
-            push_check.check_run_crc(mv, recs, run_crc)
+            _push_check().check_run_crc(mv, recs, run_crc)
             verify = False
-        push_check.check_run(mv, recs, n, verify_bodies=verify)
+        _push_check().check_run(mv, recs, n, verify_bodies=verify)
 
     def _append_follower_fast(self, mv: memoryview, recs: memoryview, n: int) -> bool:
         """Store a run of `n` entries with the leader's index records, already checked by
@@ -950,6 +1167,7 @@ class SegmentStore:
                     raise self._io_failed(e, what) from e
                 self._checkpointed = cp
                 self._base = base
+                self._scrub_reset(-1, -1)  # nothing of the old log is left to check
                 self.ledger_begin_index = snapshot_index + 1
                 self.ledger_end_index = snapshot_index
                 self.ledger_end_term = snapshot_term
@@ -1105,6 +1323,9 @@ class SegmentStore:
         the file lists (it does for a whole fdatasync: up to ~200 ms under load — the retention
         service retries shortly rather than stall appends for that)."""
         index = min(index, self.committed_index + 1)
+        if self._unchecked_end >= 0:
+            # Positions come from index records: only those the scrub checked decide a deletion.
+            index = min(index, self._scrub_next)
         if index <= self.ledger_begin_index or self.ledger_begin_index < 0:
             return 0
         index = min(index, self.ledger_end_index)

@@ -52,7 +52,7 @@ def _temp_dirs(tmp: Path, prefix: str) -> list[Path]:
 
 
 def _data_files(root: Path) -> list[Path]:
-    return [f for f in root.glob("n*/data/*") if f.is_file()]
+    return [f for f in root.glob("n*/data/*") if f.is_file() and not f.name.endswith(".tmp")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

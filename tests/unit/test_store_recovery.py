@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from node.store import codec
-from node.store.base import CorruptEntry
+from node.store.base import CorruptEntry, StoreCorruptError
 from node.store.layout import Checkpoint, read_checkpoint, write_checkpoint
 from node.store.segment_store import SegmentStore, StoreConfig
 
@@ -54,14 +54,65 @@ def test_bit_flip_in_uncommitted_tail_is_cut(tmp_path):
 
 
 def test_bit_flip_in_committed_entry_is_cut_and_marked_for_repair(tmp_path):
+    """The checkpoint's committed entry (28) and everything after it are walked at open."""
     pos = _write(tmp_path, 30, committed=28)
-    _patch(tmp_path, pos[25] + codec.HEADER_SIZE + 2, b"\xff")
+    _patch(tmp_path, pos[28] + codec.HEADER_SIZE + 2, b"\xff")
     with SegmentStore(_cfg(tmp_path)) as s:
-        assert (s.ledger_end_index, s.committed_index) == (24, 24)
+        assert (s.ledger_end_index, s.committed_index) == (27, 27)
         assert s.repair_index == 29  # everything it may have acknowledged: the old end
         assert read_checkpoint(tmp_path).repair_index == 29  # durable before the cut
     with SegmentStore(_cfg(tmp_path)) as s:  # a restart keeps the mark
         assert s.repair_index == 29
+
+
+def test_bit_flip_below_the_checkpoint_is_found_by_the_scrub_and_never_read(tmp_path):
+    """Entries below the checkpoint's committed entry are not walked at open: the scrub finds
+    the damage (as the one StoreCorruptError, naming the entry) and a read refuses it."""
+    pos = _write(tmp_path, 30, committed=28)
+    _patch(tmp_path, pos[25] + codec.HEADER_SIZE + 2, b"\xff")
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index, s.unchecked_end) == (29, 28, 27)
+        with pytest.raises(CorruptEntry, match="CRC"):
+            s.get(25)
+        with pytest.raises(StoreCorruptError, match="committed entry 25 .*CRC"):
+            s.scrub()
+        assert s.unchecked_end == 27  # still unchecked: never reported as good
+
+
+def test_scrub_checks_everything_below_the_checkpoint(tmp_path):
+    """A clean store: the scrub walks from the first entry to the one before the checkpoint's
+    committed entry, across file ends (BLANK markers), and then nothing is left unchecked."""
+    _write(tmp_path, 30, committed=28, body=lambda i: bytes([i]) * 300)  # ~11 per file
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert s.unchecked_end == 27 and len(s.data.files) > 2
+        steps = 0
+        while s.scrub_step(400):  # ~1 entry per step
+            steps += 1
+        assert s.unchecked_end == -1 and steps >= 20
+
+
+@pytest.mark.parametrize("damage", ["index_record", "blank", "term"])
+def test_scrub_finds_structural_damage(tmp_path, damage):
+    """What the full walk at open used to find below the checkpoint, the scrub finds too: an
+    index record that disagrees with its entry, a file whose last entry is not followed by a
+    BLANK marker, a term that goes backwards."""
+    pos = _write(tmp_path, 30, committed=28, body=lambda i: bytes([i]) * 300)  # ~11 per file
+    if damage == "index_record":
+        with open(tmp_path / "index" / f"{0:020d}", "r+b") as fh:
+            fh.seek(5 * 32 + 12)
+            fh.write(struct.pack(">i", 77))  # entry 5's size
+        bad = 5
+    elif damage == "blank":
+        f0 = pos[0] // 4096
+        last = max(i for i, p in enumerate(pos) if p // 4096 == f0)
+        _patch(tmp_path, pos[last] + codec.HEADER_SIZE + 300, b"\x00" * 8)
+        bad = last + 1
+    else:
+        _patch(tmp_path, pos[12] + 16, struct.pack(">q", 0))  # header term 0 after term 1
+        bad = 12
+    with SegmentStore(_cfg(tmp_path)) as s:
+        with pytest.raises(StoreCorruptError, match=f"committed entry {bad} "):
+            s.scrub()
 
 
 def test_committed_corruption_outside_verified_files_is_caught_on_read(tmp_path):
@@ -140,3 +191,21 @@ def test_checkpoint_file_is_atomic_and_readable(tmp_path):
     assert read_checkpoint(tmp_path) == Checkpoint(3, 5)
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
     assert os.path.getsize(tmp_path / "checkpoint") > 0
+
+
+def test_bytes_past_the_end_are_zeroed_in_a_large_file(tmp_path):
+    """Recovery zeroes from the log's end to the end of its last file (fallocate ZERO_RANGE
+    for a range of 4 MiB or more, where the file system has it; else written zeroes): stale
+    bytes a power loss left past the end can never be walked into later."""
+    cfg = StoreConfig(store_dir=str(tmp_path), data_file_size=16 << 20, index_file_size=4096)
+    with SegmentStore(cfg) as s:
+        s.append_leader_batch([b"a" * 100] * 10, 1)
+        end = s.data.wrote_position
+    stale = end + (3 << 20) + 5
+    with open(tmp_path / "data" / f"{0:020d}", "r+b") as fh:
+        fh.seek(stale)
+        fh.write(b"\x07" * 5000)
+    with SegmentStore(cfg) as s:
+        assert s.ledger_end_index == 9
+        assert bytes(s.data.files[0].mm[end:]) == bytes((16 << 20) - end)
+        assert bytes(s.get(9).body) == b"a" * 100

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from node.store import codec
-from node.store.base import StoreError
+from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import read_checkpoint
 from node.store.mmap_file import StoreIOError
 from node.store.segment_store import SegmentStore, StoreConfig
@@ -41,6 +41,15 @@ def _check_prefix(s, end):
         assert bytes(s.get(i).body) == _body(i)
 
 
+def _scrub_and_repair(s):
+    """What the handler does with the entries recovery left to the scrub (below the
+    checkpoint's committed entry): scrub them, and hand damage to `mark_damaged`."""
+    try:
+        s.scrub()
+    except StoreCorruptError as e:
+        s.mark_damaged(e.index, str(e))
+
+
 def _catch_up(s, upto, committed):
     """What a leader's pushes do: entries again, then the commit index."""
     for i in range(s.ledger_end_index + 1, upto + 1):
@@ -56,6 +65,7 @@ def test_flipped_body_byte_in_a_verified_file(tmp_path, verify_files):
         fh.seek(pos[victim] % FILE + codec.HEADER_SIZE + 100)
         fh.write(b"\x00")
     with SegmentStore(_cfg(tmp_path, recover_verify_files=verify_files)) as s:
+        _scrub_and_repair(s)  # both victims are below the checkpoint's committed entry (55)
         assert (s.ledger_end_index, s.committed_index, s.repair_index) == (victim - 1, victim - 1, 59)
         _check_prefix(s, victim - 1)
         _catch_up(s, 59, 55)
@@ -123,6 +133,7 @@ def test_garbled_header_in_committed_range(tmp_path):
         fh.seek(pos[20] % FILE + 8)  # the index field
         fh.write(b"\x7f" * 8)
     with SegmentStore(_cfg(tmp_path)) as s:
+        _scrub_and_repair(s)
         assert (s.ledger_end_index, s.repair_index) == (19, 59)
 
 
@@ -143,7 +154,9 @@ def test_mark_damaged_at_runtime_cuts_below_commit_and_survives_restart(tmp_path
 def test_mark_damaged_at_a_trimmed_begin_refuses(tmp_path):
     _write(tmp_path, committed=59)
     with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()  # retention deletes only what the scrub has checked
         s.delete_before(40)
+        assert s.ledger_begin_index > 0
         with pytest.raises(StoreError, match="trimmed"):
             s.mark_damaged(s.ledger_begin_index, "x")
 
