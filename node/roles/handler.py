@@ -391,6 +391,10 @@ class Handler(FollowerInstall):
         """Entry `first` is damaged (a read or the scrub said so): record it, publish the repair
         index, and cut once this node no longer leads (`_cut_damage`)."""
         s = self.store
+        if self.single:  # nobody to fetch the range from: serving on would hide the loss
+            self.rc.fatal(f"store {self.cfg.store_dir}: committed entry {first} is damaged ({why}); a "
+                          "one-member group has no peer to repair it from: restore the store from a "
+                          "backup or a copy")
         if self._damage is None or first < self._damage[0]:
             self._damage = (first, why, max(s.committed_index, s.ledger_end_index))
         self.log.error("entry %d is damaged (%s): stepping down if leading, then repairing", first, why)
