@@ -15,7 +15,8 @@ the seed to replay (stores and logs are kept) otherwise. docs/chaos.md has the d
 Examples:
   dledger chaos --local 3 --duration 120 --seed 7
   dledger chaos --local 3 --duration 60 --faults kill,pause --json
-  dledger chaos --local 3 --faults kill --max-faults 100 --leader-share 1 --plot chaos.png
+  dledger chaos --local 3 --faults kill --faults-count 100 --leader-share 1 --plot chaos.png
+  dledger chaos --local 3 --faults-count 10 --appends-per-fault 1000 --seed 11
 """
 
 from __future__ import annotations
@@ -33,14 +34,23 @@ from tools.cli import CliError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local", type=int, required=True, metavar="N", help="nodes in the local group (>= 3)")
-    p.add_argument("--duration", type=float, default=120.0, metavar="S",
-                   help="seconds of fault injection (default: 120)")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="seconds of fault injection (default: 120; not with --faults-count)")
     p.add_argument("--faults", default="kill,pause,role-kill,partition", metavar="LIST",
                    help="comma-separated kinds: kill, pause, role-kill, partition (default: all)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="schedule seed (default: random, printed so the run can be replayed)")
     p.add_argument("--max-faults", type=int, default=None, metavar="N",
                    help="stop after N faults even if --duration is not over (default: no limit)")
+    p.add_argument("--faults-count", type=int, default=None, metavar="N",
+                   help="inject exactly N faults, however long they take: the run is bounded by the count, "
+                        "not by time, so it does the same on a slow machine (not with --duration or "
+                        "--max-faults; default: run for --duration)")
+    p.add_argument("--appends-per-fault", type=int, default=None, metavar="N",
+                   help="bound the load by counts: each writer may append N before each fault (which starts "
+                        "once half of them completed, so it hits appends in flight) and N more once the fault "
+                        "is healed, then waits; about 2N per writer per fault on any machine (not with --kv; "
+                        "default: no limit, writers append as fast as the group takes them)")
     p.add_argument("--leader-share", type=float, default=0.6, metavar="P",
                    help="share of faults aimed at the leader, 0..1 (default: 0.6)")
     p.add_argument("--max-fault-seconds", type=float, default=2.5, metavar="S",
@@ -77,7 +87,13 @@ def _options(args: argparse.Namespace):  # noqa: ANN202 - run.Options, imported 
 
     if args.local < 3:
         raise CliError("--local: a chaos run needs at least 3 nodes (a group that survives one fault)", 2)
-    if args.duration <= 0:
+    if args.faults_count is not None:
+        if args.faults_count < 1:
+            raise CliError("--faults-count: must be >= 1", 2)
+        if args.duration is not None or args.max_faults is not None:
+            raise CliError("--faults-count: the run is bounded by the count; drop --duration/--max-faults", 2)
+    duration = 120.0 if args.duration is None else args.duration
+    if duration <= 0:
         raise CliError("--duration: must be > 0 seconds", 2)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
@@ -105,10 +121,13 @@ def _options(args: argparse.Namespace):  # noqa: ANN202 - run.Options, imported 
         raise CliError("--depth must be >= 1 and --size >= 24 bytes", 2)
     if args.kv and (args.kv_clients < 1 or args.kv_keys < 1):
         raise CliError("--kv-clients and --kv-keys must be >= 1", 2)
+    if args.appends_per_fault is not None and (args.appends_per_fault < 2 or args.kv):
+        raise CliError("--appends-per-fault: must be >= 2, and applies to log writers (not --kv)", 2)
     if args.compact and not args.kv:
         raise CliError("--compact needs --kv: without a state machine there is no snapshot to install", 2)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big") % 1_000_000
-    return Options(nodes=args.local, duration=args.duration, max_faults=args.max_faults, faults=kinds,
+    return Options(nodes=args.local, duration=duration, max_faults=args.max_faults, faults=kinds,
+                   faults_count=args.faults_count, appends_per_fault=args.appends_per_fault,
                    seed=seed, sequential_writers=args.writers, pipelined_writers=args.pipelined_writers,
                    depth=args.depth, readers=args.readers, size=args.size, leader_share=args.leader_share,
                    max_duration=min(args.max_fault_seconds, 60), min_gap=lo, max_gap=hi,
@@ -131,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError("--plot needs matplotlib: pip install 'dledger[bench]'") from None
     signal.signal(signal.SIGTERM, _exit_on_signal)  # the run's finally stops every node
     emit = (lambda _line: None) if args.json else (lambda line: print(line, flush=True))
-    emit(f"dledger chaos: {opts.nodes} nodes, {opts.duration:g} s of faults "
-         f"({', '.join(opts.faults)}), seed {opts.seed}")
+    span = f"{opts.faults_count} faults" if opts.faults_count else f"{opts.duration:g} s of faults"
+    emit(f"dledger chaos: {opts.nodes} nodes, {span} ({', '.join(opts.faults)}), seed {opts.seed}")
     report = ChaosRun(opts, emit).run()
     if args.plot:
         from tools.chaos.plot import draw

@@ -4,7 +4,6 @@ applier's crash and restart, and a user state machine that raises."""
 
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -52,33 +51,36 @@ def test_cas_counter_is_exactly_once_through_leader_kills_and_state_survives_res
     c.wait_leader(timeout=15)
     with kv_client(c) as kv:
         kv.put(b"counter", b"0")
-    wins = []
+    wins = [0] * 4  # successful cas per client, read live: the kills are paced by counts, not sleeps
     errors: list[Exception] = []
     stop = threading.Event()
 
-    def incrementer() -> None:
+    def incrementer(me: int) -> None:
         with kv_client(c, timeout=20.0) as kv:
-            n = 0
             while not stop.is_set():
                 try:
                     cur = kv.get(b"counter").value
                     if kv.cas(b"counter", cur, b"%d" % (int(cur) + 1)):
-                        n += 1
+                        wins[me] += 1
                 except (DLedgerError, KVError) as e:
                     errors.append(e)
-            wins.append(n)
 
-    threads = [threading.Thread(target=incrementer, daemon=True) for _ in range(4)]
+    def more_wins(n: int, what: str) -> None:
+        # 120 increments are 120+ entries: past a snapshot (threshold 100) before each kill.
+        target = sum(wins) + n
+        wait_for(lambda: sum(wins) >= target or errors, 60, what)
+
+    threads = [threading.Thread(target=incrementer, args=(i,), daemon=True) for i in range(4)]
     for t in threads:
         t.start()
     try:
-        for _ in range(2):
-            time.sleep(1.5)
+        for k in range(2):
+            more_wins(120, f"120 increments before kill {k + 1}")
             lead = c.wait_leader(timeout=15)
             c.nodes[lead].kill()
             c.wait_leader(timeout=15, among=[x for x in c.nodes if x != lead])
             c.nodes[lead].start()
-        time.sleep(1.5)
+        more_wins(60, "60 increments after the last restart")
     finally:
         stop.set()
         for t in threads:
@@ -87,7 +89,7 @@ def test_cas_counter_is_exactly_once_through_leader_kills_and_state_survives_res
     c.wait_converged(timeout=30)
     with kv_client(c) as kv:
         final = int(kv.get(b"counter").value)
-    assert final == sum(wins) and final > 20, (final, wins)
+    assert final == sum(wins) and final >= 300, (final, wins)
     # Snapshots were taken and a restarted node restored one.
     assert any(Path(n.store_dir, "snapshots").glob("0*-*") for n in c.nodes.values())
     assert any("restored the snapshot at index" in n.log_text() for n in c.nodes.values())

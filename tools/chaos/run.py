@@ -36,6 +36,8 @@ class Options:
     nodes: int = 3
     duration: float = 120.0  # seconds of faults (the run also has a start and a final check)
     max_faults: int | None = None  # stop after this many faults, whatever the duration
+    faults_count: int | None = None  # inject exactly this many faults, however long: no duration limit
+    appends_per_fault: int | None = None  # the load bound by counts (Writer.grant), None: unlimited
     faults: list[str] = field(default_factory=lambda: ["kill", "pause", "role-kill", "partition"])
     seed: int = 1
     sequential_writers: int = 1  # one append at a time each
@@ -105,7 +107,9 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         o = self.options
         return {
-            "ok": self.ok, "seed": o.seed, "nodes": o.nodes, "duration_s": o.duration,
+            "ok": self.ok, "seed": o.seed, "nodes": o.nodes,
+            "duration_s": None if o.faults_count else o.duration, "faults_count": o.faults_count,
+            "appends_per_fault": o.appends_per_fault,
             "faults_requested": o.faults, "notes": self.notes, "elapsed_s": round(self.elapsed_s, 2),
             "faults": [vars(f) for f in self.faults],
             "violations": self.verdict.violations, "stats": self.verdict.stats,
@@ -179,17 +183,21 @@ class ChaosRun:
             readers = [Reader(f"r{i}", g.peers, g.group, self.history, self.clock, seed=o.seed * 1000 + i,
                               timeout=o.client_timeout) for i in range(o.readers)]
             monitor.start()
+            self._grant(writers)
             for t in (*writers, *readers):
                 t.start()
             if not self._wait_acks(writers, self.clock.now(), o.recovery_timeout):
                 self.violations.append("liveness: no append was acknowledged within "
                                        f"{o.recovery_timeout:.0f} s of the start")
             end = self.clock.now() + o.duration
-            while not self.violations and (o.max_faults is None or len(results) < o.max_faults):
+            limit = o.faults_count if o.faults_count is not None else o.max_faults
+            while not self.violations and (limit is None or len(results) < limit):
                 fault = sched.next()
-                if self.clock.now() + fault.gap + fault.duration > end:
+                if o.faults_count is None and self.clock.now() + fault.gap + fault.duration > end:
                     break
                 time.sleep(fault.gap)
+                if not self._loaded(writers):
+                    break
                 res = self._one(g, inj, writers, fault)
                 results.append(res)
                 self.emit(res.line())
@@ -199,6 +207,8 @@ class ChaosRun:
                                            f"({res.description}); logs in {root}")
                     o.keep = True
             inj.heal_all()
+            if not self.violations:
+                self._drained(writers)
             for w in writers:
                 w.stop()  # all at once: each drains its appends in flight
             for w in writers:
@@ -268,6 +278,7 @@ class ChaosRun:
             time.sleep(0.01)
         inj.heal(fault, node)
         res.healed_s = self.clock.now()
+        self._grant(writers)  # recovery is judged on appends acknowledged after the heal
         deadline = res.healed_s + self.o.recovery_timeout
         while self.clock.now() < deadline:
             self._note_election(g, others, term, t0, res)
@@ -288,6 +299,44 @@ class ChaosRun:
         if got and got[1] > term:
             res.election_s = self.clock.now() - t0
             res.new_leader, res.new_term = got
+
+    # ------------------------------------------------------------------ the load, by counts
+    def _grant(self, writers: list) -> None:
+        """--appends-per-fault: allow each log writer N more appends (nothing when unbounded)."""
+        if self.o.appends_per_fault and not self.o.kv:  # KV clients are not bounded by counts
+            for w in writers:
+                w.grant(self.o.appends_per_fault)
+
+    def _loaded(self, writers: list) -> bool:
+        """--appends-per-fault: grant each writer N appends and wait until half of them have
+        completed, so the fault hits writers with appends in flight and about N/2 to go, on a
+        fast machine or a slow one. False (a liveness violation recorded) if they do not
+        complete within the recovery timeout."""
+        n = self.o.appends_per_fault
+        if not n or self.o.kv:
+            return True
+        self._grant(writers)
+        deadline = time.monotonic() + self.o.recovery_timeout
+        while not all(w.completed >= w.granted - n // 2 for w in writers):
+            if time.monotonic() >= deadline:
+                self.violations.append(f"liveness: the writers did not complete {n // 2} of the {n} appends "
+                                       f"granted before a fault within {self.o.recovery_timeout:.0f} s")
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _drained(self, writers: list) -> None:
+        """--appends-per-fault: let every writer complete all it was granted before the run
+        stops them, so a run invokes exactly N x writers x (1 + 2 x faults) appends."""
+        if not self.o.appends_per_fault or self.o.kv:
+            return
+        deadline = time.monotonic() + self.o.recovery_timeout
+        while not all(w.completed >= w.granted for w in writers):
+            if time.monotonic() >= deadline:
+                self.violations.append("liveness: the writers did not complete the appends granted after "
+                                       f"the last fault within {self.o.recovery_timeout:.0f} s")
+                return
+            time.sleep(0.005)
 
     # ------------------------------------------------------------------ waiting
     def _agreed(self, g: LocalGroup, timeout: float) -> tuple[str, int] | None:

@@ -68,16 +68,52 @@ class Writer(AckedLoad):
         self.writer, self.depth, self.size, self.timeout = name, depth, size, timeout
         self.history, self.clock = history, clock
         self.client = DLedgerClient(peers, group, timeout=timeout)
+        # The load bound by counts (--appends-per-fault): None = unlimited; else the appends this
+        # writer may still invoke. `granted` and `completed` (acknowledged or failed) let the run
+        # wait for a share of a grant to be done, whatever the machine's speed.
+        self._allowance: int | None = None
+        self._allowance_cv = threading.Condition()
+        self.granted = 0
+        self.completed = 0
+
+    def grant(self, n: int) -> None:
+        """Allow `n` more appends (the first grant turns the count bound on)."""
+        with self._allowance_cv:
+            self._allowance = (self._allowance or 0) + n
+            self.granted += n
+            self._allowance_cv.notify_all()
+
+    def _take(self) -> bool:
+        with self._allowance_cv:
+            if self._allowance is None:
+                return True
+            if self._allowance > 0:
+                self._allowance -= 1
+                return True
+            return False
+
+    def _wait_for_allowance(self) -> None:
+        with self._allowance_cv:
+            self._allowance_cv.wait_for(lambda: self._stop_evt.is_set() or self._allowance is None
+                                        or self._allowance > 0, timeout=0.5)
+
+    def stop(self) -> None:
+        super().stop()
+        with self._allowance_cv:
+            self._allowance_cv.notify_all()
 
     def run(self) -> None:
         inflight: collections.deque[tuple[Append, concurrent.futures.Future]] = collections.deque()
         seq = 0
         while not self._stop_evt.is_set() or inflight:
-            while not self._stop_evt.is_set() and len(inflight) < self.depth:
+            while not self._stop_evt.is_set() and len(inflight) < self.depth and self._take():
                 op = self.history.invoked(Append(self.writer, seq, body_of(self.writer, seq, self.size),
                                                  self.clock.now()))
                 seq += 1
                 inflight.append((op, self.client.append_async(op.body)))
+            if not inflight:
+                self._wait_for_allowance()  # its allowance is used: idle until the run grants more
+                continue
             op, fut = inflight.popleft()
             try:
                 r = fut.result(timeout=self.timeout + 30)
@@ -90,8 +126,9 @@ class Writer(AckedLoad):
             except Exception as e:  # noqa: BLE001 - e.g. the client closed under it: unknown fate
                 op.error, op.indeterminate = type(e).__name__, True
             op.t_done = self.clock.now()
-            if op.index is not None:
-                with self.lock:
+            with self.lock:
+                self.completed += 1
+                if op.index is not None:
                     self.ack_times.append(op.t_done)
 
     def close(self) -> None:
