@@ -114,6 +114,7 @@ class Node:
     clock_offset: int = 0
     disk_full_until: int = 0  # fault disk-full: its store's appends fail until then
     probe_full_until: int = 0  # fault disk-probe: its disk measurement reads full until then
+    answers_lost_until: int = 0  # fault disk-probe: its answers to clients are lost until then
     max_committed: int = -1  # the highest committed index its store or block ever showed
     up: bool = True
     memstore: Any = None  # the memory store outlives handler crashes (it stands for the disk)
@@ -669,10 +670,10 @@ class Sim:
         self.stamp_where: dict[tuple[int, int], int] = {}  # (session, seq) -> committed index
         self.p_handler_restart = 0.0
         self.retention_on = False
-        if "session-evict" in self.faults:  # tiny tables: eviction and short rebuild scans
-            sm.update(max_sessions=r.choice((1, 2, 3)), session_window=r.choice((1, 2, 4, 16)),
-                      session_scan_entries=r.choice((1, 3, 8, 20)))
-        if "handler-restart" in self.faults:
+        if "session-evict" in self.faults:  # tiny tables: sessions evicted, few seqs' indexes kept
+            sm.update(max_sessions=r.choice((1, 2, 3)), session_window=r.choice((1, 2, 4, 16)))
+        if "handler-restart" in self.faults:  # short rebuild scans: a restart forgets sessions
+            sm.update(session_scan_entries=r.choice((1, 3, 8, 20, 100_000)))
             self.p_handler_restart = r.uniform(0.005, 0.05)
         if "retention" in self.faults and cfg.store == "segment":
             self.retention_on = True
@@ -1058,6 +1059,9 @@ class Sim:
         f = ident.split(b":")
         if f[0] == b"c" and self.stamped:
             self._check_answer(n, ident, frame)
+        if f[0] == b"c" and n.answers_lost_until > self.now:
+            self.trace_event(src.key, "drop", frame)
+            return True
         if f[0] == b"c":
             a = self.actor("reader" if f[1] == b"r" else f"client{int(f[1])}")
             if a is not None:
@@ -1170,7 +1174,7 @@ class Sim:
         if "disk-full" in self.faults:
             kinds.append("disk-full")
         if "disk-probe" in self.faults:
-            kinds.append("disk-probe")
+            kinds += ["disk-probe"] * 4  # a seed's fault phase is short: drawn often
         if self.smc is not None and "role-crash" in self.faults:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if self.installs and ("partition" in self.faults or "crash" in self.faults):
@@ -1220,9 +1224,16 @@ class Sim:
             self.trace_event(n.id, "disk-full", f"for {ms} ms")
         elif k == "disk-probe":
             lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+            ms = r.randint(100, 4000)
             if lead and r.random() < 0.7:
-                n = lead[0]  # mostly the leader: its appends, and resends, are refused DISK_FULL
-            ms = r.randint(100, 3000)
+                # Mostly the leader, and its answers to clients are lost for a moment as the
+                # disk fills (a broken connection): the resends of appends it stored meet
+                # DISK_FULL (the handler measures the disk once a second)
+                n = lead[0]
+                ms = r.randint(1500, 5000)
+                lost = r.randint(200, 1500)
+                n.answers_lost_until = self.now + lost
+                self.trace_event(n.id, "answers-lost", f"for {lost} ms")
             n.probe_full_until = self.now + ms
             self.stats["disk_probe_full"] += 1
             self.trace_event(n.id, "disk-probe", f"reads full for {ms} ms")
@@ -1369,6 +1380,7 @@ class Sim:
         for n in self.nodes:
             n.disk_full_until = 0
             n.probe_full_until = 0
+            n.answers_lost_until = 0
             for a in list(n.roles.values()):
                 if a.alive and a.paused:
                     self.resume_actor(a)
