@@ -176,9 +176,10 @@ class ClientActor(A.Actor):
 
     MAX_RESENDS = 12
     check_order = True
-    # ipc/client.py today: a definite code ends a stamped call as a definite failure even when
-    # an earlier attempt of it is unsure (timed out, WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED).
-    UNSURE_DEFINITE_IS_INDETERMINATE = False
+    # ipc/client.py: a definite code ends a stamped call as a definite failure only when no
+    # earlier attempt of it is unsure (timed out, WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED);
+    # otherwise the call is indeterminate (False: the client before that rule).
+    UNSURE_DEFINITE_IS_INDETERMINATE = True
 
     def __init__(self, sim: Sim, wid: int) -> None:
         super().__init__(sim, None, f"client{wid}")
@@ -399,7 +400,11 @@ class BadWriterActor(ClientActor):
         super().__init__(sim, wid)
         self.w.session = True
         self.malformed: set[int] = set()  # rids of requests no correct client sends (not checked)
-        self.sent_stamps: list[tuple[int, int, list[bytes]]] = []  # (session, seq, bodies) sent before
+        # (session, seq, bodies) of its single appends acknowledged so far: the stamps it may
+        # send again (a stale resend) or straddle (known stored: a correct leader never writes
+        # a request that starts there again, whatever else it holds)
+        self.sent_stamps: list[tuple[int, int, list[bytes]]] = []
+        self.singles: dict[int, tuple[int, int, list[bytes]]] = {}  # rid -> its stamp, of good singles
 
     def _send(self) -> None:
         sim, w = self.sim, self.w
@@ -407,6 +412,7 @@ class BadWriterActor(ClientActor):
         frames: list[bytes] = []
         node = sim.nodes[w.target]
         reqs: list[tuple[int, list[bytes], int, int, bool]] = []  # (rid, bodies, session, seq, well-formed)
+        last = seq_add(w.next_seq, -1)  # the session's last seq handed out before this frame
         for _ in range(r.randint(1, 4)):
             w.rid += 1
             reqs.append((w.rid, self._bodies(1), w.sid, w.next_seq, True))
@@ -419,7 +425,7 @@ class BadWriterActor(ClientActor):
         elif shape == "seq0":
             w.rid += 1
             reqs.insert(r.randint(0, len(reqs)), (w.rid, self._bodies(1), w.sid, 0, False))
-        elif shape == "straddle" and self.sent_stamps and self.sent_stamps[-1][0] == w.sid:
+        elif shape == "straddle" and self.sent_stamps and self.sent_stamps[-1][:2] == (w.sid, last):
             sid, seq, bodies = self.sent_stamps[-1]
             w.rid += 1
             reqs.append((w.rid, bodies + self._bodies(r.randint(1, 2)), sid, seq, False))
@@ -439,14 +445,17 @@ class BadWriterActor(ClientActor):
             else:
                 w.stamps[rid] = (sid, seq, 0, False)
                 sim.stamped[(self.ident, rid)] = (sid, seq, bodies)
-                if len(bodies) == 1 and seq:
-                    self.sent_stamps.append((sid, seq, bodies))
+                if len(bodies) == 1:
+                    self.singles[rid] = (sid, seq, bodies)
             sim.trace_event(self.key, "send", (node.id, rid, sid, seq, [b[:12] for b in bodies], shape))
         del self.sent_stamps[:-32]
         sim.stats["bad_client_" + shape.replace("-", "_")] += 1
         sim.client_send(self, w.target, P.encode_multi(frames))
 
     def _on_msg(self, msg: Any) -> None:
+        single = self.singles.pop(msg.request_id, None)
+        if single is not None and msg.code == RC.SUCCESS and msg.request_id in self.w.out:
+            self.sent_stamps.append(single)
         if msg.request_id in self.malformed:
             self.malformed.discard(msg.request_id)
             self.sim.trace_event(self.key, "reply", _summ(msg))
@@ -1449,9 +1458,16 @@ class Sim:
                              f"term={new.ledger_end_term} committed={new.committed_index}")
 
     def on_ack(self, index: int, body: bytes, term: int) -> None:
-        """An acknowledgement names an entry by (index, term): both must be where the body is."""
+        """An acknowledgement names an entry by (index, term): both must be where the body is.
+        Term -1: a resend whose entry retention deleted (answered with its index only): the
+        body must be committed there already."""
         self.stats["acked"] += 1
         self.last_ack_at = self.now
+        if term == -1:
+            if index >= len(self.chist) or self.chist[index][2] != body:
+                got = self.chist[index][2][:24] if index < len(self.chist) else "nothing committed yet"
+                self.fail(f"resend of {body[:24]!r} acknowledged at deleted index {index}, which holds {got!r}")
+            return
         prev = self.acked.get(index)
         if prev is not None and prev != (body, term):
             self.fail(f"index {index} acknowledged twice differently: {prev[0][:24]!r} term {prev[1]} / "
