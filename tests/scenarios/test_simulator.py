@@ -212,3 +212,19 @@ def test_a_reverted_session_fix_is_caught(mutation: str, fault: str, store: str,
     seed, error = _first_failure(mutation, range(0, 30), store=store, steps=steps, faults=ALL_FAULTS + (fault,))
     assert seed >= 0, f"{mutation} was not caught in 30 seeds with {fault}"
     assert expect in error, error
+
+
+def test_an_old_term_entry_committed_by_counting_is_caught() -> None:
+    """Raft's Figure 8 (fault `figure8`, 5 nodes): a leader's tail on a minority, a leader
+    of a later term cut off the moment it is elected (its NOOP on it alone), the old leader
+    back, catching the others up entry by entry, crashing right after its first commit, and
+    the cut-off leader back with the highest last term. A leader that commits an old-term
+    entry by counting replicas (`old-term-commit`) loses it there; the real rule (only an entry
+    of the leader's own term is committed by counting) keeps the same seeds safe."""
+    kw = dict(nodes=5, steps=3000, faults=("drop", "delay", "figure8"))
+    for seed in range(0, 4):
+        r = run_seed(SimConfig(seed=seed, **kw))  # type: ignore[arg-type]
+        assert r.ok, _explain(r)
+    seed, error = _first_failure("old-term-commit", range(0, 12), **kw)  # seed 3 today
+    assert seed >= 0, "old-term-commit was not caught in 12 seeds"
+    assert "committed entry" in error, error

@@ -59,7 +59,9 @@ ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-cra
 # store) every disk reads above the clean ratio, so retention deletes old files under resends;
 # bad-client: a writer that sends malformed and duplicated stamps, in MULTI frames.
 SESSION_FAULTS = ("session-evict", "handler-restart", "disk-probe", "retention", "bad-client")
-OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full") + SESSION_FAULTS
+# figure8 (5 nodes): the history of Raft's Figure 8, where committing an old-term entry by
+# counting replicas loses it (Sim._figure8_shape).
+OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8") + SESSION_FAULTS
 TRACE_LEN = 60
 RETENTION_RATIO = 0.87  # --state-machine --store segment: the disk every handler measures (clean < it < full)
 FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill
@@ -696,6 +698,10 @@ class Sim:
                 self.disk_ratio = RETENTION_RATIO
         if self.retention_on:
             self.disk_ratio = RETENTION_RATIO
+        self.f8: dict[str, Any] | None = None  # fault figure8: the shape in progress
+        if "figure8" in self.faults:
+            # one entry per push, one push in flight: a follower catches up entry by entry
+            sm.update(enable_batch_push=False, max_pending_pushes=1)
         ids = [f"n{i}" for i in range(cfg.nodes)]
         peers = ";".join(f"{i}-127.0.0.1:{30000 + 2 * k}" for k, i in enumerate(ids))
         self.nodes: list[Node] = []
@@ -1184,6 +1190,8 @@ class Sim:
             kinds.append("disk-full")
         if "disk-probe" in self.faults:
             kinds += ["disk-probe"] * 4  # a seed's fault phase is short: drawn often
+        if "figure8" in self.faults and self.cfg.nodes == 5:
+            kinds += ["figure8"] * 4
         if self.smc is not None and "role-crash" in self.faults:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if self.installs and ("partition" in self.faults or "crash" in self.faults):
@@ -1227,6 +1235,8 @@ class Sim:
             self._lagging_follower_shape()
         elif k == "lagging-install":
             self._lagging_install_shape()
+        elif k == "figure8":
+            self._figure8_shape()
         elif k == "disk-full":
             ms = r.randint(100, 3000)
             n.disk_full_until = self.now + ms
@@ -1346,6 +1356,114 @@ class Sim:
         self.schedule(self.now + r.randint(500, 900), "call", stall_handler)
         self.quiet_until = until + 500
 
+    def _figure8_shape(self) -> None:
+        """Raft's Figure 8 (5 nodes; fault figure8), in four steps driven by role changes:
+        1. cut the leader X off with one follower Y while the writers write to X: a tail of X's
+           term on X and Y only;
+        2. the first leader Z the other three elect is cut off the moment it is elected: its
+           term's NOOP stays on Z alone (its last term is now the highest);
+        3. 200-800 ms later X and Y rejoin the two others (Z stays away) and one of X, Y leads
+           again, catching the others up entry by entry (one entry per push in this fault);
+        4. 3-15 ms after that leader first publishes a quorum index above what any node has
+           committed, its node crashes (down
+           4-6 s), the two others' handlers too (what was in flight to them is lost; they
+           restart at once), the other of X, Y is cut off and Z comes back: Z, whose last term is higher
+           than that of X's tail, can win the two others' votes and overwrite the tail on
+           them. Safe only if the leader of step 3 committed nothing of X's old tail before
+           its own NOOP was on a majority (Raft §5.4.2; mutation `old-term-commit`)."""
+        lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+        if not lead or self.f8 is not None or any(not m.up for m in self.nodes):
+            return
+        r = self.rng
+        x = lead[0]
+        y = r.choice([m for m in self.nodes if m is not x])
+        links = self._isolate([x.idx, y.idx])
+        self.blocked.update(links)
+        self.f8 = dict(phase="cut", x=x.idx, y=y.idx, term=x.block.member.current_term, links=links)
+        self.stats["figure8_shapes"] += 1
+        self.trace_event("net", "cut", f"figure8: isolate leader {x.id} with {y.id}")
+        for a in self.actors:  # the writers write to X while its lease lasts: its tail
+            if isinstance(a, ClientActor):
+                a.w.target = x.idx
+        self.quiet_until = self.now + 15_000
+        f8 = self.f8
+
+        def abort() -> None:
+            if self.f8 is f8:
+                self._figure8_end(f"figure8: gave up in phase {f8['phase']}")
+
+        self.schedule(self.now + 14_000, "call", abort)
+
+    def _figure8_end(self, why: str) -> None:
+        f8, self.f8 = self.f8, None
+        if f8 is not None:
+            self.stats[f"figure8_end_{f8['phase']}"] += 1
+            self.blocked.difference_update(f8["links"])
+            self.trace_event("net", "heal", why)
+        self.quiet_until = self.now
+
+    def _figure8_leader(self, n: Node, term: int) -> None:
+        """Fault figure8, steps 2 and 3: a node became leader."""
+        f8 = self.f8
+        xy = (f8["x"], f8["y"])
+        if f8["phase"] == "cut" and n.idx not in xy and term > f8["term"]:
+            links = self._isolate([n.idx])  # Z: its NOOP goes nowhere
+            self.blocked.difference_update(f8["links"])
+            self.blocked.update(links)
+            self.blocked.update(self._isolate(list(xy)))
+            f8.update(phase="z-cut", z=n.idx, links=links + self._isolate(list(xy)))
+            self.trace_event("net", "cut", f"figure8: isolate {n.id}, just elected in term {term}")
+
+            def rejoin() -> None:
+                if self.f8 is f8 and f8["phase"] == "z-cut":
+                    self.blocked.difference_update(f8["links"])
+                    f8["links"] = self._isolate([f8["z"]])
+                    self.blocked.update(f8["links"])
+                    f8["phase"] = "rejoin"
+                    self.trace_event("net", "heal", f"figure8: n{f8['x']} and n{f8['y']} rejoin, n{f8['z']} stays away")
+
+            self.schedule(self.now + self.rng.randint(200, 800), "call", rejoin)
+        elif f8["phase"] == "rejoin":
+            if n.idx in xy:
+                f8.update(phase="leading", lead=n.idx, lead_term=term)
+            else:
+                self._figure8_end(f"figure8: {n.id} led instead")
+
+    def on_quorum_write(self, n: Node, index: int, term: int) -> None:
+        """Fault figure8, step 4: the leader of step 3 published its first quorum index."""
+        f8 = self.f8
+        if f8 is None or f8["phase"] != "leading" or n.idx != f8["lead"] or not self.faulting:
+            return
+        if index <= max(m.max_committed for m in self.nodes):
+            return  # not a commit: the first view a new ack checker publishes
+        f8["phase"] = "crash"
+        lead = n
+        other = self.nodes[f8["y"] if f8["lead"] == f8["x"] else f8["x"]]
+        r = self.rng
+
+        def strike() -> None:
+            if self.f8 is not f8:
+                return
+            self.trace_event("sim", "figure8", f"crash {lead.id} after its quorum {index} (term {term}); "
+                             f"{other.id} away, n{f8['z']} back")
+            self.crash_node(lead, torn=False, down_ms=r.randint(4000, 6000))
+            for m in self.nodes:  # the two others' handlers die too: the pushes in flight are lost
+                h = self._node_actor(m, "handler") if m.idx not in (lead.idx, other.idx, f8["z"]) else None
+                if h is not None:
+                    self.kill_actor(h, "figure8")
+            self.blocked.difference_update(f8["links"])
+            f8["links"] = self._isolate([other.idx])
+            self.blocked.update(f8["links"])
+            f8["phase"] = "z-back"
+
+            def done() -> None:
+                if self.f8 is f8:
+                    self._figure8_end("figure8: done")
+
+            self.schedule(self.now + r.randint(3000, 5000), "call", done)
+
+        self.schedule(self.now + r.randint(3, 15), "call", strike)
+
     def _lagging_install_shape(self) -> None:
         """A follower (or the leader, which then comes back as a follower with an uncommitted
         tail) is kept away -- cut off, or its node down -- for 2-8 s while the writers write:
@@ -1383,6 +1501,7 @@ class Sim:
 
     def heal_all(self) -> None:
         self.faulting = False
+        self.f8 = None
         self.writing = True
         self.blocked.clear()
         self.trace_event("sim", "heal", "faults off; every node and role restarted")
@@ -1443,6 +1562,8 @@ class Sim:
             if prev is not None and prev != n.id:
                 self.fail(f"two leaders in term {new.current_term}: {prev} and {n.id}")
             self.leaders[new.current_term] = n.id
+            if self.f8 is not None and (old.role != Role.LEADER or old.current_term != new.current_term):
+                self._figure8_leader(n, new.current_term)
             if old.role != Role.LEADER or old.current_term != new.current_term:
                 # Never lead twice in one term, across restarts too: a second leadership of one
                 # term may write a different entry at an (index, term) a follower already holds.
