@@ -34,7 +34,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=None, help="run only this seed and print its trace")
     ap.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     ap.add_argument("--faults", default=",".join(ALL_FAULTS),
-                    help=f"comma-separated subset of {','.join(ALL_FAULTS)} (or 'none')")
+                    help=f"comma-separated subset of {','.join(ALL_FAULTS)} (or 'none'), plus the opt-in "
+                         f"{','.join(OPT_IN_FAULTS)} (the session faults turn --sessions on)")
     ap.add_argument("--steps", type=int, default=SimConfig.steps, help="scheduler steps of the fault phase")
     ap.add_argument("--store", choices=("memory", "segment"), default="memory")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
