@@ -34,7 +34,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=None, help="run only this seed and print its trace")
     ap.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     ap.add_argument("--faults", default=",".join(ALL_FAULTS),
-                    help=f"comma-separated subset of {','.join(ALL_FAULTS)} (or 'none')")
+                    help=f"comma-separated subset of {','.join(ALL_FAULTS)} (or 'none'), plus the opt-in "
+                         f"{','.join(OPT_IN_FAULTS)} (the session faults turn --sessions on)")
     ap.add_argument("--steps", type=int, default=SimConfig.steps, help="scheduler steps of the fault phase")
     ap.add_argument("--store", choices=("memory", "segment"), default="memory")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
@@ -72,7 +73,8 @@ def _config(a: argparse.Namespace, seed: int) -> SimConfig:
 SUMMARY_STATS = ("installs_started", "installs_completed", "installs_abandoned", "install_probes_sent",
                  "install_chunks_sent", "install_rewinds", "install_resumes", "install_chunks_corrupted",
                  "install_checksum_refusals", "applier_installs", "install_resets", "install_faults",
-                 "lagging_install_shapes", "retention_deletions")
+                 "lagging_install_shapes", "retention_deletions", "definite_failures", "handler_restarts",
+                 "disk_probe_full", "figure8_shapes", "bad_client_dup", "bad_client_seq0", "bad_client_straddle", "bad_client_stale")
 
 
 def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result], float, Counter]:

@@ -140,6 +140,10 @@ class SimMemoryStore(_DiskFullable, MemoryStore):
             rs = self.append_leader_batch(bodies, term)
             return rs[0].index, [r.pos for r in rs]
 
+    def data_file_ranges(self, limit: int) -> list[tuple[int, int, float]]:
+        """No files: retention (a disk probe reading full, fault disk-probe) finds nothing to delete."""
+        return []
+
 
 class SimSegmentStore(_DiskFullable, SegmentStore):
     """The real SegmentStore without its flush thread: the simulator flushes and checkpoints at
@@ -282,6 +286,9 @@ class HandlerActor(Actor):
                 h.store.before_delete = lambda st: sim.record_committed(node, st)
             else:
                 h.store.retention_floor = sim.smc.retention_floor
+        elif sim.retention_on and isinstance(h.store, SimSegmentStore):  # fault retention, no snapshots
+            h.store.retention_floor = sim.retention_floor
+            h.store.before_delete = lambda st: sim.record_committed(node, st, count=True)
         h.open()
         self.node.store = h.store
         self.node.checked = -1

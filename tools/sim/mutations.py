@@ -53,6 +53,18 @@ Install snapshot (`--state-machine --store segment`: retention strands lagging f
   log (match index = the leader's end) instead of the snapshot's last entry.
 - `install-no-verify`: the follower's receiver skips the whole-file checksum; with the
   `corrupt` fault (which also flips a byte of install chunks) a damaged snapshot is installed.
+
+Client sessions (the session faults; each reverts one of the fixes of the leader's session code):
+
+- `session-start-any`: an unknown session of the leader's own term may start at seq 1 (the
+  start invariant reverted): an evicted session's, or one a restarted handler's bounded
+  rebuild missed, seq-1 resend is written again (`session-evict`, `handler-restart`).
+- `capacity-before-session`: pending-full / DISK_FULL refusals run before the session check:
+  a resend of an entry the leader holds is refused DISK_FULL (`disk-probe`).
+- `deleted-duplicate-error`: a resend whose entry retention deleted is answered INTERNAL_ERROR
+  (`retention`, `--store segment`).
+- `multi-repeat-admitted`: one (session, seq) twice in one MULTI frame is written twice
+  (`bad-client`).
 """
 
 from __future__ import annotations
@@ -442,3 +454,83 @@ def apply(names: str | list[str] | None) -> Iterator[None]:
     finally:
         for u in reversed(undo):
             u()
+
+
+# ---- client sessions (the session faults: session-evict, handler-restart, disk-probe,
+# retention, bad-client; docs/testing.md "Client sessions")
+
+@_mutation("session-start-any")
+def _session_start_any() -> Callable[[], None]:
+    """The start invariant reverted: any unknown session of the leader's own term may start at
+    seq 1 (an evicted one, or one a restarted handler's bounded rebuild missed: its seq-1
+    resend is written a second time)."""
+    from node.roles.handler import Handler
+
+    orig = Handler._session_admits
+
+    def admits(self: Handler, ident: bytes, req: Any, session: int, seq: int, n: int, m: Any, now: int) -> bool:
+        if (session not in self.sessions._sessions and seq == 1
+                and (session >> 16) == (self.leader_term & 0xFFFF)):
+            return True
+        return orig(self, ident, req, session, seq, n, m, now)
+
+    return _patch(Handler, "_session_admits", admits)
+
+
+@_mutation("capacity-before-session")
+def _capacity_before_session() -> Callable[[], None]:
+    """The admission order reverted: the capacity refusals (pending full, DISK_FULL) run before
+    the session check, so a resend of an entry the leader holds is refused DISK_FULL."""
+    from node.roles.handler import Handler
+
+    orig = Handler._session_admits
+
+    def admits(self: Handler, ident: bytes, req: Any, session: int, seq: int, n: int, m: Any, now: int) -> bool:
+        if self._refuse_capacity(n, now) is not None:
+            return True  # "admitted": the capacity check that follows refuses it
+        return orig(self, ident, req, session, seq, n, m, now)
+
+    return _patch(Handler, "_session_admits", admits)
+
+
+@_mutation("deleted-duplicate-error")
+def _deleted_duplicate_error() -> Callable[[], None]:
+    """A resend whose entry retention deleted is answered INTERNAL_ERROR (the store cannot
+    read it), not with its index: a definite code for a committed entry (`--store segment`,
+    fault retention)."""
+    from ipc.codes import ResponseCode as RC
+    from node.roles.handler import Handler
+
+    orig = Handler._answer_duplicate
+
+    def answer(self: Handler, ident: bytes, req: Any, first: int, n: int, m: Any, now: int) -> None:
+        if first < self.store.ledger_begin_index:
+            self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: deleted", m=m)
+            return
+        orig(self, ident, req, first, n, m, now)
+
+    return _patch(Handler, "_answer_duplicate", answer)
+
+
+@_mutation("multi-repeat-admitted")
+def _multi_repeat_admitted() -> Callable[[], None]:
+    """Within one MULTI frame, a request is admitted when it follows the frame's previous one
+    of its session (seq + 1) or when the table admits it, and the table learns the frame's
+    requests only after the write: the same (session, seq) twice in a frame is written twice
+    (fault bad-client)."""
+    from node.core.sessions import seq_add
+    from node.roles.handler import Handler
+
+    def admits_singles(self: Handler, ident: bytes, reqs: list, m: Any, now: int) -> tuple[list, list]:
+        admitted: list = []
+        follows: dict[int, int] = {}
+        for r in reqs:
+            if r.session and (follows.get(r.session) == r.seq
+                              or self._session_admits(ident, r, r.session, r.seq, 1, m, now)):
+                follows[r.session] = seq_add(r.seq, 1)
+            elif r.session:
+                continue
+            admitted.append(r)
+        return admitted, []
+
+    return _patch(Handler, "_session_admits_singles", admits_singles)

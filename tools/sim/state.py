@@ -133,6 +133,7 @@ class SimState:
         self.sim.at_write(self.actor)
         self.block.quorum = QuorumView(quorum_index, quorum_term)
         self.sim.trace_event(self.actor.key, "quorum", (quorum_index, quorum_term))
+        self.sim.on_quorum_write(self.node, quorum_index, quorum_term)
         return self.block.quorum
 
     def write_snapshot(self, *, snapshot_index: int, snapshot_term: int) -> SnapshotView:

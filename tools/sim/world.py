@@ -35,12 +35,13 @@ from typing import Any
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
-from ipc.codes import Role
+from ipc.codes import Role, is_indeterminate, is_retryable
 from node import channels
 from node.config import NodeConfig
 from node.core.sessions import seq_add
 from node.store import codec
 from node.store.base import StoreError
+from node.store.stamps import _STAMP
 from tools.sim import actors as A
 from tools.sim.state import NodeBlock, SimLock
 
@@ -51,7 +52,16 @@ ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-cra
 # any time, before COMPARE too (repro t3 needs it: see DispatcherActor.eager_commit).
 # disk-full: a node's appends fail with DiskFull for a while, and at the heal the leader's disk
 # fills for 6 s: the group must fail over (repro t6).
-OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full")
+# Session faults (each turns the writers' sessions on; see docs/testing.md "Client sessions"):
+# session-evict: tiny session-table limits and short sessions; handler-restart: a leader's
+# handler killed right after a stamped append reached it; disk-probe: a node's disk probe
+# reads full for a while (appends refused before the session check); retention: (segment
+# store) every disk reads above the clean ratio, so retention deletes old files under resends;
+# bad-client: a writer that sends malformed and duplicated stamps, in MULTI frames.
+SESSION_FAULTS = ("session-evict", "handler-restart", "disk-probe", "retention", "bad-client")
+# figure8 (5 nodes): the history of Raft's Figure 8, where committing an old-term entry by
+# counting replicas loses it (Sim._figure8_shape).
+OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8") + SESSION_FAULTS
 TRACE_LEN = 60
 RETENTION_RATIO = 0.87  # --state-machine --store segment: the disk every handler measures (clean < it < full)
 FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill
@@ -105,6 +115,9 @@ class Node:
     lock: SimLock = None  # type: ignore[assignment]
     clock_offset: int = 0
     disk_full_until: int = 0  # fault disk-full: its store's appends fail until then
+    probe_full_until: int = 0  # fault disk-probe: its disk measurement reads full until then
+    answers_lost_until: int = 0  # fault disk-probe: its answers to clients are lost until then
+    max_committed: int = -1  # the highest committed index its store or block ever showed
     up: bool = True
     memstore: Any = None  # the memory store outlives handler crashes (it stands for the disk)
     store: Any = None  # the handler's open store, for the invariant checks
@@ -128,6 +141,9 @@ class Writer:
     # client sessions (SimConfig.sessions): rid -> (session, seq, resends, unsure) of a stamped request
     stamps: dict[int, tuple[int, int, int, bool]] = field(default_factory=dict)
     session: bool = False
+    attempt_ms: int = 3000  # how long an attempt waits for its answer before it is resent
+    short: float = 0.0  # fault session-evict: chance to abandon the session after a send
+    requeue: list[list[bytes]] = field(default_factory=list)  # never stored: restamp in a new session
     sid: int = 0
     next_seq: int = 1
     opening: int = 0  # rid of an OPEN_SESSION in flight (0: none)
@@ -136,22 +152,48 @@ class Writer:
     # connection's requests in the order they arrive
 
 
+# codes a real client (ipc/client.py) retries or resends: anything else ends a stamped call
+_SESSION_CODES = frozenset({RC.SESSION_EXPIRED, RC.SESSION_SEQ_GAP, RC.SESSION_SEQ_INVALID, RC.SESSION_SEQ_TOO_OLD,
+                            RC.SESSION_LIMIT})
+
+
+def definite_failure(code: int) -> bool:
+    """A code ipc/client.py reports as a definite failure of an append ("not stored": raises
+    `DLedgerError` with indeterminate=False): neither retryable nor indeterminate, and not
+    one of the session codes, which have their own meanings (docs/client.md)."""
+    return (code != RC.SUCCESS and not is_retryable(code) and not is_indeterminate(code)
+            and code not in _SESSION_CODES)
+
+
 class ClientActor(A.Actor):
     """A writer: up to `window` APPEND / BATCH_APPEND requests in flight, unique bodies. Without
     a session no payload is retried (an indeterminate failure is simply abandoned). With one
     (SimConfig.sessions), as ipc/client.py does: every request is stamped (session, seq) and
-    resent under the same stamp after a timeout or any failure but a gap's end, so the leader's
-    deduplication (node/core/sessions.py) is what keeps a body from being committed twice (the
-    history check) or acknowledged at an index holding something else (`on_ack`)."""
+    resent under the same stamp after a timeout, an indeterminate answer, a retryable refusal
+    or a gap, so the leader's deduplication (node/core/sessions.py) is what keeps a body from
+    being committed twice (the history check) or acknowledged at an index holding something
+    else (`on_ack`). A definite refusal ends the call as a definite failure (`Sim.on_definite`:
+    its body must never commit); SESSION_EXPIRED restamps it in a new session when no attempt
+    can have been stored."""
 
     MAX_RESENDS = 12
+    check_order = True
+    # ipc/client.py: a definite code ends a stamped call as a definite failure only when no
+    # earlier attempt of it is unsure (timed out, WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED);
+    # otherwise the call is indeterminate (False: the client before that rule).
+    UNSURE_DEFINITE_IS_INDETERMINATE = True
 
     def __init__(self, sim: Sim, wid: int) -> None:
         super().__init__(sim, None, f"client{wid}")
         r = sim.rng
         self.w = Writer(wid, window=r.choice((1, 2, 4, 8, 16, 32)), target=r.randrange(sim.cfg.nodes))
-        if sim.cfg.sessions:  # drawn only then: seeds without sessions keep their histories
+        if sim.sessions:  # drawn only then: seeds without sessions keep their histories
             self.w.session = r.random() < 0.5
+        if sim.session_faults:  # drawn only then: --sessions seeds keep theirs
+            self.w.session = self.w.session or r.random() < 0.5
+            self.w.attempt_ms = r.choice((300, 1000, 3000))
+            if "session-evict" in sim.faults:
+                self.w.short = r.choice((0.0, 0.1, 0.3, 0.6))
         self.ident = b"c:%d" % wid
 
     def step(self) -> None:
@@ -181,11 +223,9 @@ class ClientActor(A.Actor):
             due.append(w.next_send)
         self.wake_at = max(now + 1, min(due))
 
-    def _send(self) -> None:
+    def _bodies(self, n: int) -> list[bytes]:
         sim, w = self.sim, self.w
         rng = sim.rng
-        n = 1 if rng.random() < 0.75 else rng.randint(2, 4)
-        w.rid += 1
         bodies = []
         for i in range(n):
             pad = rng.choice((0, 8, 40, 200, 700)) + rng.randint(0, 20)
@@ -195,10 +235,23 @@ class ClientActor(A.Actor):
                 sim.repeats[b] += 1
             sim.sent[b] = (w.wid, w.rid)
             bodies.append(b)
+        return bodies
+
+    def _send(self) -> None:
+        sim, w = self.sim, self.w
+        if w.requeue and w.session:
+            bodies = w.requeue.pop(0)  # never stored in its abandoned session: a new stamp
+            w.rid += 1
+        else:
+            n = 1 if sim.rng.random() < 0.75 else sim.rng.randint(2, 4)
+            w.rid += 1
+            bodies = self._bodies(n)
         if w.session:
             w.stamps[w.rid] = (w.sid, w.next_seq, 0, False)
-            w.next_seq = seq_add(w.next_seq, n)
+            w.next_seq = seq_add(w.next_seq, len(bodies))
         self._transmit(w.rid, bodies)
+        if w.short and w.session and sim.rng.random() < w.short:
+            w.sid = 0  # session-evict: a short session (its requests keep their stamps)
 
     def _transmit(self, rid: int, bodies: list[bytes]) -> None:
         sim, w = self.sim, self.w
@@ -208,15 +261,17 @@ class ClientActor(A.Actor):
             msg: Any = P.AppendRequest(sim.group, node.id, bodies[0], rid, sid, seq)
         else:
             msg = P.BatchAppendRequest(sim.group, node.id, bodies, rid, sid, seq)
-        w.out[rid] = (bodies, w.target, sim.now + 3000)
+        w.out[rid] = (bodies, w.target, sim.now + w.attempt_ms)
         sim.trace_event(self.key, "send", (node.id, rid, sid, seq, [b[:12] for b in bodies]))
+        if sid:
+            sim.stamped[(self.ident, rid)] = (sid, seq, bodies)
         sim.client_send(self, w.target, P.encode(msg))
 
     def _open(self) -> None:
         sim, w = self.sim, self.w
         w.rid += 1
         w.opening = w.rid
-        w.out[w.rid] = ([], w.target, sim.now + 3000)
+        w.out[w.rid] = ([], w.target, sim.now + w.attempt_ms)
         sim.client_send(self, w.target, P.encode(P.OpenSessionRequest(sim.group, sim.nodes[w.target].id, w.rid)))
 
     def _resend(self, rid: int, bodies: list[bytes], unsure: bool) -> None:
@@ -233,11 +288,18 @@ class ClientActor(A.Actor):
         self._transmit(w.rid, bodies)
 
     def _on_reply(self, frame: bytes) -> None:
-        sim, w = self.sim, self.w
         try:
             msg = P.decode(frame)
         except P.ProtocolError:
             raise Violation(f"{self.key}: undecodable reply {frame[:40]!r}") from None
+        if isinstance(msg, P.Multi):  # answers to a MULTI (bad-client), one by one
+            for f in msg.frames:
+                self._on_reply(bytes(f))
+            return
+        self._on_msg(msg)
+
+    def _on_msg(self, msg: Any) -> None:
+        sim, w = self.sim, self.w
         sim.trace_event(self.key, "reply", _summ(msg))
         o = w.out.pop(msg.request_id, None)
         if o is None:
@@ -270,18 +332,39 @@ class ClientActor(A.Actor):
                 for i, r in enumerate(results or ()):
                     if r is not None:
                         sim.smc.on_result(first + i, bytes(r), f"{self.key} (request {msg.request_id})")
-            if stamp is None or stamp[2] == 0:  # a resend may be answered with an earlier index
+            if self.check_order and (stamp is None or stamp[2] == 0):  # a resend: maybe an earlier index
                 self._check_order(node, msg.term, msg.request_id, first, first + len(bodies) - 1)
             return
         self._retarget(msg)
         if stamp is None:
             return
-        if msg.code in (RC.SESSION_EXPIRED, RC.SESSION_SEQ_INVALID, RC.SESSION_SEQ_TOO_OLD):
-            if w.sid == stamp[0]:  # given up (its outcome is what the code says)
+        self._on_stamped_failure(msg, bodies, stamp)
+
+    def _on_stamped_failure(self, msg: Any, bodies: list[bytes], stamp: tuple[int, int, int, bool]) -> None:
+        """ipc/client.py's reaction to a stamped append's failure (docs/client.md "Sessions")."""
+        sim, w = self.sim, self.w
+        sid, seq, _k, unsure = stamp
+        if definite_failure(msg.code):
+            if w.sid == sid:
+                w.sid = 0  # its seq may be a hole: later appends go to a new session
+            if unsure and self.UNSURE_DEFINITE_IS_INDETERMINATE:
+                return  # an earlier attempt may be stored: indeterminate
+            sim.on_definite(bodies, msg.code, f"{self.key} request {msg.request_id} (session {sid:#x} seq {seq}"
+                            f"{', unsure' if unsure else ''}) answered {RC(msg.code).name} by "
+                            f"{getattr(msg, 'leader_id', '') or '?'}")
+            return
+        if msg.code == RC.SESSION_EXPIRED:
+            if w.sid == sid:
+                w.sid = 0
+            if not unsure and w.session:
+                w.requeue.append(bodies)  # no attempt can have been stored: a new session
+            return
+        if msg.code in (RC.SESSION_SEQ_INVALID, RC.SESSION_SEQ_TOO_OLD, RC.SESSION_LIMIT):
+            if w.sid == sid:  # given up (its outcome is what the code says)
                 w.sid = 0
             return
         w.stamps[msg.request_id] = stamp
-        self._resend(msg.request_id, bodies, unsure=msg.code in (RC.WAIT_QUORUM_ACK_TIMEOUT, RC.TERM_CHANGED))
+        self._resend(msg.request_id, bodies, unsure=is_indeterminate(msg.code))
 
     def _retarget(self, msg: Any) -> None:
         sim, w = self.sim, self.w
@@ -303,6 +386,86 @@ class ClientActor(A.Actor):
             self.sim.fail(f"{self.key}: request {rid} acknowledged at [{first}, {last}] by n{node} in term "
                           f"{term}, out of sending order with {before} / {after} (rid, first, last)")
         lst.insert(k, (rid, first, last))
+
+
+class BadWriterActor(ClientActor):
+    """Fault `bad-client`: a writer with a session whose requests are not well-formed, as
+    another client implementation (or a bug) may send them: its appends go in MULTI frames of
+    single APPENDs, with the same (session, seq) twice in one frame (same body: a resend
+    within the frame), a seq 0, a batch straddling the session's last seq, or an old stamp
+    again. A correct leader writes each stamp once and answers the rest with its index or a
+    SESSION_* code; the history checks hold it to that."""
+
+    check_order = False  # a duplicate in a frame is answered with an earlier index
+
+    def __init__(self, sim: Sim, wid: int) -> None:
+        super().__init__(sim, wid)
+        self.w.session = True
+        self.malformed: set[int] = set()  # rids of requests no correct client sends (not checked)
+        # (session, seq, bodies) of its single appends acknowledged so far: the stamps it may
+        # send again (a stale resend) or straddle (known stored: a correct leader never writes
+        # a request that starts there again, whatever else it holds)
+        self.sent_stamps: list[tuple[int, int, list[bytes]]] = []
+        self.singles: dict[int, tuple[int, int, list[bytes]]] = {}  # rid -> its stamp, of good singles
+
+    def _send(self) -> None:
+        sim, w = self.sim, self.w
+        r = sim.rng
+        frames: list[bytes] = []
+        node = sim.nodes[w.target]
+        reqs: list[tuple[int, list[bytes], int, int, bool]] = []  # (rid, bodies, session, seq, well-formed)
+        last = seq_add(w.next_seq, -1)  # the session's last seq handed out before this frame
+        for _ in range(r.randint(1, 4)):
+            w.rid += 1
+            reqs.append((w.rid, self._bodies(1), w.sid, w.next_seq, True))
+            w.next_seq = seq_add(w.next_seq, 1)
+        shape = r.choice(("dup", "dup", "seq0", "straddle", "stale"))
+        if shape == "dup":  # one of them again, later in the same frame
+            k = r.randrange(len(reqs))
+            w.rid += 1
+            reqs.insert(r.randint(k + 1, len(reqs)), (w.rid, reqs[k][1], reqs[k][2], reqs[k][3], True))
+        elif shape == "seq0":
+            w.rid += 1
+            reqs.insert(r.randint(0, len(reqs)), (w.rid, self._bodies(1), w.sid, 0, False))
+        elif shape == "straddle" and self.sent_stamps and self.sent_stamps[-1][:2] == (w.sid, last):
+            sid, seq, bodies = self.sent_stamps[-1]
+            w.rid += 1
+            reqs.append((w.rid, bodies + self._bodies(r.randint(1, 2)), sid, seq, False))
+        elif shape == "stale" and self.sent_stamps:
+            sid, seq, bodies = r.choice(self.sent_stamps[-8:])
+            w.rid += 1
+            reqs.insert(r.randint(0, len(reqs)), (w.rid, bodies, sid, seq, True))
+        for rid, bodies, sid, seq, good in reqs:
+            if len(bodies) == 1:
+                msg: Any = P.AppendRequest(sim.group, node.id, bodies[0], rid, sid, seq)
+            else:
+                msg = P.BatchAppendRequest(sim.group, node.id, bodies, rid, sid, seq)
+            frames.append(P.encode(msg))
+            w.out[rid] = (bodies, w.target, sim.now + w.attempt_ms)
+            if not good:
+                self.malformed.add(rid)
+            else:
+                w.stamps[rid] = (sid, seq, 0, False)
+                sim.stamped[(self.ident, rid)] = (sid, seq, bodies)
+                if len(bodies) == 1:
+                    self.singles[rid] = (sid, seq, bodies)
+            sim.trace_event(self.key, "send", (node.id, rid, sid, seq, [b[:12] for b in bodies], shape))
+        del self.sent_stamps[:-32]
+        sim.stats["bad_client_" + shape.replace("-", "_")] += 1
+        sim.client_send(self, w.target, P.encode_multi(frames))
+
+    def _on_msg(self, msg: Any) -> None:
+        single = self.singles.pop(msg.request_id, None)
+        if single is not None and msg.code == RC.SUCCESS and msg.request_id in self.w.out:
+            self.sent_stamps.append(single)
+        if msg.request_id in self.malformed:
+            self.malformed.discard(msg.request_id)
+            self.sim.trace_event(self.key, "reply", _summ(msg))
+            if self.w.out.pop(msg.request_id, None) is not None and msg.code != RC.SUCCESS:
+                self._retarget(msg)
+                self.w.sid = 0  # as a client told SESSION_SEQ_INVALID would
+            return
+        super()._on_msg(msg)
 
 
 class ReaderActor(A.Actor):
@@ -510,6 +673,22 @@ class Sim:
         self.next_fault = r.randint(*self.fault_every)
         self.quiet_until = 0
         sm: dict[str, Any] = {}
+        # client sessions: the session faults turn them on (and draw only when named)
+        self.session_faults = [f for f in SESSION_FAULTS if f in self.faults]
+        self.sessions = cfg.sessions or bool(self.session_faults)
+        self.stamped: dict[tuple[bytes, int], tuple[int, int, list[bytes]]] = {}  # (ident, rid) -> stamp, bodies
+        self.definite: dict[bytes, str] = {}  # body -> the definite failure a client reported for it
+        self.stamp_where: dict[tuple[int, int], int] = {}  # (session, seq) -> committed index
+        self.p_handler_restart = 0.0
+        self.retention_on = False
+        if "session-evict" in self.faults:  # tiny tables: sessions evicted, few seqs' indexes kept
+            sm.update(max_sessions=r.choice((1, 2, 3)), session_window=r.choice((1, 2, 4, 16)))
+        if "handler-restart" in self.faults:  # short rebuild scans: a restart forgets sessions
+            sm.update(session_scan_entries=r.choice((1, 3, 8, 20, 100_000)))
+            self.p_handler_restart = r.uniform(0.005, 0.05)
+        if "retention" in self.faults and cfg.store == "segment":
+            self.retention_on = True
+            sm.setdefault("file_reserved_hours", 0)
         self.disk_ratio = 0.0  # what every handler's disk measurement says (retention, DISK_FULL)
         if cfg.state_machine:  # drawn only then: seeds without a state machine keep their histories
             from tools.sim.smcheck import SPECS
@@ -517,6 +696,12 @@ class Sim:
                       max_snapshots_kept=r.choice((1, 2, 3)), file_reserved_hours=0)
             if cfg.store == "segment":  # retention deletes what snapshots and every replica allow
                 self.disk_ratio = RETENTION_RATIO
+        if self.retention_on:
+            self.disk_ratio = RETENTION_RATIO
+        self.f8: dict[str, Any] | None = None  # fault figure8: the shape in progress
+        if "figure8" in self.faults:
+            # one entry per push, one push in flight: a follower catches up entry by entry
+            sm.update(enable_batch_push=False, max_pending_pushes=1)
         ids = [f"n{i}" for i in range(cfg.nodes)]
         peers = ";".join(f"{i}-127.0.0.1:{30000 + 2 * k}" for k, i in enumerate(ids))
         self.nodes: list[Node] = []
@@ -558,9 +743,29 @@ class Sim:
             self._start_node(n)
         for w in range(cfg.writers):
             self._add_actor(ClientActor(self, w))
+        if "session-evict" in self.faults:  # more sessions than the table holds
+            for w in range(cfg.writers, cfg.writers + 2):
+                self._add_actor(ClientActor(self, w))
+        if "bad-client" in self.faults:
+            self._add_actor(BadWriterActor(self, cfg.writers + 2))
         self._add_actor(ReaderActor(self))
 
     # ------------------------------------------------------------------ bookkeeping
+    def disk_ratio_at(self, path: Any) -> float:
+        """What a node's disk measurement reads (the handler measures its store directory):
+        full while fault disk-probe holds it, else the seed's ratio (retention modelled or not)."""
+        p = str(path)
+        for n in self.nodes:
+            if n.probe_full_until > self.now and (p == n.dir or p.startswith(n.dir + "/")):
+                return 0.97
+        return self.disk_ratio
+
+    def retention_floor(self) -> int:
+        """Fault retention without a state machine (no snapshot to install): the highest index
+        retention may delete, one below what every replica has committed, so a lagging replica
+        still finds every entry it needs in the leader's log."""
+        return min(n.max_committed for n in self.nodes) - 1
+
     def next_inc(self) -> int:
         self._inc += 1
         return self._inc
@@ -843,15 +1048,35 @@ class Sim:
         return ident, P.encode(msg)
 
     def client_send(self, c: ClientActor, node_idx: int, frame: bytes) -> None:
-        a = self._node_actor(self.nodes[node_idx], "handler")
+        n = self.nodes[node_idx]
+        a = self._node_actor(n, "handler")
         if a is None:
             return  # connection refused: the client times out
         self.net_send(CLIENT, node_idx, a, "frame", (c.ident, frame), c.key, client=True)
+        if (self.p_handler_restart and self.faulting and n.block.member.role == Role.LEADER
+                and isinstance(c, ClientActor) and c.w.sid and self.rng.random() < self.p_handler_restart):
+            # fault handler-restart: the leader's handler dies once this stamped append has
+            # reached it (stored, its answer not sent yet, or not even read), and the
+            # supervisor restarts it in the same term: the resend meets the rebuilt table
+            ms = self.rng.randint(5, 40)
+
+            def kill() -> None:
+                h = self._node_actor(n, "handler")
+                if h is not None and self.faulting:
+                    self.stats["handler_restarts"] += 1
+                    self.kill_actor(h, "after a stamped append")
+
+            self.schedule(self.now + ms, "call", kill)
 
     def route_reply(self, n: Node, src: A.Actor, parts: tuple[bytes, bytes]) -> bool:
         """A ROUTER reply: the identity names the connection it goes back on."""
         ident, frame = parts
         f = ident.split(b":")
+        if f[0] == b"c" and self.stamped:
+            self._check_answer(n, ident, frame)
+        if f[0] == b"c" and n.answers_lost_until > self.now:
+            self.trace_event(src.key, "drop", frame)
+            return True
         if f[0] == b"c":
             a = self.actor("reader" if f[1] == b"r" else f"client{int(f[1])}")
             if a is not None:
@@ -963,6 +1188,10 @@ class Sim:
             kinds.append("lagging-follower")
         if "disk-full" in self.faults:
             kinds.append("disk-full")
+        if "disk-probe" in self.faults:
+            kinds += ["disk-probe"] * 4  # a seed's fault phase is short: drawn often
+        if "figure8" in self.faults and self.cfg.nodes == 5:
+            kinds += ["figure8"] * 4
         if self.smc is not None and "role-crash" in self.faults:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if self.installs and ("partition" in self.faults or "crash" in self.faults):
@@ -1006,10 +1235,27 @@ class Sim:
             self._lagging_follower_shape()
         elif k == "lagging-install":
             self._lagging_install_shape()
+        elif k == "figure8":
+            self._figure8_shape()
         elif k == "disk-full":
             ms = r.randint(100, 3000)
             n.disk_full_until = self.now + ms
             self.trace_event(n.id, "disk-full", f"for {ms} ms")
+        elif k == "disk-probe":
+            lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+            ms = r.randint(100, 4000)
+            if lead and r.random() < 0.7:
+                # Mostly the leader, and its answers to clients are lost for a moment as the
+                # disk fills (a broken connection): the resends of appends it stored meet
+                # DISK_FULL (the handler measures the disk once a second)
+                n = lead[0]
+                ms = r.randint(1500, 5000)
+                lost = r.randint(200, 1500)
+                n.answers_lost_until = self.now + lost
+                self.trace_event(n.id, "answers-lost", f"for {lost} ms")
+            n.probe_full_until = self.now + ms
+            self.stats["disk_probe_full"] += 1
+            self.trace_event(n.id, "disk-probe", f"reads full for {ms} ms")
         elif k == "clock":
             j = r.randint(1, 150)
             n.clock_offset += j
@@ -1110,6 +1356,114 @@ class Sim:
         self.schedule(self.now + r.randint(500, 900), "call", stall_handler)
         self.quiet_until = until + 500
 
+    def _figure8_shape(self) -> None:
+        """Raft's Figure 8 (5 nodes; fault figure8), in four steps driven by role changes:
+        1. cut the leader X off with one follower Y while the writers write to X: a tail of X's
+           term on X and Y only;
+        2. the first leader Z the other three elect is cut off the moment it is elected: its
+           term's NOOP stays on Z alone (its last term is now the highest);
+        3. 200-800 ms later X and Y rejoin the two others (Z stays away) and one of X, Y leads
+           again, catching the others up entry by entry (one entry per push in this fault);
+        4. 3-15 ms after that leader first publishes a quorum index above what any node has
+           committed, its node crashes (down
+           4-6 s), the two others' handlers too (what was in flight to them is lost; they
+           restart at once), the other of X, Y is cut off and Z comes back: Z, whose last term is higher
+           than that of X's tail, can win the two others' votes and overwrite the tail on
+           them. Safe only if the leader of step 3 committed nothing of X's old tail before
+           its own NOOP was on a majority (Raft §5.4.2; mutation `old-term-commit`)."""
+        lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
+        if not lead or self.f8 is not None or any(not m.up for m in self.nodes):
+            return
+        r = self.rng
+        x = lead[0]
+        y = r.choice([m for m in self.nodes if m is not x])
+        links = self._isolate([x.idx, y.idx])
+        self.blocked.update(links)
+        self.f8 = dict(phase="cut", x=x.idx, y=y.idx, term=x.block.member.current_term, links=links)
+        self.stats["figure8_shapes"] += 1
+        self.trace_event("net", "cut", f"figure8: isolate leader {x.id} with {y.id}")
+        for a in self.actors:  # the writers write to X while its lease lasts: its tail
+            if isinstance(a, ClientActor):
+                a.w.target = x.idx
+        self.quiet_until = self.now + 15_000
+        f8 = self.f8
+
+        def abort() -> None:
+            if self.f8 is f8:
+                self._figure8_end(f"figure8: gave up in phase {f8['phase']}")
+
+        self.schedule(self.now + 14_000, "call", abort)
+
+    def _figure8_end(self, why: str) -> None:
+        f8, self.f8 = self.f8, None
+        if f8 is not None:
+            self.stats[f"figure8_end_{f8['phase']}"] += 1
+            self.blocked.difference_update(f8["links"])
+            self.trace_event("net", "heal", why)
+        self.quiet_until = self.now
+
+    def _figure8_leader(self, n: Node, term: int) -> None:
+        """Fault figure8, steps 2 and 3: a node became leader."""
+        f8 = self.f8
+        xy = (f8["x"], f8["y"])
+        if f8["phase"] == "cut" and n.idx not in xy and term > f8["term"]:
+            links = self._isolate([n.idx])  # Z: its NOOP goes nowhere
+            self.blocked.difference_update(f8["links"])
+            self.blocked.update(links)
+            self.blocked.update(self._isolate(list(xy)))
+            f8.update(phase="z-cut", z=n.idx, links=links + self._isolate(list(xy)))
+            self.trace_event("net", "cut", f"figure8: isolate {n.id}, just elected in term {term}")
+
+            def rejoin() -> None:
+                if self.f8 is f8 and f8["phase"] == "z-cut":
+                    self.blocked.difference_update(f8["links"])
+                    f8["links"] = self._isolate([f8["z"]])
+                    self.blocked.update(f8["links"])
+                    f8["phase"] = "rejoin"
+                    self.trace_event("net", "heal", f"figure8: n{f8['x']} and n{f8['y']} rejoin, n{f8['z']} stays away")
+
+            self.schedule(self.now + self.rng.randint(200, 800), "call", rejoin)
+        elif f8["phase"] == "rejoin":
+            if n.idx in xy:
+                f8.update(phase="leading", lead=n.idx, lead_term=term)
+            else:
+                self._figure8_end(f"figure8: {n.id} led instead")
+
+    def on_quorum_write(self, n: Node, index: int, term: int) -> None:
+        """Fault figure8, step 4: the leader of step 3 published its first quorum index."""
+        f8 = self.f8
+        if f8 is None or f8["phase"] != "leading" or n.idx != f8["lead"] or not self.faulting:
+            return
+        if index <= max(m.max_committed for m in self.nodes):
+            return  # not a commit: the first view a new ack checker publishes
+        f8["phase"] = "crash"
+        lead = n
+        other = self.nodes[f8["y"] if f8["lead"] == f8["x"] else f8["x"]]
+        r = self.rng
+
+        def strike() -> None:
+            if self.f8 is not f8:
+                return
+            self.trace_event("sim", "figure8", f"crash {lead.id} after its quorum {index} (term {term}); "
+                             f"{other.id} away, n{f8['z']} back")
+            self.crash_node(lead, torn=False, down_ms=r.randint(4000, 6000))
+            for m in self.nodes:  # the two others' handlers die too: the pushes in flight are lost
+                h = self._node_actor(m, "handler") if m.idx not in (lead.idx, other.idx, f8["z"]) else None
+                if h is not None:
+                    self.kill_actor(h, "figure8")
+            self.blocked.difference_update(f8["links"])
+            f8["links"] = self._isolate([other.idx])
+            self.blocked.update(f8["links"])
+            f8["phase"] = "z-back"
+
+            def done() -> None:
+                if self.f8 is f8:
+                    self._figure8_end("figure8: done")
+
+            self.schedule(self.now + r.randint(3000, 5000), "call", done)
+
+        self.schedule(self.now + r.randint(3, 15), "call", strike)
+
     def _lagging_install_shape(self) -> None:
         """A follower (or the leader, which then comes back as a follower with an uncommitted
         tail) is kept away -- cut off, or its node down -- for 2-8 s while the writers write:
@@ -1147,11 +1501,14 @@ class Sim:
 
     def heal_all(self) -> None:
         self.faulting = False
+        self.f8 = None
         self.writing = True
         self.blocked.clear()
         self.trace_event("sim", "heal", "faults off; every node and role restarted")
         for n in self.nodes:
             n.disk_full_until = 0
+            n.probe_full_until = 0
+            n.answers_lost_until = 0
             for a in list(n.roles.values()):
                 if a.alive and a.paused:
                     self.resume_actor(a)
@@ -1167,6 +1524,32 @@ class Sim:
     def fail(self, what: str) -> None:
         raise Violation(what)
 
+    def _check_answer(self, n: Node, ident: bytes, frame: bytes) -> None:
+        """A node's answer to a stamped append agrees with the log: a definite refusal ("not
+        stored": DISK_FULL, INTERNAL_ERROR, ...) of a stamp whose body is already committed
+        is a lie the client cannot see through (docs/client.md: a resend of an entry the log
+        holds is answered with its index, or SESSION_SEQ_TOO_OLD when that is gone)."""
+        msg = P.decode(frame)
+        for m in ([P.decode(bytes(x)) for x in msg.frames] if isinstance(msg, P.Multi) else [msg]):
+            st = self.stamped.pop((ident, m.request_id), None)
+            if st is None or not definite_failure(m.code):
+                continue
+            for b in st[2]:
+                i = self.chist_where.get(b)
+                if i is not None:
+                    self.fail(f"{n.id} answered {RC(m.code).name} to a resend of (session {st[0]:#x}, seq "
+                              f"{st[1]}), whose entry {b[:24]!r} is committed at {i} "
+                              f"({getattr(m, 'reason', '')[:80]!r})")
+
+    def on_definite(self, bodies: list[bytes], code: int, what: str) -> None:
+        """A client reported a definite failure ("not stored"): none of its bodies may commit."""
+        self.stats["definite_failures"] += 1
+        for b in bodies:
+            i = self.chist_where.get(b)
+            if i is not None:
+                self.fail(f"definite failure reported for an append committed at {i}: {what}")
+            self.definite[b] = what
+
     def on_member_write(self, n: Node, old: Any, new: Any) -> None:
         if new.role != old.role or new.current_term != old.current_term or new.leader_slot != old.leader_slot:
             lead = f" leader=n{new.leader_slot}" if new.leader_slot >= 0 else ""
@@ -1179,6 +1562,8 @@ class Sim:
             if prev is not None and prev != n.id:
                 self.fail(f"two leaders in term {new.current_term}: {prev} and {n.id}")
             self.leaders[new.current_term] = n.id
+            if self.f8 is not None and (old.role != Role.LEADER or old.current_term != new.current_term):
+                self._figure8_leader(n, new.current_term)
             if old.role != Role.LEADER or old.current_term != new.current_term:
                 # Never lead twice in one term, across restarts too: a second leadership of one
                 # term may write a different entry at an (index, term) a follower already holds.
@@ -1194,9 +1579,16 @@ class Sim:
                              f"term={new.ledger_end_term} committed={new.committed_index}")
 
     def on_ack(self, index: int, body: bytes, term: int) -> None:
-        """An acknowledgement names an entry by (index, term): both must be where the body is."""
+        """An acknowledgement names an entry by (index, term): both must be where the body is.
+        Term -1: a resend whose entry retention deleted (answered with its index only): the
+        body must be committed there already."""
         self.stats["acked"] += 1
         self.last_ack_at = self.now
+        if term == -1:
+            if index >= len(self.chist) or self.chist[index][2] != body:
+                got = self.chist[index][2][:24] if index < len(self.chist) else "nothing committed yet"
+                self.fail(f"resend of {body[:24]!r} acknowledged at deleted index {index}, which holds {got!r}")
+            return
         prev = self.acked.get(index)
         if prev is not None and prev != (body, term):
             self.fail(f"index {index} acknowledged twice differently: {prev[0][:24]!r} term {prev[1]} / "
@@ -1213,6 +1605,8 @@ class Sim:
             if s is None:
                 continue
             c = s.committed_index
+            if c > n.max_committed:
+                n.max_committed = c
             if c > s.ledger_end_index:
                 self.fail(f"{n.id}: committed {c} > ledger end {s.ledger_end_index}")
             if c > n.checked:
@@ -1220,9 +1614,11 @@ class Sim:
         if self.smc is not None:
             self.smc.check()
 
-    def record_committed(self, n: Node, s: Any) -> None:
+    def record_committed(self, n: Node, s: Any, count: bool = False) -> None:
         """Read (and check) the node's committed entries into the history now, before its
         retention deletes some of them (SimSegmentStore.delete_before)."""
+        if count:
+            self.stats["retention_deletions"] += 1
         if s.committed_index > n.checked:
             n.checked = self._check_committed(n, s, n.checked + 1, s.committed_index)
 
@@ -1256,10 +1652,17 @@ class Sim:
                 self.fail(f"{n.id}: committed entry {i} {got[2][:24]!r} was never written by a client")
             elif got[2] in self.chist_where:
                 if self.repeats[got[2]] <= 0:
-                    self.fail(f"{n.id}: body {got[2][:24]!r} committed twice ({self.chist_where[got[2]]} and {i})")
+                    stamp = f", stamp (session, seq) {_stamp_at(s, i)}" if self.sessions else ""
+                    self.fail(f"{n.id}: body {got[2][:24]!r} committed twice ({self.chist_where[got[2]]} and {i}"
+                              f"{stamp})")
                 self.repeats[got[2]] -= 1
             if got[1] != codec.MAGIC_NOOP:
                 self.chist_where[got[2]] = i
+                why = self.definite.get(got[2])
+                if why is not None:
+                    self.fail(f"{n.id}: committed entry {i} {got[2][:24]!r} was reported a definite failure: {why}")
+                if self.sessions:
+                    self._check_stamp(n, s, i)
             if i > 0 and got[0] < h[i - 1][0]:
                 self.fail(f"{n.id}: committed term goes back at {i}")
             h.append(got)
@@ -1268,6 +1671,16 @@ class Sim:
                 self.fail(f"acknowledged append {a[0][:24]!r} at {i} term {a[1]}, but {got[2][:24]!r} term "
                           f"{got[0]} was committed there")
         return hi
+
+    def _check_stamp(self, n: Node, s: Any, i: int) -> None:
+        """Every (session, seq) is committed at most once."""
+        session, seq = _stamp_at(s, i)
+        if not session:
+            return
+        prev = self.stamp_where.get((session, seq))
+        if prev is not None and prev != i:
+            self.fail(f"{n.id}: (session {session:#x}, seq {seq}) committed twice: at {prev} and {i}")
+        self.stamp_where[(session, seq)] = i
 
     def converged(self) -> str | None:
         """None when the group is settled: one leader everyone follows, identical logs, every
@@ -1356,6 +1769,15 @@ class Sim:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
+def _stamp_at(s: Any, i: int) -> tuple[int, int]:
+    """The (session, seq) stamped on entry `i` of store `s` ((0, 0): none)."""
+    blob, k = s.get_raw(i, 1, 1 << 20)
+    if not k:
+        return 0, 0
+    _size, _idx, session, seq = _STAMP.unpack_from(blob, 0)
+    return session, seq
+
+
 class _TraceLogs(logging.Handler):
     """Library loggers (the store's recovery, ...) go into the trace, not to stderr."""
 
@@ -1415,7 +1837,7 @@ def _install_clock() -> None:
         real_ratio = getattr(mod, "disk_usage_ratio", None)
         if real_ratio is not None and not getattr(real_ratio, "_sim", False):
             def ratio(path: Any, _real: Any = real_ratio) -> float:
-                return _ACTIVE.disk_ratio if _ACTIVE is not None else _real(path)
+                return _ACTIVE.disk_ratio_at(path) if _ACTIVE is not None else _real(path)
             ratio._sim = True  # type: ignore[attr-defined]
             mod.disk_usage_ratio = ratio
     from node.statemachine import snapshot_take
