@@ -16,7 +16,10 @@ from ipc.client import DLedgerClient
 from node.shared_state import SharedState
 from node.store import codec
 
-OPTS = dict(data_file_size=16384, index_file_size=32 * 4096, max_body_size=8000)
+# Damage below the checkpoint's committed entry is found by the handler's scrub, not at open
+# (docs/store.md "Recovery"): here it starts at once instead of 5 s after open.
+OPTS = dict(data_file_size=16384, index_file_size=32 * 4096, max_body_size=8000,
+            env={"DLEDGER_SCRUB_DELAY_MS": "0"})
 BODY = 400  # ~37 entries per 16 KiB data file
 
 
@@ -154,8 +157,8 @@ def test_follower_with_damaged_committed_entry_does_not_vote_until_repaired(make
     c.nodes[victim].start()
     wait_for(lambda: "does not vote or stand" in c.nodes[victim].log_text(), 30,
              "the damaged node to say it does not vote")
-    vlog = c.nodes[victim].log_text()
-    assert f"DAMAGED committed entries from index {bad}" in vlog, vlog[-3000:]
+    wait_for(lambda: f"DAMAGED committed entries from index {bad}" in c.nodes[victim].log_text(), 30,
+             "the damage to be found (at open or by the scrub)")
     assert block_value(c.nodes[victim], "repair_index") >= 599
     assert block_value(c.nodes[victim], "not_voting") == 1
     asked = block_value(c.nodes[other], "votes_requested")
@@ -195,7 +198,8 @@ def test_damaged_follower_repairs_while_the_group_keeps_appending(make_cluster, 
         wait_for(lambda: "recovered begin" in since_restart(), 30, "the node to open its store")
         vlog = since_restart()
         if bad >= 0:
-            assert f"DAMAGED committed entries from index {bad}" in vlog, vlog[-3000:]
+            wait_for(lambda: f"DAMAGED committed entries from index {bad}" in since_restart(), 30,
+                     "the damage to be found (at open or by the scrub)")
             wait_for(lambda: "does not vote or stand" in since_restart(), 30,
                      "the damaged node to stop voting")
         else:
