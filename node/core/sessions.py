@@ -128,6 +128,9 @@ class _Session:
     covered: int = 0  # seqs the runs hold
 
 
+_NOTHING_WRITTEN = _Session()  # read-only: a session opened here with no entry yet
+
+
 class SessionTable:
     """The leader's view of its sessions (pure data; the handler owns one while it leads)."""
 
@@ -168,12 +171,16 @@ class SessionTable:
             return _APPEND
         s = self._sessions.get(session)
         if s is None:
-            return _APPEND if first_seq == 1 and session in self._opened else _EXPIRED
+            if session not in self._opened:
+                return _EXPIRED
+            s = _NOTHING_WRITTEN  # opened here, nothing written: its last seq is 0
         ahead = seq_after(s.last_seq, first_seq)
         if ahead == 1:
             return _APPEND
         if ahead > 1:
             return Decision(Verdict.GAP, last_seq=s.last_seq)
+        if s is _NOTHING_WRITTEN:  # seq 0 (or "before" it): no request of this session can be
+            return Decision(Verdict.OVERLAP, last_seq=0)
         if seq_after(s.last_seq, seq_add(first_seq, count - 1)) > 0:
             return Decision(Verdict.OVERLAP, last_seq=s.last_seq)
         for r in reversed(s.runs):

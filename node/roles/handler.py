@@ -909,6 +909,11 @@ class Handler(FollowerInstall):
         if d.verdict is Verdict.DUPLICATE:
             self._answer_duplicate(ident, req, d.index, n, m, now)
             return False
+        if d.verdict is Verdict.GAP and (refused := self._refuse_capacity(n, now)) is not None:
+            # Nothing of it is stored: the capacity refusal is as honest as the GAP and tells
+            # a pipelined writer on a full disk the reason at once, not after a resend.
+            self._error(ident, req, *refused, m=m)
+            return False
         code = {Verdict.EXPIRED: RC.SESSION_EXPIRED, Verdict.GAP: RC.SESSION_SEQ_GAP,
                 Verdict.OVERLAP: RC.SESSION_SEQ_INVALID, Verdict.TOO_OLD: RC.SESSION_SEQ_TOO_OLD}[d.verdict]
         reason = (f"session {session:#x} unknown to this leader" if d.verdict is Verdict.EXPIRED else

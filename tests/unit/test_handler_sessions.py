@@ -285,3 +285,15 @@ def test_a_restarted_handler_never_hands_out_a_session_id_twice_in_a_term(tmp_pa
     assert h2.leader_term == 3
     again = {open_session(h2, wire2, k) for k in range(10, 13)}
     assert not first & again
+
+
+def test_pipelined_appends_behind_a_refused_one_on_a_full_disk_all_get_disk_full(tmp_path: Path) -> None:
+    """Seq 1 of a new session is refused DISK_FULL; seqs 2 and 3, already in flight, are behind
+    a hole, and nothing of them is stored either: they get DISK_FULL too (the honest reason),
+    not a session code that sends the client through a resend first."""
+    h, wire, _state = leader_handler(tmp_path, Clock())
+    s = open_session(h, wire, 1)
+    h.disk_full, h.next_disk_check = True, h.now() + 10**9
+    for seq in (1, 2, 3):
+        batch(h, 10 + seq, s, 1 + 2 * (seq - 1), [b"a", b"b"])
+    assert [wire.answer(10 + seq).code for seq in (1, 2, 3)] == [RC.DISK_FULL] * 3

@@ -37,7 +37,9 @@ def test_a_session_this_table_opened_starts_at_seq_1_and_an_unknown_one_is_expir
     t = SessionTable()
     t.open(9)
     assert t.decide(9, 1).verdict is Verdict.APPEND
-    assert t.decide(9, 2).verdict is Verdict.EXPIRED
+    assert t.decide(9, 2).verdict is Verdict.GAP  # nothing of it written: seq 1 is missing
+    assert t.decide(9, 0).verdict is Verdict.OVERLAP  # no seq 0: a malformed stamp
+    assert t.decide(10, 2).verdict is Verdict.EXPIRED  # not opened here
     assert t.decide(NO_SESSION, 77).verdict is Verdict.APPEND  # no session: never deduplicated
     assert t.decide(8, 1).verdict is Verdict.EXPIRED  # not opened here: its seq 1 may be in the log
 
