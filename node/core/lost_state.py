@@ -16,7 +16,9 @@ the other members for their current term (METADATA) and decides here:
   file nor log that hears `majority - 1` other members, all in term 0 with empty logs, is in a
   new group: with itself that is a majority that never started a term, so no term was ever won.
   (Wrong only after two failures at once: this node's disk and every member that saw the
-  group's history.)
+  group's history.) The same holds when those members report terms > 0 but still no log:
+  the group's first election is under way (a member that decided first already stands). The
+  node then votes only in terms after the highest it heard, with nothing to catch up.
 * **A lost disk.** No file and no log, but an answer shows history (a term > 0 or a log): the
   node lost its disk. Besides the term, it must not vote before it holds what it may have
   stored before: `catch_up` is the highest ledger end the answers report (one of them holds
@@ -62,8 +64,14 @@ def decide_lost_state(n_members: int, answers: list[PeerTerm], *, file_absent: b
     """The decision, or None while more answers are needed (see the module docstring)."""
     fresh = file_absent and local_empty
     history = any(a.term > 0 or a.ledger_end >= 0 for a in answers)
-    if fresh and not history and (n_members == 1 or len(answers) >= majority(n_members) - 1):
+    enough_for_new = n_members == 1 or len(answers) >= majority(n_members) - 1
+    if fresh and not history and enough_for_new:
         return LostStateDecision(True)
+    if fresh and enough_for_new and all(a.ledger_end < 0 for a in answers):
+        # A new group whose first election is under way (a member that decided first is a
+        # candidate already): no log anywhere, so nothing to catch up; the terms heard are
+        # skipped. Waiting for `answers_needed` would block a new group with one member down.
+        return LostStateDecision(False, max(a.term for a in answers), -1)
     if n_members > 1 and len(answers) < answers_needed(n_members):
         return None
     term = max([local_end_term, 0, *(a.term for a in answers)])

@@ -27,7 +27,7 @@ import zmq
 from ipc.sockets import ipc_path, make_context
 from node import channels
 from node.config import NodeConfig, configure_logging
-from node.shared_state import SharedState, monotonic_ms, segment_name
+from node.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
 
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3
@@ -182,7 +182,13 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    state = SharedState.attach(state_name(cfg), role=role_name)
+    try:
+        state = SharedState.attach(state_name(cfg), role=role_name)
+    except SegmentNotFound as e:
+        # The supervisor that spawned this role is gone (killed while it was starting its
+        # roles) and its block with it: nothing to work for. One line, no traceback.
+        log.error("%s", e)
+        return 1
     repaired = state.repair_seqs(role_name)
     if repaired:
         log.warning("repaired seqlocks left mid-write by a previous incarnation: %s", repaired)

@@ -45,3 +45,15 @@ def test_absent_file_with_a_log_is_lost_state_not_a_new_node():
 def test_single_member_uses_its_log_term():
     d = decide_lost_state(1, [], file_absent=False, local_empty=False, local_end_term=6)
     assert (d.new_group, d.term) == (False, 6)
+
+
+def test_a_new_member_hearing_a_first_election_under_way_votes_after_its_terms():
+    """Three new members, one down: the first to decide is already a candidate in term 1 when
+    the second asks. No log anywhere: the second skips term 1 and votes from term 2 on, instead
+    of waiting for the member that is down (the group could never elect)."""
+    d = decide_lost_state(3, [PeerTerm("n0", 1, -1, -1)], file_absent=True, local_empty=True,
+                          local_end_term=-1)
+    assert d is not None and (d.new_group, d.term, d.catch_up) == (False, 1, -1)
+    # a log anywhere is history: a lost disk, which needs enough answers to bound its terms
+    assert decide_lost_state(3, [PeerTerm("n0", 1, 0, 0)], file_absent=True, local_empty=True,
+                             local_end_term=-1) is None
