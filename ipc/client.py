@@ -670,10 +670,20 @@ class DLedgerClient:
         if node_id not in self.peers:
             raise DLedgerError(RC.UNKNOWN_MEMBER, f"{node_id!r} is not in the peers list")
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        resp = self._wait(self._submit(_Call(_SNAPSHOT, None, deadline, pinned=node_id)),
-                          deadline - time.monotonic())
-        if isinstance(resp, P.SnapshotResponse) and resp.code == RC.SUCCESS:
-            return resp.last_index, resp.last_term
+        attempt = 0
+        while True:
+            resp = self._wait(self._submit(_Call(_SNAPSHOT, None, deadline, pinned=node_id)),
+                              deadline - time.monotonic())
+            if isinstance(resp, P.SnapshotResponse) and resp.code == RC.SUCCESS:
+                return resp.last_index, resp.last_term
+            # A node whose applier is still starting (or busy) says LEADER_PENDING_FULL: a
+            # passing state, asked again within the timeout like any retryable answer.
+            code = getattr(resp, "code", RC.UNKNOWN)
+            pause = _backoff(attempt)
+            if code != RC.LEADER_PENDING_FULL or time.monotonic() + pause >= deadline:
+                break
+            attempt += 1
+            time.sleep(pause)
         raise DLedgerError(getattr(resp, "code", RC.UNKNOWN), getattr(resp, "reason", "") or f"from {node_id}",
                            node=node_id)
 
