@@ -43,7 +43,6 @@ import importlib
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -286,6 +285,7 @@ class Handler(FollowerInstall):
         self._damage: tuple[int, str, int] | None = None
         self._unchecked_published = -1  # unchecked_end_index as last published
         self._next_scrub_ms = 0  # when the scrub's next step is due
+        self.scrub_delay_ms = SCRUB_DELAY_MS  # from open to the scrub's first step (a simulator sets 0)
 
     def now(self) -> int:
         return self.rc.clock()
@@ -310,7 +310,7 @@ class Handler(FollowerInstall):
         # checks what it pushes at or below this index, which recovery left unchecked.
         self._unchecked_published = self.store.unchecked_end
         self.state.set("unchecked_end_index", self._unchecked_published)
-        self._next_scrub_ms = self.now() + SCRUB_DELAY_MS
+        self._next_scrub_ms = self.now() + self.scrub_delay_ms
         self.publish_ledger()
 
     def _scrub(self, now: int) -> None:
@@ -324,12 +324,12 @@ class Handler(FollowerInstall):
         unchecked entry is checked by whoever reads it first."""
         if now < self._next_scrub_ms or self._damage is not None:
             return
-        t0 = time.perf_counter()
+        t0 = self.now()  # the role's clock, not the wall clock: a simulated run must replay
         try:
             self.store.scrub_step(SCRUB_STEP_BYTES)
         except StoreCorruptError as e:  # names the first bad entry (base.committed_damage)
             self._damaged_at(getattr(e, "index", self.store.unchecked_end), str(e))
-        took_ms = (time.perf_counter() - t0) * 1000
+        took_ms = self.now() - t0
         self._next_scrub_ms = now + max(1, int(took_ms * SCRUB_PAUSE_FACTOR))
         end = self.store.unchecked_end
         if end != self._unchecked_published:

@@ -289,6 +289,7 @@ class HandlerActor(Actor):
         elif sim.retention_on and isinstance(h.store, SimSegmentStore):  # fault retention, no snapshots
             h.store.retention_floor = sim.retention_floor
             h.store.before_delete = lambda st: sim.record_committed(node, st, count=True)
+        h.scrub_delay_ms = 0  # virtual time: scrub at once (retention waits for it after a reopen)
         h.open()
         self.node.store = h.store
         self.node.checked = -1

@@ -1784,6 +1784,8 @@ class _TraceLogs(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         s = _ACTIVE
         if s is not None and record.levelno >= logging.INFO:
+            if isinstance(record.msg, str) and "opened in %" in record.msg:
+                return  # the store's wall-clock open time: not part of a replayable trace
             s.trace_event(record.name.rsplit(".", 1)[-1], "log", (record.levelname[0], record.msg, record.args))
             if isinstance(record.msg, str) and record.msg.startswith("resuming install"):
                 s.stats["install_resumes"] += 1  # a receiver reopened a partial install (restart)
