@@ -54,6 +54,10 @@ def test_lease_reads_see_every_acknowledged_write(make_cluster):
     c = make_cluster(3, state_machine="kv", read_lease="true")
     lead = c.wait_leader(timeout=15)
     with kv_client(c) as kv:
+        rev0 = kv.put(b"lease", b"start")
+        for node in [None, *followers(c, lead)]:  # appliers start last (staged start): until then
+            wait_for(lambda n=node: kv.get(b"lease", read_from=n).revision >= rev0, 30,  # LEADER_PENDING_FULL
+                     "every node's applier to take reads")
         for i in range(30):
             rev = kv.put(b"lease", b"%d" % i)
             got = kv.get(b"lease", read_from=[None, *followers(c, lead)][i % 3])
