@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,22 @@ class Segment:
     @property
     def end(self) -> int:
         return self.start + self.size
+
+
+def longest_fitting_run(n: int, fits: Callable[[int], bool]) -> int:
+    """The largest j in 1..n with fits(j), for a `fits` that holds for every j up to some bound
+    and for none past it (index positions grow with the index): n when it fits, else bisected.
+    1 is assumed to fit (the caller checked the first entry)."""
+    if n <= 1 or fits(n):
+        return n
+    lo, hi = 1, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def segment_name(start: int) -> str:

@@ -38,6 +38,7 @@ from node.store.layout import (
     LayoutError,
     LogBase,
     list_segments,
+    longest_fitting_run,
     read_checkpoint,
 )
 from node.store.mmap_file import MappedFileList
@@ -199,15 +200,7 @@ class StoreReader:
             return (m in codec.ENTRY_MAGICS and i == index + j - 1 and p >= pos
                     and p + sz <= f.end and p + sz - pos <= max_bytes)
 
-        if k > 1 and not fits(k):  # positions grow with the index: bisect the largest run
-            lo, hi = 1, k - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if fits(mid):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+        k = longest_fitting_run(k, fits)
         _m, p, sz, _i, t = INDEX.unpack_from(xf.mm, xrel + (k - 1) * INDEX_SIZE)
         # Read again, so a truncation that rewrote the record since `fits` saw it (or since
         # `_record`) can hand us anything: a record outside this run is a stale read, never an

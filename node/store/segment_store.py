@@ -71,6 +71,7 @@ from node.store.layout import (
     INDEX_DIR,
     Checkpoint,
     LogBase,
+    longest_fitting_run,
     read_checkpoint,
     write_checkpoint,
 )
@@ -509,16 +510,7 @@ class SegmentStore:
             _m, pos, size, _x, _t = unpack(mm, xrel + (j - 1) * INDEX_SIZE)
             return rec.pos <= pos and pos + size <= limit
 
-        n = k_max
-        if not fits(n):  # positions grow with the index: bisect the longest run that fits
-            lo, hi = 1, n - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if fits(mid):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            n = lo
+        n = longest_fitting_run(k_max, fits)
         _m, pos, size, _x, _t = unpack(mm, xrel + (n - 1) * INDEX_SIZE)
         run_end = pos + size if n > 1 else rec.pos + rec.size
         recs = xf.view[xrel: xrel + n * INDEX_SIZE]
