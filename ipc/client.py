@@ -1021,7 +1021,9 @@ class DLedgerClient:
             if isinstance(obj, _Call):
                 self._on_call_timer(obj, now)
             elif obj is self._disc_start:
-                if self._leader is None and self._has_waiting():
+                if self._leader is not None:
+                    self._release_waiting(now)
+                elif self._has_waiting():
                     self._start_round(now)
             elif obj is self._disc:
                 for nid in obj.rids.values():
@@ -1438,7 +1440,7 @@ class DLedgerClient:
         if code == RC.NOT_LEADER:
             hint = getattr(msg, "leader_id", "")
             if hint and hint != node.id and hint in self._nodes:
-                self._leader = hint
+                self._set_leader(hint, now)
                 call.redirects += 1
                 if call.redirects <= 2 * len(self._nodes):
                     self._dispatch(call, now)  # follow the redirect at once
@@ -1526,13 +1528,10 @@ class DLedgerClient:
             if (claim in self._nodes and msg.term >= d.best_term
                     and not self._nodes[claim].unresponsive):
                 d.best_term = msg.term
-                first = not d.found
                 d.found = True
                 if self._leader != claim:
                     log.debug("leader is %s (term %d, said %s)", claim, msg.term, node_id)
-                self._leader = claim
-                if first:
-                    self._release_waiting(time.monotonic())
+                self._set_leader(claim, time.monotonic())
         elif not is_retryable(code):
             d.errors.append((code, getattr(msg, "reason", "") or f"from {node_id}"))
         if self._disc is d and not d.found and all(
@@ -1584,7 +1583,10 @@ class DLedgerClient:
     def _end_round(self, now: float) -> None:
         d = self._disc
         self._disc = None
-        if self._leader is not None or not self._has_waiting():
+        if self._leader is not None:
+            self._release_waiting(now)
+            return
+        if not self._has_waiting():
             return
         if d is not None and d.answered and len(d.errors) == d.answered:
             # Every node that answered refused us (wrong group, unknown member...): waiting
@@ -1594,6 +1596,17 @@ class DLedgerClient:
                 self._finish(call, exc=DLedgerError(code, reason))
             return
         self._need_leader(now)
+
+    def _set_leader(self, node_id: str, now: float) -> None:
+        """A leader is known: every call parked for one is sent now.
+
+        Invariant: a call waits in `_waiting` only while no leader is known. A send that
+        fails (no connection yet) forgets the leader and parks the call again, and a later
+        answer may name the same leader while a discovery round is scheduled; a call parked
+        then and not released here would sit until its deadline with the leader known."""
+        self._leader = node_id
+        if self._waiting:
+            self._release_waiting(now)
 
     def _take_waiting(self) -> list[_Call]:
         w, self._waiting = self._waiting, []

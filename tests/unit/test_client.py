@@ -39,14 +39,18 @@ class FakeNode:
     """One fake data port. `script(node, msg)` may return replies (a list, [] = stay silent) or
     None to fall back to the cluster's default behaviour."""
 
-    def __init__(self, node_id: str, cluster: FakeCluster) -> None:
+    def __init__(self, node_id: str, cluster: FakeCluster, port: int | None = None) -> None:
         self.id = node_id
         self.cluster = cluster
         self.script: Script | None = None
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        if port is None:
+            self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        else:  # a node that was down comes up where its members expect it
+            self.sock.bind(f"tcp://127.0.0.1:{port}")
+            self.port = port
         self.received: list[P.Message] = []
         self.idents: list[bytes] = []  # the ROUTER identity of each sender (a new DEALER = new one)
         self.cond = threading.Condition()
@@ -376,6 +380,30 @@ def test_unreachable_nodes_before_send_are_retried(make_cluster):
     cl.leader = "n1"
     with client(cl) as c:
         assert c.append(b"x").index == 0
+
+
+def test_a_leader_that_comes_up_late_gets_the_parked_calls(make_cluster):
+    """The followers name n0 as leader while nothing listens on n0 yet: every send there fails
+    at once (no connection), the leader is forgotten and the call parked, and the next answer
+    names n0 again, often while a discovery round is only scheduled. A call parked then must
+    go out when n0 is named, not sit until its deadline with the leader known (what the
+    integration suite saw as "no reachable leader found" right after a group elected one)."""
+    cl = make_cluster(["n0", "n1", "n2"], down=("n0",))
+
+    def answer_late(node, msg):  # n2's answer lands after the call was parked again
+        if isinstance(msg, P.MetadataRequest):
+            time.sleep(0.02)
+        return None
+
+    cl.nodes["n2"].script = answer_late
+    with client(cl, timeout=20.0) as c:
+        futures = [c.append_async(b"x%d" % i) for i in range(20)]
+        for n in ("n1", "n2"):  # many rounds named the unreachable leader, and rounds go on
+            cl.nodes[n].wait_for(lambda node: node.count(P.MetadataRequest) >= 20, timeout=10)
+        cl.nodes["n0"] = FakeNode("n0", cl, port=cl.ports["n0"])
+        t0 = time.monotonic()
+        assert sorted(f.result(20).index for f in futures) == list(range(20))
+        assert time.monotonic() - t0 < 10.0  # sent once n0 answers, not at the 20 s deadline
 
 
 def test_no_leader_yet_then_elected(make_cluster):
