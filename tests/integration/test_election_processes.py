@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -185,9 +186,21 @@ def test_garbage_on_both_ports_leaves_every_node_up(make_cluster):
     c.wait_leader(timeout=10)
 
 
+def _cpu_of(pid: int) -> float:
+    """utime + stime of one process, in seconds (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_idle_group_uses_little_cpu(make_cluster):
-    """Event-driven loops, no spinning: an idle 3-node group under 5% of one core in total
-    (CPU time, so a busy CI machine does not inflate it)."""
+    """Event-driven loops, no spinning: in an idle 3-node group no process uses more than 3%
+    of one core and all of them together under 10% (CPU time, so a busy CI machine inflates
+    it only by the dearer wake-ups). A role that polls every millisecond costs 20-100% of a
+    core; the busiest idle role, the leader's elector with its heartbeats, about 1.5%
+    (docs/performance.md "Idle cost" has the figures)."""
     c = make_cluster(3)
     c.wait_leader(timeout=15)
     c.wait_converged(timeout=10)  # the NOOP is committed everywhere: nothing left to do
@@ -196,10 +209,14 @@ def test_idle_group_uses_little_cpu(make_cluster):
     # role of every node has started and the handler's deferred imports are done, so it
     # measures the idle loops, not interpreters starting.
     wait_for(lambda: all(n.log_text().count(" started ") >= 5 for n in nodes), 30, "every role started")
-    cpu0, t0 = sum(n.cpu_seconds() for n in nodes), time.monotonic()
+    procs = {f"{n.id} {role}": pid for n in nodes for role, pid in {**n.role_pids(), "supervisor": n.proc.pid}.items()}
+    cpu0, t0 = {k: _cpu_of(pid) for k, pid in procs.items()}, time.monotonic()
     wait_for(lambda: time.monotonic() - t0 >= 5, 10, "a 5 s idle window")
-    pct = (sum(n.cpu_seconds() for n in nodes) - cpu0) / (time.monotonic() - t0) * 100
-    assert pct < 5.0, f"idle group used {pct:.1f}% of one core"
+    wall = time.monotonic() - t0
+    pct = {k: (_cpu_of(pid) - cpu0[k]) / wall * 100 for k, pid in procs.items()}
+    busiest = max(pct, key=pct.get)
+    assert pct[busiest] < 3.0, f"{busiest} used {pct[busiest]:.1f}% of one core while idle: {pct}"
+    assert sum(pct.values()) < 10.0, f"idle group used {sum(pct.values()):.1f}% of one core: {pct}"
 
 
 def test_no_leader_change_while_busy(make_cluster):
