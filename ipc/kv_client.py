@@ -11,7 +11,7 @@ entry that last changed it, and `put` returns the index its entry was committed 
 
 Bad input (empty key, a key over 4 KiB, a value over 1 MiB, not bytes) raises before anything
 is sent: `TypeError` or `KVInputError` (a ValueError) with one line. What the group refuses or
-cannot answer raises `DLedgerError` (see ipc/client.py); a result that cannot be known (its
+cannot answer raises `DLedgerError` (see ipc/client/results.py); a result that cannot be known (its
 entry was applied so long ago that the leader no longer holds its result) raises `KVError`.
 """
 

@@ -152,13 +152,13 @@ class Writer:
     # connection's requests in the order they arrive
 
 
-# codes a real client (ipc/client.py) retries or resends: anything else ends a stamped call
+# codes a real client (ipc/client/) retries or resends: anything else ends a stamped call
 _SESSION_CODES = frozenset({RC.SESSION_EXPIRED, RC.SESSION_SEQ_GAP, RC.SESSION_SEQ_INVALID, RC.SESSION_SEQ_TOO_OLD,
                             RC.SESSION_LIMIT})
 
 
 def definite_failure(code: int) -> bool:
-    """A code ipc/client.py reports as a definite failure of an append ("not stored": raises
+    """A code ipc/client/ reports as a definite failure of an append ("not stored": raises
     `DLedgerError` with indeterminate=False): neither retryable nor indeterminate, and not
     one of the session codes, which have their own meanings (docs/client.md)."""
     return (code != RC.SUCCESS and not is_retryable(code) and not is_indeterminate(code)
@@ -168,7 +168,7 @@ def definite_failure(code: int) -> bool:
 class ClientActor(A.Actor):
     """A writer: up to `window` APPEND / BATCH_APPEND requests in flight, unique bodies. Without
     a session no payload is retried (an indeterminate failure is simply abandoned). With one
-    (SimConfig.sessions), as ipc/client.py does: every request is stamped (session, seq) and
+    (SimConfig.sessions), as ipc/client/ does: every request is stamped (session, seq) and
     resent under the same stamp after a timeout, an indeterminate answer, a retryable refusal
     or a gap, so the leader's deduplication (node/core/sessions.py) is what keeps a body from
     being committed twice (the history check) or acknowledged at an index holding something
@@ -178,7 +178,7 @@ class ClientActor(A.Actor):
 
     MAX_RESENDS = 12
     check_order = True
-    # ipc/client.py: a definite code ends a stamped call as a definite failure only when no
+    # ipc/client/: a definite code ends a stamped call as a definite failure only when no
     # earlier attempt of it is unsure (timed out, WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED);
     # otherwise the call is indeterminate (False: the client before that rule).
     UNSURE_DEFINITE_IS_INDETERMINATE = True
@@ -341,7 +341,7 @@ class ClientActor(A.Actor):
         self._on_stamped_failure(msg, bodies, stamp)
 
     def _on_stamped_failure(self, msg: Any, bodies: list[bytes], stamp: tuple[int, int, int, bool]) -> None:
-        """ipc/client.py's reaction to a stamped append's failure (docs/client.md "Sessions")."""
+        """ipc/client/'s reaction to a stamped append's failure (docs/client.md "Sessions")."""
         sim, w = self.sim, self.w
         sid, seq, _k, unsure = stamp
         if definite_failure(msg.code):

@@ -1,0 +1,404 @@
+"""`DLedgerClient`: the public face of the client library (CONTRACT "Client library").
+
+Why a facade: the caller-side API (argument checks, the synchronous methods as async machinery
+plus a wait, backpressure, multi-request operations such as `get_range`'s continuation and
+`transfer_leadership`'s polling) is kept apart from the I/O thread (io_thread.py) that owns the
+sockets; callers only hand calls to it and wait on their futures. A counting semaphore bounds
+the calls in flight (`max_in_flight`): submitting more blocks the caller until a slot frees
+(backpressure instead of unbounded memory).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ipc import protocol as P
+from ipc.client.calls import (
+    APPEND,
+    BATCH,
+    GET,
+    META,
+    QUERY,
+    SNAPSHOT,
+    TRANSFER,
+    Call,
+    Slots,
+    backoff,
+)
+from ipc.client.io_thread import ClientIO
+from ipc.client.results import (
+    AppendResult,
+    ClientClosedError,
+    DLedgerError,
+    DLedgerIndeterminateError,
+    Entry,
+    Metadata,
+    QueryResult,
+    build_metadata,
+    decode_entries,
+    member_query_done,
+)
+from ipc.codes import ResponseCode as RC
+from ipc.codes import is_retryable
+from ipc.sockets import parse_peers
+
+DEFAULT_TIMEOUT = 3.0
+DEFAULT_ATTEMPT_TIMEOUT = 1.0
+"""Longest wait for one answer to an idempotent request (GET, METADATA) before trying again."""
+DEFAULT_MAX_IN_FLIGHT = 1024
+
+
+class DLedgerClient:
+    """A thread-safe, pipelining client for one DLedger group.
+
+    ``peers`` is DLedger's ``id-host:port;...`` string (or the dict ``parse_peers`` returns).
+    ``timeout`` bounds every call (seconds), retries included; each method also takes a
+    ``timeout=`` override. ``attempt_timeout`` bounds one attempt of an idempotent request
+    (GET, per-node METADATA) before it is tried again. ``max_in_flight`` bounds the calls in
+    flight at once; more submissions block until one completes.
+
+    Create the client in the process that uses it (the ZeroMQ context never crosses a fork).
+    Future callbacks run on the client's I/O thread: keep them short and do not make blocking
+    calls on this client from them.
+    """
+
+    def __init__(self, peers: str | Mapping[str, tuple[str, int]], group: str = "default",
+                 timeout: float = DEFAULT_TIMEOUT, *, attempt_timeout: float | None = None,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 max_body_size: int = P.DEFAULT_MAX_BODY, sessions: bool = True) -> None:
+        peer_map = parse_peers(peers) if isinstance(peers, str) else dict(peers)
+        if not peer_map:
+            raise ValueError("no peers")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        P.encode(P.MetadataRequest(group, "x"))  # validates the group name early (ProtocolError)
+        self.group = group
+        self.timeout = float(timeout)
+        self.attempt_timeout = float(attempt_timeout if attempt_timeout is not None
+                                     else min(DEFAULT_ATTEMPT_TIMEOUT, timeout))
+        self.max_in_flight = max_in_flight
+        self.max_body_size = max_body_size
+        self._pid = os.getpid()
+
+        # Caller side; everything the I/O thread owns is in `_io`.
+        self._lock = threading.Lock()  # orders submissions against close()
+        self._closed = False
+        self._slots = Slots(max_in_flight)
+        self._closed_event = threading.Event()
+        self._io = ClientIO(peer_map, group, self.timeout, self.attempt_timeout, self._slots, sessions)
+        self._thread = self._io.thread
+        try:
+            self._io.start()
+        except BaseException:
+            self._closed = True
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> DLedgerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the I/O thread and free every socket. Idempotent.
+
+        Calls still in flight fail with an indeterminate error (they may have been delivered);
+        calls never sent fail with a definite one.
+        """
+        io = self._io
+        if threading.get_ident() == io.ident:
+            raise RuntimeError("close() called from a future callback on the client's I/O thread")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closed_event.set()
+        io.stop()
+        # Submissions the thread never took: they were not sent.
+        while io.inbox:
+            call = io.inbox.popleft()
+            io.finish(call, exc=DLedgerError(RC.TIMEOUT, "client closed before the request was sent"),
+                      live=False)
+        self._slots.kick()
+        io.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def peers(self) -> dict[str, tuple[str, int]]:
+        """The members known: those given, and those learned from METADATA answers."""
+        return self._io.conns.peers  # replaced, never mutated, by the I/O thread
+
+    # ------------------------------------------------------------------ public API
+    def append_async(self, body: bytes | bytearray | memoryview,
+                     timeout: float | None = None, *,
+                     no_result: bool = False) -> concurrent.futures.Future[AppendResult]:
+        """Submit one append; the future resolves to its AppendResult once it is committed.
+
+        Returns at once unless ``max_in_flight`` calls are already in flight (then it blocks
+        until a slot frees). The future fails with DLedgerError (or its indeterminate subclass).
+        ``no_result``: a group with a state machine answers at commit, without waiting for
+        (and without) what `apply` returned (`AppendResult.result` is None): one hop sooner.
+        """
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise TypeError(f"body must be bytes-like, not {type(body).__name__}")
+        call = Call(APPEND, body, time.monotonic() + (self.timeout if timeout is None else timeout))
+        call.no_result = no_result
+        if len(body) > self.max_body_size:
+            self._io.finish(call, exc=DLedgerError(
+                RC.UNEXPECTED_ARGUMENT, f"body of {len(body)} bytes exceeds max_body_size {self.max_body_size}"), live=False)
+            return call.future
+        return self._submit(call)
+
+    def append(self, body: bytes | bytearray | memoryview,
+               timeout: float | None = None, *, no_result: bool = False) -> AppendResult:
+        """Append one body and wait until it is committed. Raises DLedgerError."""
+        return self._wait(self.append_async(body, timeout, no_result=no_result), timeout)
+
+    def append_batch_async(self, bodies: Sequence[bytes | bytearray | memoryview],
+                           timeout: float | None = None) -> concurrent.futures.Future[list[AppendResult]]:
+        """Submit one BATCH_APPEND (all bodies in one frame, contiguous indexes)."""
+        bodies = list(bodies)
+        for b in bodies:
+            if not isinstance(b, (bytes, bytearray, memoryview)):
+                raise TypeError(f"bodies must be bytes-like, not {type(b).__name__}")
+        call = Call(BATCH, bodies, time.monotonic() + (self.timeout if timeout is None else timeout))
+        if not bodies:
+            self._io.finish(call, exc=DLedgerError(RC.REQUEST_WITH_EMPTY_BODYS, "empty batch"), live=False)
+            return call.future
+        big = max(len(b) for b in bodies)
+        if big > self.max_body_size:
+            self._io.finish(call, exc=DLedgerError(
+                RC.UNEXPECTED_ARGUMENT, f"body of {big} bytes exceeds max_body_size {self.max_body_size}"), live=False)
+            return call.future
+        if len(bodies) > P.MAX_BATCH_COUNT:
+            self._io.finish(call, exc=DLedgerError(
+                RC.UNEXPECTED_ARGUMENT, f"batch of {len(bodies)} exceeds {P.MAX_BATCH_COUNT} bodies"), live=False)
+            return call.future
+        return self._submit(call)
+
+    def append_batch(self, bodies: Sequence[bytes | bytearray | memoryview],
+                     timeout: float | None = None) -> list[AppendResult]:
+        """Append several bodies in one request; one AppendResult per body, in order.
+
+        The batch succeeds or fails as a whole from the client's point of view (one response).
+        """
+        return self._wait(self.append_batch_async(bodies, timeout), timeout)
+
+    def get(self, index: int, timeout: float | None = None, *,
+            linearizable: bool = False) -> Entry:
+        """The committed entry at ``index``; INDEX_OUT_OF_RANGE if it is not (yet) committed."""
+        es = self.get_range(index, 1, timeout, linearizable=linearizable)
+        if not es:
+            raise DLedgerError(RC.INDEX_OUT_OF_RANGE, f"index {index} is not committed")
+        return es[0]
+
+    def get_range(self, start: int, count: int, timeout: float | None = None, *,
+                  linearizable: bool = False) -> list[Entry]:
+        """Up to ``count`` committed entries from ``start``; fewer at the committed end.
+
+        A node caps the bytes of one answer, so this keeps asking from where the last answer
+        stopped until it has ``count`` entries or reaches the committed end. A ``start`` that
+        is not committed at all raises INDEX_OUT_OF_RANGE. Every entry's CRC is verified: a
+        mismatch raises DISK_ERROR (the entry is never returned damaged).
+        """
+        if start < 0 or count <= 0:
+            raise DLedgerError(RC.UNEXPECTED_ARGUMENT, "start must be >= 0 and count > 0")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        out: list[Entry] = []
+        while len(out) < count:
+            nxt = start + len(out)
+            call = Call(GET, (nxt, count - len(out), linearizable), deadline)
+            try:
+                resp = self._wait(self._submit(call), deadline - time.monotonic())
+            except DLedgerError as e:
+                if out and e.code == RC.INDEX_OUT_OF_RANGE:
+                    break  # the committed end, reached on a continuation
+                raise
+            got = decode_entries(resp.entries, nxt, count - len(out))
+            if not got:
+                break
+            out.extend(got)
+        return out
+
+    def query(self, request: bytes | bytearray | memoryview, timeout: float | None = None, *,
+              read_from: str | None = None) -> QueryResult:
+        """A linearizable read of the group's state machine (its `query`): the leader confirms
+        its leadership with a heartbeat round, waits until its state machine has applied
+        everything committed when the read arrived, and answers from it. Idempotent: retried
+        on other nodes and after timeouts within ``timeout``. UNSUPPORTED for a group without a
+        state machine.
+
+        ``read_from="n1"``: node n1 answers, whatever its role (a follower read, issue 11 §5):
+        it asks the leader for a read index, waits until its own state machine has applied it
+        and answers from it — just as linearizable, and it spreads reads over the replicas.
+        Sent to that node only, not retried elsewhere: a node that knows no leader, or cannot
+        reach it, answers NOT_LEADER (raised as DLedgerError)."""
+        return self._wait(self.query_async(request, timeout, read_from=read_from), timeout)
+
+    def query_async(self, request: bytes | bytearray | memoryview, timeout: float | None = None, *,
+                    read_from: str | None = None) -> concurrent.futures.Future[QueryResult]:
+        """Submit one `query` (arguments as there); the future resolves to its QueryResult.
+        Many can be in flight on one client, pipelined like `append_async` (one connection,
+        answers matched by request id): what 64 threads each waiting in `query` cost in
+        throughput. Blocks only while ``max_in_flight`` calls are in flight."""
+        if not isinstance(request, bytes | bytearray | memoryview):
+            raise TypeError(f"query request must be bytes, not {type(request).__name__}")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        if read_from is None:
+            return self._submit(Call(QUERY, bytes(request), deadline))
+        if read_from not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{read_from!r} is not in the peers list")
+        raw = self._submit(Call(QUERY, bytes(request), deadline, pinned=read_from))
+        out: concurrent.futures.Future[QueryResult] = concurrent.futures.Future()
+        out.set_running_or_notify_cancel()
+        raw.add_done_callback(lambda f: member_query_done(f, out, read_from))
+        return out
+
+    def take_snapshot(self, node_id: str, timeout: float | None = None) -> tuple[int, int]:
+        """Ask node `node_id` (any role) to snapshot its state machine now; returns the (last
+        index, last term) the snapshot on disk covers. UNSUPPORTED without a state machine."""
+        if node_id not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{node_id!r} is not in the peers list")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        attempt = 0
+        while True:
+            resp = self._wait(self._submit(Call(SNAPSHOT, None, deadline, pinned=node_id)),
+                              deadline - time.monotonic())
+            if isinstance(resp, P.SnapshotResponse) and resp.code == RC.SUCCESS:
+                return resp.last_index, resp.last_term
+            # A node whose applier is still starting (or busy) says LEADER_PENDING_FULL: a
+            # passing state, asked again within the timeout like any retryable answer.
+            code = getattr(resp, "code", RC.UNKNOWN)
+            pause = backoff(attempt)
+            if code != RC.LEADER_PENDING_FULL or time.monotonic() + pause >= deadline:
+                break
+            attempt += 1
+            time.sleep(pause)
+        raise DLedgerError(getattr(resp, "code", RC.UNKNOWN), getattr(resp, "reason", "") or f"from {node_id}",
+                           node=node_id)
+
+    def metadata(self, timeout: float | None = None) -> Metadata:
+        """Ask every node in parallel. Silent nodes get alive=False and None fields.
+
+        Each node gets at most ``attempt_timeout`` (within ``timeout``), so one dead node costs
+        one short wait, not the whole timeout.
+        """
+        t = self.timeout if timeout is None else timeout
+        per_node = time.monotonic() + min(t, self.attempt_timeout)
+        calls = [(nid, self._submit(Call(META, None, per_node, pinned=nid))) for nid in self.peers]
+        answers: dict[str, P.Message | None] = {}
+        for nid, fut in calls:
+            try:
+                answers[nid] = self._wait(fut, t)
+            except DLedgerError:
+                answers[nid] = None
+        return build_metadata(self.group, self.peers, answers)
+
+    def transfer_leadership(self, target: str, timeout: float | None = None,
+                            wait: bool = True) -> Metadata | None:
+        """Ask the leader to hand leadership to ``target``; with ``wait``, return once
+        ``target`` is the leader (polling METADATA) and return that Metadata.
+
+        Raises DLedgerError on a refused transfer (e.g. TAKE_LEADERSHIP_FAILED, a lagging or
+        dead target) or, indeterminate, if the transfer was accepted but not observed in time.
+        """
+        if target not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{target!r} is not in the peers list")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        accepted = False
+        unanswered = False  # a transfer request went out and its answer never came
+        last: tuple[int, str] = (RC.TIMEOUT, "no leader found to transfer from within the timeout")
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            m = self.metadata(remaining)
+            if m.leader_id == target:
+                return m
+            if accepted and not wait:
+                return None
+            if not accepted and m.leader_id is not None and m.term is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                call = Call(TRANSFER, (target, m.term), deadline, pinned=m.leader_id)
+                try:
+                    resp = self._wait(self._submit(call), remaining)
+                except DLedgerError as e:
+                    if e.code != RC.TIMEOUT:
+                        raise
+                    resp = None
+                    last = (e.code, e.reason)
+                    unanswered = unanswered or e.indeterminate
+                if resp is not None:
+                    if resp.code == RC.SUCCESS:
+                        accepted = True
+                        if not wait:
+                            return None
+                        continue  # look at once: a DLedger-style transfer answers when done
+                    reason = getattr(resp, "reason", "")
+                    last = (resp.code, reason or f"answer from {m.leader_id}")
+                    if not is_retryable(resp.code):
+                        again = self.metadata(max(0.0, deadline - time.monotonic()))
+                        if again.leader_id == target:
+                            return again
+                        raise DLedgerError(resp.code, reason or f"{m.leader_id} refused the transfer",
+                                           node=m.leader_id)
+            attempt += 1
+            if self._closed_event.wait(min(max(0.0, deadline - time.monotonic()),
+                                           backoff(attempt + 3))):
+                raise ClientClosedError("client closed")
+        if accepted:
+            raise DLedgerIndeterminateError(
+                RC.TIMEOUT, f"transfer to {target} was accepted but {target} is not leader yet")
+        if unanswered:
+            raise DLedgerIndeterminateError(
+                RC.TIMEOUT, f"transfer request unanswered and {target} is not leader yet")
+        raise DLedgerError(last[0], last[1])
+
+    # ------------------------------------------------------------------ caller side
+    def _submit(self, call: Call) -> concurrent.futures.Future:
+        """Hand a call to the I/O thread (thread-safe). Blocks for a slot (backpressure)."""
+        if os.getpid() != self._pid:
+            raise ClientClosedError("DLedgerClient used across fork(): create one per process")
+        io = self._io
+        if self._closed or io.stopping:
+            raise ClientClosedError("DLedgerClient is closed")
+        if threading.get_ident() == io.ident:
+            ok = self._slots.acquire(False)  # the I/O thread must never block on itself
+        else:
+            ok = self._slots.acquire(True, max(0.0, call.deadline - time.monotonic()))
+        if not ok:
+            self._io.finish(call, exc=DLedgerError(
+                RC.TIMEOUT, f"no free slot within the timeout ({self.max_in_flight} calls in flight)"), live=False)
+            return call.future
+        call.slot = True
+        with self._lock:
+            if self._closed:
+                self._slots.release()
+                raise ClientClosedError("DLedgerClient is closed")
+            io.inbox.append(call)
+        io.post(call)
+        return call.future
+
+    def _wait(self, fut: concurrent.futures.Future, timeout: float | None = None) -> Any:
+        if threading.get_ident() == self._io.ident:
+            raise RuntimeError("blocking DLedgerClient call from a future callback (I/O thread)")
+        # The I/O thread enforces the call's deadline; the grace period only guards against an
+        # I/O thread that died, so a caller can never hang forever.
+        try:
+            return fut.result((self.timeout if timeout is None else timeout) + 5.0)
+        except concurrent.futures.TimeoutError:
+            raise DLedgerIndeterminateError(RC.TIMEOUT, "no result from the client I/O thread") from None

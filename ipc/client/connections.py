@@ -1,0 +1,185 @@
+"""The client's sockets: one DEALER per node (and its monitor), registered in the I/O
+thread's poller, plus the wake-up file descriptor callers use to reach that thread.
+
+Why a separate piece: everything here is about a socket's life (open, watch, drop, recreate),
+not about what a request means. Lazy Pirate (zguide): a node that let a deadline pass is
+*suspect*; once nothing is in flight on its socket the DEALER is closed (LINGER 0, so frames
+queued to a stalled peer are dropped) and recreated. I/O thread only, except `Waker.wake`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from ipc.sockets import data_address, dealer
+
+log = logging.getLogger("dledger.client")
+
+
+class Node:
+    """One member as the client sees it: its socket, and what its recent silence says."""
+
+    __slots__ = ("id", "address", "endpoint", "sock", "mon", "inflight", "suspect", "unresponsive")
+
+    def __init__(self, node_id: str, host: str, port: int) -> None:
+        self.id = node_id
+        self.address = f"{host}:{port}"
+        self.endpoint = data_address(host, port)
+        self.sock: zmq.Socket | None = None
+        self.mon: zmq.Socket | None = None  # the DEALER's monitor: its connection dropped
+        self.inflight = 0
+        self.suspect = False  # its socket is to be recreated once nothing is in flight on it
+        self.unresponsive = False  # let a deadline pass and has not answered anything since
+
+
+class Waker:
+    """Cross-thread wake-up for the I/O thread's poller: an eventfd (a pipe where there is none).
+
+    A zmq PAIR/PUSH per caller thread would also work, but callers are arbitrary threads and
+    sockets are not thread-safe; a file descriptor write is, and the poller watches fds too.
+    """
+
+    def __init__(self) -> None:
+        if hasattr(os, "eventfd"):
+            self.rfd = self.wfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - non-Linux
+            self.rfd, self.wfd = os.pipe()
+            os.set_blocking(self.rfd, False)
+            os.set_blocking(self.wfd, False)
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wfd, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        except BlockingIOError:  # pipe full: it is readable anyway
+            pass
+
+    def drain(self) -> None:
+        try:
+            os.read(self.rfd, 4096)
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        os.close(self.rfd)
+        if self.wfd != self.rfd:
+            os.close(self.wfd)
+
+
+class Connections:
+    """Every node's DEALER and monitor, and the map back from a polled socket to its node.
+
+    `peers` is replaced, never mutated, when members are learned: caller threads iterate it.
+    """
+
+    def __init__(self, ctx: zmq.Context, peers: Mapping[str, tuple[str, int]]) -> None:
+        self.ctx = ctx
+        self.peers = {nid: (h, p) for nid, (h, p) in peers.items()}
+        self.nodes = {nid: Node(nid, h, p) for nid, (h, p) in self.peers.items()}
+        self.order = list(self.nodes.values())
+        self.poller = zmq.Poller()
+        self.sock_node: dict[zmq.Socket, Node] = {}
+        self.mon_node: dict[zmq.Socket, Node] = {}  # monitor socket -> its DEALER's node
+        self.suspects: set[Node] = set()
+
+    def open_all(self) -> None:
+        for node in self.order:
+            self.open(node)
+
+    def close_all(self) -> None:
+        for node in self.order:
+            if node.sock is not None:
+                self.close(node)
+
+    def open(self, node: Node) -> None:
+        node.sock = dealer(self.ctx, node.endpoint)
+        self.sock_node[node.sock] = node
+        self.poller.register(node.sock, zmq.POLLIN)
+        node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.mon_node[node.mon] = node
+        self.poller.register(node.mon, zmq.POLLIN)
+
+    def close(self, node: Node) -> None:
+        if node.mon is not None:
+            self.poller.unregister(node.mon)
+            self.mon_node.pop(node.mon, None)
+            try:
+                node.sock.disable_monitor()
+            except zmq.ZMQError:  # pragma: no cover - already gone
+                pass
+            node.mon.close(linger=0)
+            node.mon = None
+        if node.sock is not None:
+            self.poller.unregister(node.sock)
+            self.sock_node.pop(node.sock, None)
+            node.sock.close(linger=0)
+            node.sock = None
+
+    def try_send(self, node: Node, frame: bytes) -> bool:
+        """Queue `frame` to `node`; False if it could not be (no connection: nothing sent)."""
+        try:
+            node.sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def dropped(self, mon: zmq.Socket) -> Node | None:
+        """Read `mon`'s events; the node whose connection dropped, if it did."""
+        node = self.mon_node.get(mon)
+        dropped = False
+        for _ in range(64):
+            try:
+                event = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                dropped = dropped or parse_monitor_message(event)["event"] == zmq.EVENT_DISCONNECTED
+            except (ValueError, KeyError, IndexError):  # pragma: no cover - a libzmq we do not know
+                continue
+        return node if dropped else None
+
+    def mark_suspect(self, node: Node) -> None:
+        node.suspect = True
+        node.unresponsive = True
+        self.suspects.add(node)
+
+    def answered(self, node: Node) -> None:
+        """`node` answered something: it is neither silent nor due for a new socket."""
+        node.unresponsive = False
+        if node.suspect:
+            node.suspect = False
+            self.suspects.discard(node)
+
+    def reset_suspects(self) -> None:
+        """Lazy Pirate: recreate the DEALER of a node that let a deadline pass, once nothing
+        else is in flight on it (so no live call loses its reply)."""
+        for node in list(self.suspects):
+            if node.inflight == 0:
+                self.suspects.discard(node)
+                node.suspect = False
+                self.close(node)
+                self.open(node)
+                log.debug("recreated the socket to %s after a timeout", node.id)
+
+    def add_members(self, new: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+        """Open a socket to each new member; the ones added (an address libzmq refuses — a
+        node's misconfigured --peers, a hostile answer — is left out, never fatal)."""
+        for nid, (host, port) in list(new.items()):
+            node = Node(nid, host, port)
+            try:
+                self.open(node)
+            except zmq.ZMQError as e:
+                self.close(node)
+                del new[nid]
+                log.warning("member %s named in METADATA has an unusable address %r: %s", nid,
+                            f"{host}:{port}", e)
+                continue
+            self.nodes[nid] = node
+            self.order.append(node)
+        if new:
+            self.peers = {**self.peers, **new}
+        return new
