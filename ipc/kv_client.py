@@ -1,6 +1,6 @@
 """`KVClient`: the replicated KV store of a group started with `--state-machine kv`.
 
-Every write is an append of a KV command (node/statemachine/kv.py) through a `DLedgerClient`
+Every write is an append of a KV command (ipc/kv_format.py) through a `DLedgerClient`
 with a session, so a write resent after a failover is applied once; its answer is what the
 state machine returned when it applied it. Every read is a `query`: the leader confirms its
 leadership with a heartbeat round and answers once its state machine has applied everything
@@ -21,16 +21,16 @@ import concurrent.futures
 from collections.abc import Mapping
 from typing import Any
 
+from ipc import kv_format as K
 from ipc.client import DLedgerClient, QueryResult
-from node.statemachine import kv as K
-from node.statemachine.kv import KeyValue, KVInputError
+from ipc.kv_format import KeyValue, KVInputError
 
 __all__ = ["KVClient", "KVError", "KVInputError", "KeyValue"]
 
 
 class KVError(Exception):
     """The store refused an operation, or its outcome cannot be known. `status` is the KV
-    status (node.statemachine.kv.Status) when the store answered, else None."""
+    status (ipc.kv_format.Status) when the store answered, else None."""
 
     def __init__(self, message: str, status: K.Status | None = None) -> None:
         super().__init__(message)

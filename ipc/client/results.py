@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ipc import entry_codec as codec
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role, is_retryable
-from node.store import codec
 
 
 class AppendResult(NamedTuple):

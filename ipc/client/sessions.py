@@ -28,7 +28,7 @@ from ipc.client.calls import BACKOFF, DONE, INFLIGHT, OPEN, SESSION_RESEND, WAIT
 from ipc.client.results import DLedgerError, _make_error
 from ipc.codes import ResponseCode as RC
 from ipc.codes import is_indeterminate
-from node.core.sessions import seq_add, seq_after
+from ipc.seq import seq_add, seq_after
 
 log = logging.getLogger("dledger.client")
 

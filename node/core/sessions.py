@@ -10,7 +10,7 @@ is a function of the log: a new leader rebuilds it from its log's tail.
 
 Sequence numbers wrap at 2**32 and are compared in serial-number arithmetic (RFC 1982): `b`
 is after `a` when ``0 < (b - a) mod 2**32 < 2**31``. A client never has 2**31 appends in
-flight, so that order is exact.
+flight, so that order is exact (ipc/seq.py, shared with the client).
 
 The decision for a request ``(session, first seq, count)``, given the session's last seq L:
 
@@ -51,15 +51,11 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-SEQ_MASK = 0xFFFF_FFFF
-SEQ_HALF = 1 << 31
+# The seq arithmetic is the client's too (ipc/seq.py); re-exported here for the node's modules.
+from ipc.seq import SEQ_HALF, SEQ_MASK, seq_add, seq_after  # noqa: F401
+
 NO_SESSION = 0
 MAX_SESSION_COUNTER = 0xFFFF
-
-
-def seq_add(seq: int, k: int) -> int:
-    """`seq` + `k` in the 32-bit sequence space."""
-    return (seq + k) & SEQ_MASK
 
 
 def entry_seqs(session: int, first_seq: int | list[int], n: int) -> Iterable[int]:
@@ -73,12 +69,6 @@ def entry_seqs(session: int, first_seq: int | list[int], n: int) -> Iterable[int
     if first_seq + n - 1 <= SEQ_MASK:
         return range(first_seq, first_seq + n)
     return [seq_add(first_seq, k) for k in range(n)]
-
-
-def seq_after(a: int, b: int) -> int:
-    """How far `b` is after `a` (0 if equal, negative if before), serial-number arithmetic."""
-    d = (b - a) & SEQ_MASK
-    return d - (1 << 32) if d >= SEQ_HALF else d
 
 
 def session_id(term: int, counter: int) -> int:

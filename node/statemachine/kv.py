@@ -1,10 +1,12 @@
 """The replicated KV store's state machine (issue 11 §6): a map of bytes to bytes with etcd-like
 revisions, built by applying the committed log. Pure: bytes in, bytes out.
 
-Everything that crosses a process boundary is defined here, once, so the future KVClient, the
-applier and the read path agree: the command encoding (log entry bodies), the per-entry result,
-the read queries and their replies, and the snapshot stream. Big-endian, like the rest of the
-wire (ipc/protocol.py) and the store (node/store/codec.py).
+Everything that crosses a process boundary is documented here, once, so KVClient, the applier
+and the read path agree: the command encoding (log entry bodies), the per-entry result, the
+read queries and their replies, and the snapshot stream. The first three are implemented in
+ipc/kv_format.py (the client encodes and decodes them too; their names are re-exported here),
+the snapshot stream here. Big-endian, like the rest of the wire (ipc/protocol.py) and the store
+(node/store/codec.py).
 
 Commands (a log entry's body). The first byte is the op; ops 0x01-0x3F are log commands of
 format 1. An op's layout never changes: a new layout takes a new op byte, and every replica
@@ -61,340 +63,59 @@ Snapshot stream (canonical: keys in byte order, so equal states give equal bytes
 
 from __future__ import annotations
 
-import enum
 import struct
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import BinaryIO, Final
 
 from crc32c import crc32c
 
+# The formats the client shares (commands, results, queries) live in ipc/kv_format.py; every
+# public name is re-exported here, so the node's modules and tools keep importing them from here.
+from ipc.kv_format import ITEM as _ITEM
+from ipc.kv_format import KEY_HDR as _KEY_HDR
+from ipc.kv_format import (  # noqa: F401
+    MAX_KEY_SIZE,
+    MAX_REPLY_BYTES,
+    MAX_SCAN_LIMIT,
+    MAX_VALUE_SIZE,
+    Cas,
+    Command,
+    Delete,
+    Expect,
+    Invalid,
+    KeyValue,
+    KVInputError,
+    KVResult,
+    Op,
+    Put,
+    QueryReply,
+    Status,
+    check_key,
+    check_value,
+    decode_command,
+    decode_query_reply,
+    decode_result,
+    encode_cas,
+    encode_cas_revision,
+    encode_delete,
+    encode_get,
+    encode_put,
+    encode_query_reply,
+    encode_result,
+    encode_scan,
+)
+from ipc.kv_format import RESULT as _RESULT
+from ipc.kv_format import SCAN_HDR as _SCAN_HDR
 from node.statemachine.api import CommittedEntry, Result, StateMachine, StateMachineError
 
-MAX_KEY_SIZE: Final = 4 * 1024
-MAX_VALUE_SIZE: Final = 1024 * 1024
-MAX_SCAN_LIMIT: Final = 10_000
-MAX_REPLY_BYTES: Final = 4 * 1024 * 1024  # a scan reply stops at ~this size (at least one item)
 SNAPSHOT_MAGIC: Final = b"DLKV"
 SNAPSHOT_END: Final = b"DLKE"
 SNAPSHOT_FORMAT: Final = 1
 _CHUNK: Final = 1 << 20  # snapshot streams are written and read in ~1 MiB pieces
 
-
-class Op(enum.IntEnum):
-    PUT = 0x01
-    DELETE = 0x02
-    CAS = 0x03
-    GET = 0x41  # queries: never in the log
-    SCAN = 0x42
-
-
-class Expect(enum.IntEnum):
-    """What a CAS compares against."""
-
-    ABSENT = 0
-    VALUE = 1
-    REVISION = 2
-
-
-class Status(enum.IntEnum):
-    OK = 0
-    NOT_FOUND = 1
-    CAS_FAILED = 2
-    # refused: no state change
-    MALFORMED = 16
-    UNKNOWN_OP = 17
-    EMPTY_KEY = 18
-    KEY_TOO_LARGE = 19
-    VALUE_TOO_LARGE = 20
-
-
-_KEY_HDR = struct.Struct(">BH")  # PUT, DELETE, GET
-_CAS_HDR = struct.Struct(">BBHI")
-_SCAN_HDR = struct.Struct(">BHHI")
-_U64 = struct.Struct(">Q")
-_RESULT = struct.Struct(">BQ")
-_REPLY = struct.Struct(">BQBI")
-_ITEM = struct.Struct(">HIQQQ")
 _SNAP_HDR = struct.Struct(">4sHHqQQ")
 _SNAP_END = struct.Struct(">4sI")
-
-
-# --------------------------------------------------------------------------- commands
-
-
-@dataclass(frozen=True, slots=True)
-class Put:
-    key: bytes
-    value: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Cas:
-    key: bytes
-    expect: Expect
-    value: bytes
-    expected_value: bytes = b""  # Expect.VALUE
-    expected_revision: int = 0  # Expect.REVISION
-
-
-@dataclass(frozen=True, slots=True)
-class Invalid:
-    """A body or an argument that cannot be applied: the status and message of its result."""
-
-    status: Status
-    message: str
-
-
-Command = Put | Delete | Cas
-
-
-class KVInputError(ValueError):
-    """Client side: an argument the store would refuse (``.status`` says which rule)."""
-
-    def __init__(self, status: Status, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def check_key(key: bytes) -> Invalid | None:
-    """The key rules, shared by the client's pre-check and ``apply``."""
-    if not key:
-        return Invalid(Status.EMPTY_KEY, "empty key")
-    if len(key) > MAX_KEY_SIZE:
-        return Invalid(Status.KEY_TOO_LARGE, f"key of {len(key)} bytes exceeds the limit of {MAX_KEY_SIZE}")
-    return None
-
-
-def check_value(value: bytes, what: str = "value") -> Invalid | None:
-    if len(value) > MAX_VALUE_SIZE:
-        return Invalid(Status.VALUE_TOO_LARGE,
-                       f"{what} of {len(value)} bytes exceeds the limit of {MAX_VALUE_SIZE}")
-    return None
-
-
-def _as_bytes(x: object, what: str) -> bytes:
-    if isinstance(x, bytes):
-        return x
-    if isinstance(x, bytearray | memoryview):
-        return bytes(x)
-    raise TypeError(f"{what} must be bytes, not {type(x).__name__}")
-
-
-def _checked(key: object, *values: tuple[object, str]) -> tuple[bytes, ...]:
-    k = _as_bytes(key, "key")
-    out = [k]
-    bad = check_key(k)
-    for v, what in values:
-        b = _as_bytes(v, what)
-        bad = bad or check_value(b, what)
-        out.append(b)
-    if bad:
-        raise KVInputError(bad.status, bad.message)
-    return tuple(out)
-
-
-def encode_put(key: bytes, value: bytes) -> bytes:
-    """The body of a PUT entry. Raises TypeError / KVInputError for what apply would refuse."""
-    k, v = _checked(key, (value, "value"))
-    return b"".join((_KEY_HDR.pack(Op.PUT, len(k)), k, v))
-
-
-def encode_delete(key: bytes) -> bytes:
-    (k,) = _checked(key)
-    return _KEY_HDR.pack(Op.DELETE, len(k)) + k
-
-
-def encode_cas(key: bytes, expected: bytes | None, value: bytes) -> bytes:
-    """Set `key` to `value` if its current value is `expected` (None: if it is absent)."""
-    if expected is None:
-        k, v = _checked(key, (value, "value"))
-        return b"".join((_CAS_HDR.pack(Op.CAS, Expect.ABSENT, len(k), 0), k, v))
-    k, v, e = _checked(key, (value, "value"), (expected, "expected value"))
-    return b"".join((_CAS_HDR.pack(Op.CAS, Expect.VALUE, len(k), len(e)), k, e, v))
-
-
-def encode_cas_revision(key: bytes, mod_revision: int, value: bytes) -> bytes:
-    """Set `key` to `value` if its mod_revision is `mod_revision` (no ABA, unlike by value)."""
-    k, v = _checked(key, (value, "value"))
-    if not isinstance(mod_revision, int) or not 1 <= mod_revision < 1 << 64:
-        raise KVInputError(Status.MALFORMED, f"expected revision {mod_revision!r} outside 1..2**64-1")
-    return b"".join((_CAS_HDR.pack(Op.CAS, Expect.REVISION, len(k), 8), k, _U64.pack(mod_revision), v))
-
-
-def decode_command(body: bytes) -> Command | Invalid:
-    """The command in an entry body, or why it cannot be applied. Never raises: a malformed
-    entry in the log must become an error result, the same on every replica."""
-    n = len(body)
-    if n == 0:
-        return Invalid(Status.MALFORMED, "empty command")
-    op = body[0]
-    if op == Op.PUT or op == Op.DELETE:
-        if n < 3:
-            return Invalid(Status.MALFORMED, f"command of {n} bytes is shorter than its header")
-        klen = (body[1] << 8) | body[2]
-        end = 3 + klen
-        if end > n:
-            return Invalid(Status.MALFORMED, f"key length {klen} runs past the command's {n} bytes")
-        key = body[3:end]
-        bad = check_key(key)
-        if op == Op.PUT:
-            value = body[end:]
-            return bad or check_value(value) or Put(key, value)
-        if end != n:
-            return Invalid(Status.MALFORMED, f"DELETE with {n - end} bytes after the key")
-        return bad or Delete(key)
-    if op == Op.CAS:
-        if n < _CAS_HDR.size:
-            return Invalid(Status.MALFORMED, f"command of {n} bytes is shorter than its header")
-        _, expect, klen, olen = _CAS_HDR.unpack_from(body)
-        kend = _CAS_HDR.size + klen
-        oend = kend + olen
-        if oend > n:
-            return Invalid(Status.MALFORMED, f"CAS lengths {klen}+{olen} run past the command's {n} bytes")
-        key, operand, value = body[_CAS_HDR.size:kend], body[kend:oend], body[oend:]
-        bad = check_key(key) or check_value(value)
-        if expect == Expect.ABSENT:
-            if olen:
-                return Invalid(Status.MALFORMED, "CAS expecting absence carries an operand")
-            return bad or Cas(key, Expect.ABSENT, value)
-        if expect == Expect.VALUE:
-            return bad or check_value(operand, "expected value") or Cas(key, Expect.VALUE, value, operand)
-        if expect == Expect.REVISION:
-            if olen != 8:
-                return Invalid(Status.MALFORMED, f"CAS revision operand of {olen} bytes, not 8")
-            return bad or Cas(key, Expect.REVISION, value, expected_revision=_U64.unpack(operand)[0])
-        return Invalid(Status.MALFORMED, f"unknown CAS expectation {expect}")
-    if op == Op.GET or op == Op.SCAN:
-        return Invalid(Status.UNKNOWN_OP, f"op 0x{op:02x} is a query, not a command")
-    return Invalid(Status.UNKNOWN_OP, f"unknown op 0x{op:02x}")
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True, slots=True)
-class KVResult:
-    """A decoded entry result (see the module docstring for what `revision` means per status)."""
-
-    status: Status
-    revision: int
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """The command was valid (it may still have found nothing or lost its CAS)."""
-        return self.status < Status.MALFORMED
-
-    @property
-    def changed(self) -> bool:
-        """The state changed: a put, a delete of a present key, a CAS that swapped."""
-        return self.status == Status.OK
-
-
-def encode_result(status: Status, revision: int, message: str = "") -> bytes:
-    head = _RESULT.pack(status, revision)
-    return head + message.encode() if message else head
-
-
-def decode_result(data: bytes) -> KVResult:
-    """Client side. Raises ValueError on bytes that are not a KV result (a node not running
-    the KV state machine answered)."""
-    if len(data) < _RESULT.size:
-        raise ValueError(f"KV result of {len(data)} bytes is shorter than {_RESULT.size}")
-    status, revision = _RESULT.unpack_from(data)
-    try:
-        st = Status(status)
-    except ValueError:
-        raise ValueError(f"unknown KV result status {status}") from None
-    return KVResult(st, revision, bytes(data[_RESULT.size:]).decode(errors="replace"))
-
-
-# --------------------------------------------------------------------------- queries
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    """One key's state. ``revision`` is its mod_revision (what KVClient.get reports)."""
-
-    key: bytes
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-
-    @property
-    def revision(self) -> int:
-        return self.mod_revision
-
-
-@dataclass(frozen=True, slots=True)
-class QueryReply:
-    status: Status
-    revision: int  # the store's revision when the read was served
-    items: list[KeyValue]
-    more: bool = False  # SCAN: stopped at the limit or the reply size; continue after items[-1]
-    message: str = ""
-
-
-def encode_get(key: bytes) -> bytes:
-    (k,) = _checked(key)
-    return _KEY_HDR.pack(Op.GET, len(k)) + k
-
-
-def encode_scan(prefix: bytes = b"", limit: int = MAX_SCAN_LIMIT, start: bytes = b"") -> bytes:
-    """Keys starting with `prefix` (empty: all), from `start` on. To page, pass the last key
-    returned + b"\\0" as the next `start`."""
-    p, s = _as_bytes(prefix, "prefix"), _as_bytes(start, "start")
-    for b, what in ((p, "prefix"), (s, "start")):
-        if len(b) > MAX_KEY_SIZE:
-            raise KVInputError(Status.KEY_TOO_LARGE, f"{what} of {len(b)} bytes exceeds the limit of {MAX_KEY_SIZE}")
-    if not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
-        raise KVInputError(Status.MALFORMED, f"scan limit {limit!r} outside 1..{MAX_SCAN_LIMIT}")
-    return b"".join((_SCAN_HDR.pack(Op.SCAN, len(p), len(s), limit), p, s))
-
-
-def _item(kv: KeyValue) -> bytes:
-    return b"".join((_ITEM.pack(len(kv.key), len(kv.value), kv.create_revision, kv.mod_revision,
-                                kv.version), kv.key, kv.value))
-
-
-def encode_query_reply(status: Status, revision: int, items: Sequence[KeyValue] = (),
-                       more: bool = False, message: str = "") -> bytes:
-    parts = [_REPLY.pack(status, revision, more, len(items))]
-    parts.extend(_item(kv) for kv in items)
-    parts.append(message.encode())
-    return b"".join(parts)
-
-
-def decode_query_reply(data: bytes) -> QueryReply:
-    """Client side; raises ValueError on a reply that does not parse."""
-    mv = memoryview(data)
-    if len(mv) < _REPLY.size:
-        raise ValueError(f"KV reply of {len(mv)} bytes is shorter than {_REPLY.size}")
-    status, revision, more, count = _REPLY.unpack_from(mv)
-    off, items = _REPLY.size, []
-    for _ in range(count):
-        if off + _ITEM.size > len(mv):
-            raise ValueError("KV reply truncated inside an item header")
-        klen, vlen, crev, mrev, ver = _ITEM.unpack_from(mv, off)
-        off += _ITEM.size
-        if off + klen + vlen > len(mv):
-            raise ValueError("KV reply truncated inside an item")
-        items.append(KeyValue(bytes(mv[off:off + klen]), bytes(mv[off + klen:off + klen + vlen]),
-                              crev, mrev, ver))
-        off += klen + vlen
-    try:
-        st = Status(status)
-    except ValueError:
-        raise ValueError(f"unknown KV reply status {status}") from None
-    return QueryReply(st, revision, items, bool(more), bytes(mv[off:]).decode(errors="replace"))
 
 
 # --------------------------------------------------------------------------- the key order

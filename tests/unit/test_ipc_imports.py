@@ -1,9 +1,11 @@
 """The wire side (`ipc/`) imports cleanly on its own: every module in any order, in a fresh
-interpreter, and `KVClient` reachable from `ipc.client` without an import cycle
-(ipc.kv_client imports ipc.client; ipc.client reaches back only lazily)."""
+interpreter, `KVClient` reachable from `ipc.client` without an import cycle (ipc.kv_client
+imports ipc.client; ipc.client reaches back only lazily), and nothing under ipc/ imports the
+node (node/ imports ipc/, never the reverse: what both need lives in ipc/)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +67,31 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
     r = run_fresh("import ipc.client\ntry:\n    ipc.client.NoSuchThing\nexcept AttributeError as e:\n"
                   "    print(e)\nelse:\n    raise SystemExit('no error')")
     assert r.returncode == 0 and "NoSuchThing" in r.stdout, r.stderr
+
+
+def node_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of `node` or a submodule in `source`, at any depth
+    (inside functions too: a lazy import is still a dependency)."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            names = [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            names = [n.module]
+        else:
+            continue
+        found += [(n.lineno, m) for m in names if m == "node" or m.startswith("node.")]
+    return found
+
+
+def test_the_check_sees_node_imports_wherever_they_are() -> None:
+    src = "import os\nimport node\ndef f():\n    from node.store import codec\n    import node.core.sessions as s\n"
+    assert node_imports(src) == [(2, "node"), (4, "node.store"), (5, "node.core.sessions")]
+    assert node_imports("from nodes import x\nfrom ipc import node_names\n") == []
+
+
+def test_no_module_under_ipc_imports_node() -> None:
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {mod}"
+                 for path in sorted(IPC.rglob("*.py"))
+                 for line, mod in node_imports(path.read_text())]
+    assert offenders == []
