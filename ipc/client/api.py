@@ -390,7 +390,7 @@ class DLedgerClient:
                 self._slots.release()
                 raise ClientClosedError("DLedgerClient is closed")
             io.inbox.append(call)
-        io.post(call)
+        io.wake()
         return call.future
 
     def _wait(self, fut: concurrent.futures.Future, timeout: float | None = None) -> Any:

@@ -108,7 +108,7 @@ class ClientIO:
             self.release()
             raise self.setup_error
 
-    def post(self, call: Call) -> None:
+    def wake(self) -> None:
         """Wake the thread for a call just appended to `inbox` (unless a wake-up is pending).
         Order matters (see `_main`): append first, then check the flag."""
         if not self.wake_armed:
