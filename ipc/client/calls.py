@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ipc import protocol as P
-from ipc.client.results import AppendResult, QueryResult
+from ipc.client.results import AppendResult, DLedgerError, QueryResult, _make_error
 from ipc.codes import ResponseCode as RC
 
 if TYPE_CHECKING:
@@ -77,6 +77,24 @@ class Call:
 def backoff(attempt: int) -> float:
     """Capped exponential backoff with jitter (so many clients do not retry in lockstep)."""
     return min(BACKOFF_MAX, BACKOFF_BASE * (1 << min(attempt, 10))) * (0.5 + 0.5 * random.random())
+
+
+def give_up_error(call: Call) -> DLedgerError:
+    """What a call whose deadline passed with nothing outstanding fails with: the last definite
+    outcome, or an indeterminate one if an attempt of a session write may have been stored."""
+    if call.kind == OPEN:
+        return DLedgerError(RC.TIMEOUT, "no leader answered OPEN_SESSION within the timeout")
+    if call.unsure:
+        code, reason = call.last or (RC.TIMEOUT, "no answer")
+        return _make_error(code, f"{reason} (resent under its session for the whole timeout; it may "
+                                 "still be committed)", indeterminate=True,
+                           node=call.node.id if call.node else None)
+    if call.last is None:
+        return DLedgerError(RC.TIMEOUT, "no reachable leader found within the timeout "
+                                        "(nothing was sent)")
+    code, reason = call.last
+    return DLedgerError(code, f"{reason} (gave up after {call.attempts + 1} attempts "
+                              "within the timeout)")
 
 
 def encode_request(group: str, call: Call, node_id: str, rid: int) -> bytes:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ipc import protocol as P
 from ipc.sockets import data_address, dealer
 
 log = logging.getLogger("dledger.client")
@@ -126,6 +127,34 @@ class Connections:
         except zmq.Again:
             return False
         return True
+
+    def receive(self, sock: zmq.Socket) -> Iterator[tuple[Node, P.Message]]:
+        """The answers waiting on `sock`, decoded (a MULTI's one by one), with the node they
+        came from. Bounded, so timers and submissions get their turn; an undecodable frame is
+        logged and skipped. A generator: each answer is handled before the next is read."""
+        node = self.sock_node.get(sock)
+        if node is None:
+            return
+        for _ in range(4096):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = P.decode(frame)
+            except P.ProtocolError as e:
+                log.warning("undecodable reply from %s: %s", node.id, e)
+                continue
+            if type(msg) is P.Multi:
+                for inner in msg.frames:
+                    try:
+                        inner_msg = P.decode(inner)
+                    except P.ProtocolError as e:
+                        log.warning("undecodable reply from %s: %s", node.id, e)
+                        continue
+                    yield node, inner_msg
+                continue
+            yield node, msg
 
     def dropped(self, mon: zmq.Socket) -> Node | None:
         """Read `mon`'s events; the node whose connection dropped, if it did."""

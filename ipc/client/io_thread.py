@@ -46,6 +46,7 @@ from ipc.client.calls import (
     Slots,
     backoff,
     encode_request,
+    give_up_error,
     success_value,
 )
 from ipc.client.connections import Connections, Node, Waker
@@ -346,26 +347,8 @@ class ClientIO:
         self.set_timer(call, at)
 
     def _give_up(self, call: Call) -> None:
-        """The deadline passed with nothing outstanding: report the last definite outcome (an
-        indeterminate one if an attempt of a session write may have been stored)."""
-        if call.kind == OPEN:
-            self.finish(call, exc=DLedgerError(RC.TIMEOUT, "no leader answered OPEN_SESSION "
-                                                           "within the timeout"))
-            return
-        if call.unsure:
-            code, reason = call.last or (RC.TIMEOUT, "no answer")
-            self.finish(call, exc=_make_error(
-                code, f"{reason} (resent under its session for the whole timeout; it may "
-                      "still be committed)", indeterminate=True, node=call.node.id if call.node else None))
-            return
-        if call.last is None:
-            err = DLedgerError(RC.TIMEOUT, "no reachable leader found within the timeout "
-                                           "(nothing was sent)")
-        else:
-            code, reason = call.last
-            err = DLedgerError(code, f"{reason} (gave up after {call.attempts + 1} attempts "
-                                     "within the timeout)")
-        self.finish(call, exc=err)
+        """The deadline passed with nothing outstanding (see `give_up_error`)."""
+        self.finish(call, exc=give_up_error(call))
 
     def finish(self, call: Call, result: Any = None, exc: BaseException | None = None,
                live: bool = True) -> None:
@@ -399,27 +382,9 @@ class ClientIO:
 
     # ------------------------------------------------------------------ receiving
     def _recv_all(self, sock: zmq.Socket) -> None:
-        node = self.conns.sock_node.get(sock)
-        if node is None:
-            return
-        for _ in range(4096):  # bounded, so timers and submissions get their turn
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = P.decode(frame)
-            except P.ProtocolError as e:
-                log.warning("undecodable reply from %s: %s", node.id, e)
-                continue
-            if type(msg) is P.Multi:
-                for inner in msg.frames:
-                    try:
-                        self._on_reply(node, P.decode(inner))
-                    except P.ProtocolError as e:
-                        log.warning("undecodable reply from %s: %s", node.id, e)
-                continue
-            self._on_reply(node, msg)
+        on_reply = self._on_reply
+        for node, msg in self.conns.receive(sock):
+            on_reply(node, msg)
 
     def _on_reply(self, node: Node, msg: P.Message) -> None:
         rid = msg.request_id
