@@ -208,3 +208,26 @@ def test_an_expired_session_restamps_a_sure_write_and_fails_an_unsure_one_indete
     assert len(h.opens) == 2 and h.sent[-1] is h.opens[1]
     h.open_session(SID2)
     assert h.sent[-1] is a and (a.sid, a.seq) == (SID2, 1)
+
+
+def test_the_session_logic_imports_no_sockets() -> None:
+    """Socket-free by construction: neither sessions.py nor what it imports from the client
+    package (calls, results) imports zmq or the I/O modules."""
+    import ast
+    from pathlib import Path
+
+    def runtime_nodes(node: ast.AST):  # every node except under `if TYPE_CHECKING:`
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) == "TYPE_CHECKING":
+                continue
+            yield child
+            yield from runtime_nodes(child)
+
+    pkg = Path(__file__).resolve().parents[2] / "ipc" / "client"
+    for name in ("sessions.py", "calls.py", "results.py"):
+        nodes = list(runtime_nodes(ast.parse((pkg / name).read_text())))
+        mods = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+        bad = {m for m in mods if m.split(".")[0] == "zmq"
+               or m in ("ipc.sockets", "ipc.client.connections", "ipc.client.io_thread")}
+        assert bad == set(), f"{name} imports {bad}"
