@@ -1,9 +1,10 @@
 """Every number that travels on the wire with a meaning: response codes, vote results, roles.
 
 One module so the client, the node roles and the CLI agree. The response-code numbers are
-DLedger's ``DLedgerResponseCode`` (SPEC §6 table) and must never be renumbered: users read them
-in logs and compare them with DLedger's documentation. ``VoteResult`` and ``ParseResult`` are
-DLedger's ``VoteResponse.RESULT`` / ``VoteResponse.ParseResult`` in declaration order.
+DLedger's ``DLedgerResponseCode`` (docs/client.md "Errors: definite or indeterminate") and must
+never be renumbered: users read them in logs and compare them with DLedger's documentation.
+``VoteResult`` and ``ParseResult`` are DLedger's ``VoteResponse.RESULT`` /
+``VoteResponse.ParseResult`` in declaration order.
 
 ``Role`` here is the canonical role enum (CANDIDATE=0, FOLLOWER=1, LEADER=2) used by the
 election core and the wire (METADATA); other modules should import it from here.
@@ -15,7 +16,7 @@ from enum import IntEnum
 
 
 class ResponseCode(IntEnum):
-    """DLedgerResponseCode, with DLedger's numbers (SPEC §6)."""
+    """DLedgerResponseCode, with DLedger's numbers (never renumbered)."""
 
     UNKNOWN = -1
     SUCCESS = 200
@@ -69,7 +70,8 @@ class ResponseCode(IntEnum):
 
 # Codes after which the same request may simply be retried, possibly at another node, because
 # the entry was definitely NOT stored (or the answer never came): leader moved, leader busy,
-# transfer in progress, term being set up, transport trouble. CONTRACT "Client library".
+# transfer in progress, term being set up, transport trouble. The client retries them with backoff
+# within the call's timeout (docs/client.md "Errors: definite or indeterminate").
 _RETRYABLE = frozenset({
     ResponseCode.NOT_LEADER,
     ResponseCode.LEADER_TRANSFERRING,
@@ -79,8 +81,8 @@ _RETRYABLE = frozenset({
     ResponseCode.TERM_NOT_READY,
 })
 
-# Codes after which an append may or may not be committed later (SPEC §6 "Outcomes"):
-# the client must report them as indeterminate, never as "not written".
+# Codes after which an append may or may not be committed later (docs/client.md "Errors: definite or
+# indeterminate"): the client must report them as indeterminate, never as "not written".
 _INDETERMINATE = frozenset({
     ResponseCode.TIMEOUT,
     ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,

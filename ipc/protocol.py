@@ -1,8 +1,8 @@
 """The one wire codec: every message between clients, nodes and node roles. Never pickle.
 
-Why a hand-written binary codec: frames come from the network and are untrusted (SPEC §7), so
-decoding must be total (a message or ``ProtocolError``, nothing else), cheap on the hot path
-(APPEND / BATCH_APPEND / PUSH are a ``struct`` pack plus a join) and versioned.
+Why a hand-written binary codec: frames come from the network and are untrusted (docs/contracts.md
+C23), so decoding must be total (a message or ``ProtocolError``, nothing else), cheap on the hot
+path (APPEND / BATCH_APPEND / PUSH are a ``struct`` pack plus a join) and versioned.
 
 Frame layout (big-endian). Every message is exactly ONE ZeroMQ frame; a batch travels as one
 frame because per-frame costs dominate small messages::
@@ -164,7 +164,7 @@ class MsgType(IntEnum):
 
 
 class PushKind(IntEnum):
-    """DLedger's PushEntryRequest.Type (SPEC §5 dispatcher states)."""
+    """DLedger's PushEntryRequest.Type (docs/replication.md "Dispatcher")."""
 
     APPEND = 0
     COMMIT = 1
@@ -284,9 +284,10 @@ class SnapshotResponse:
 @dataclass(slots=True)
 class InstallRequest:
     """Leader's dispatcher -> follower's handler: one chunk of the leader's newest snapshot
-    (issue 11 §4). `meta` is the snapshot's meta.json (node.statemachine.snapshot_meta), sent
-    with every chunk so a receiver that restarted knows what it is receiving; `offset` is where
-    `data` goes. A zero-length chunk at offset 0 is the probe that asks where to resume."""
+    (docs/snapshots.md "Install, end to end"). `meta` is the snapshot's meta.json
+    (node.statemachine.snapshot_meta), sent with every chunk so a receiver that restarted knows what
+    it is receiving; `offset` is where `data` goes. A zero-length chunk at offset 0 is the probe
+    that asks where to resume."""
 
     TYPE: ClassVar[MsgType] = MsgType.INSTALL
     group: str
@@ -385,7 +386,8 @@ class HeartbeatRequest:
 
 @dataclass(slots=True)
 class TakeLeadershipRequest:
-    """Leader -> transferee: start an election at once (leadership transfer, SPEC §3)."""
+    """Leader -> transferee: start an election at once (leadership transfer, docs/election.md
+    "Leadership transfer")."""
 
     TYPE: ClassVar[MsgType] = MsgType.TAKE_LEADERSHIP
     group: str
@@ -1338,7 +1340,8 @@ def is_response(msg: Message) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Header flags and the read-index messages (issue 11 §5: follower reads; §8: puts at commit)
+# Header flags and the read-index messages (follower reads and puts answered at commit:
+# docs/statemachine.md)
 # ---------------------------------------------------------------------------------------------
 FLAG_NO_RESULT = 0x01
 """APPEND: the client wants no state-machine result (a KV put: its revision is its index), so
@@ -1421,7 +1424,8 @@ for _t, _d in ((MsgType.READ_INDEX, _dec_read_index), (MsgType.READ_INDEX_RESPON
 
 
 class FaultHook:
-    """Test-only switches for the integration tests' faults (STYLE §5). Does nothing by default.
+    """Test-only switches for the integration tests' faults, so a fault runs through the real code
+    paths of real processes. Does nothing by default.
 
     - ``DLEDGER_TEST_DROP_PUSH_EVERY=N``: the dispatcher calls `drop_push()` before sending each
       push; every N-th call returns True and the push is silently not sent (a lost message).

@@ -1,11 +1,11 @@
 """ZeroMQ socket conventions, in one place, so every role process behaves the same.
 
-Rules these helpers encode (STYLE §3, the zguide, circus):
+Rules these helpers encode (after the zguide and circus):
 
 - One context per process, created after the process started (`make_context`); never
   inherited across fork, never shared between processes.
 - LINGER 0: a closing socket drops unsent messages instead of blocking shutdown. Nothing we
-  send is precious: requests are retried, wake-ups are hints (SPEC §2).
+  send is precious: requests are retried, wake-ups are hints (docs/contracts.md C24).
 - Bounded queues (SNDHWM/RCVHWM): backpressure by not polling, never unbounded memory.
 - Sockets that face the network get ZMQ_MAXMSGSIZE, so an oversized frame from a stranger is
   dropped by libzmq (the peer is disconnected) before Python allocates it.
@@ -15,7 +15,8 @@ Rules these helpers encode (STYLE §3, the zguide, circus):
 - Short reconnect intervals: a restarted peer is found again within ~100 ms (failover budget).
 - TCP keepalive so half-open connections after a host vanishes are eventually noticed.
 - Servers bind the host given in their own peer address (e.g. 127.0.0.1), never 0.0.0.0
-  unless asked: nothing listens on a public interface by accident (CONTRACT "Ports").
+  unless asked: nothing listens on a public interface by accident (docs/operations.md "Trust and
+  membership").
 """
 
 from __future__ import annotations
@@ -224,12 +225,13 @@ def from_source(endpoint: str, source_host: str | None) -> str:
 
 
 def data_address(host: str, port: int) -> str:
-    """The node's data port endpoint (handler: clients and pushes), CONTRACT "Ports"."""
+    """The node's data port endpoint (handler: clients and pushes): the port in the peers string."""
     return tcp_endpoint(host, port)
 
 
 def elector_address(host: str, port: int) -> str:
-    """The node's elector endpoint: data port + 1 (CONTRACT "Ports")."""
+    """The node's elector endpoint: data port + 1 (a public convention: every node of a group relies
+    on it)."""
     if not 1 <= port <= 65534:
         raise ValueError(f"port {port} leaves no room for the elector port")
     return tcp_endpoint(host, port + 1)
@@ -248,7 +250,7 @@ def drain(sock: zmq.Socket) -> None:
 def recv_routed(sock: zmq.Socket, flags: int = 0) -> tuple[bytes, bytes] | None:
     """(identity, frame) from a ROUTER, or None for a message with the wrong frame count
     (a DEALER sends exactly one frame; REQ-style empty delimiters or extra frames are junk
-    and are dropped, SPEC §7)."""
+    and are dropped: docs/contracts.md C23)."""
     parts = sock.recv_multipart(flags)
     if len(parts) != 2:
         return None

@@ -5,7 +5,7 @@ opens, so no role module imports another to find a peer's endpoint or a message 
 roles are separate processes: what they share is this contract, not code).
 
 Wake-up channels carry hints only. The truth is in the shared block and the store, so a lost or
-duplicated wake-up costs latency, never correctness (SPEC §2).
+duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 
 | channel | endpoint | binder (type) | connectors (type) | message |
 |---|---|---|---|---|
@@ -86,7 +86,7 @@ that began after it arrived; the elector publishes that round's start time in th
 LEADERSHIP_CONFIRMED = b"confirmed"
 """Elector → handler, on the control channel: a quorum heartbeat round that started after a
 CONFIRM_LEADERSHIP arrived has landed (its start is already in the block). A wake-up only: the
-handler serves parked reads by what the block says (contract C4); a lost one costs the
+handler serves parked reads by what the block says (docs/contracts.md C4); a lost one costs the
 handler's READ_POLL_MS fallback poll."""
 
 # ---- ack / commit ----------------------------------------------------------------------------
@@ -144,9 +144,9 @@ the reply's answer is `SNAPSHOT_POSITION` (last index, last term) of the snapsho
 SNAPSHOT_POSITION = struct.Struct(">qq")
 INSTALL_CHUNK = -3
 """A query frame with this read index is a chunk of a leader's snapshot for the applier to
-install (issue 11 §4): the request is `encode_install_chunk`; the reply's answer is
-`INSTALL_PROGRESS`: (received, installed, last index, last term); status QUERY_REFUSED means
-the chunk was not the next one (received says where to continue)."""
+install (docs/snapshots.md "Install, end to end"): the request is `encode_install_chunk`; the
+reply's answer is `INSTALL_PROGRESS`: (received, installed, last index, last term); status
+QUERY_REFUSED means the chunk was not the next one (received says where to continue)."""
 INSTALL_PROGRESS = struct.Struct(">qBqq")
 _INSTALL_CHUNK = struct.Struct(">IQ")  # meta length, offset
 

@@ -2,7 +2,7 @@
 
 In DLedger the vote/term decisions (elector) and "am I leader of term T -> append with term T ->
 publish ledgerEnd" (handler) run under one monitor, so a vote is never granted by comparing
-against a ledger end that is about to grow (SPEC §2). Here those two live in different
+against a ledger end that is about to grow (docs/contracts.md C17). Here those two live in different
 processes, so the monitor becomes an exclusive ``flock`` on ``<store_dir>/member.lock``:
 
 * the kernel drops a ``flock`` when the last descriptor of the open file description closes, so

@@ -1,7 +1,7 @@
 """The node's state block: one shared-memory segment, one declared layout, one writer per field.
 
 A node is a group of OS processes (supervisor, elector, handler, ack checker, one dispatcher per
-peer, SPEC §2). They share the few facts that must be read on every hot-path step -- role, term,
+peer; docs/design.md). They share the few facts that must be read on every hot-path step -- role, term,
 leader, ledger end, committed index, each peer's watermark -- through this block instead of
 messages, so a reader never waits for a writer and nothing is pickled. The rules that keep it
 correct are simple and are checked by tests (tests/unit/test_shared_state.py):
@@ -458,7 +458,7 @@ class LedgerView:
     ledger_end_term: int
     committed_index: int
     store_generation: int = 0
-    """The store's generation counter (node/store, contract C1) when this snapshot was
+    """The store's generation counter (node/store, docs/contracts.md C1) when this snapshot was
     published: a reader passes it to ``StoreReader.begin``/``validate`` so it never uses bytes
     of a file a truncation replaced after the snapshot."""
 

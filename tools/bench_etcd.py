@@ -1,8 +1,8 @@
 """The etcd side of `dledger bench --kv`: the same put and linearizable get work against a
 3-member etcd 3.4 on 127.0.0.1, one JSON line in the same shape (docs/performance.md).
 
-Not part of the `dledger` package: it runs with the anchors' interpreter, which has grpcio
-(see ../shared/anchors/etcd_bench.sh for the prerequisites)::
+Not part of the `dledger` package: it runs with a separate interpreter that has grpcio
+(prerequisites)::
 
     apt-get install -y etcd-server etcd-client
     python3 -m venv /tmp/anchors/venv && /tmp/anchors/venv/bin/pip install grpcio
@@ -13,7 +13,7 @@ Each run starts a fresh 3-member cluster on free loopback ports in a temporary d
 (members die with this process: PDEATHSIG), finds the leader and sends every request to it,
 and stops the members by PID at the end (SIGTERM, then SIGKILL after 10 s).
 
-The load is what ../shared/anchors/etcd_client.py sends: grpc.aio raw calls with hand-encoded
+The load: grpc.aio raw calls with hand-encoded
 protobuf (no generated stubs), --clients coroutines over --conns channels. Puts are
 `KV/Put` of --size-byte values to b"k%07d" % (i % --keys), in key order like ours; gets are
 `KV/Range` of one key with `serializable` unset, i.e. **linearizable** (etcd's ReadIndex: the

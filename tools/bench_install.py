@@ -1,5 +1,5 @@
-"""Snapshot and install timings for a large KV state (issue 11: "the snapshot/install timings
-for a 1 GiB state").
+"""Snapshot and install timings for a large KV state (docs/performance.md: the snapshot/install
+timings for a 1 GiB state).
 
     python -m tools.bench_install --state-mib 1024 [--value-kib 512] [--peer-push-quota BYTES] [--json]
 

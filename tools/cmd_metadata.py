@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         d = m.to_dict()
         blank = {"lag": None, "version": None, "store_bytes": None, "disk_usage_ratio": None}
-        for n in d["nodes"]:  # added keys only: the CONTRACT's keys stay as they were
+        for n in d["nodes"]:  # added keys only: the documented keys stay as they were
             n.update({**blank, **extras.get(n["id"], {})})
         print(json.dumps(d))
         return 0

@@ -146,7 +146,8 @@ def read_group(answers: list[NodeAnswer]) -> GroupView:
 def node_extras(peers: str, group: str, timeout: float) -> dict[str, dict[str, object]]:
     """Per node id: `lag` (entries behind the leader, leader's view; None for the leader and
     when unknown), `version`, `store_bytes`, `disk_usage_ratio` -- what `dledger metadata`
-    adds to the CONTRACT's fields (None where a node did not answer with a status trailer)."""
+    adds to the documented fields of `dledger metadata --json` (docs/client.md "CLI") (None where a
+    node did not answer with a status trailer)."""
     with GroupProbe(peers, group, timeout=timeout) as probe:
         view = read_group(probe.round())
     out: dict[str, dict[str, object]] = {}

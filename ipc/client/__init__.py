@@ -1,6 +1,6 @@
 """The DLedger client library: find the leader, append, read, inspect, transfer leadership.
 
-Public API (CONTRACT "Client library")::
+Public API (docs/client.md)::
 
     from ipc.client import DLedgerClient, DLedgerError
 

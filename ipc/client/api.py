@@ -1,4 +1,4 @@
-"""`DLedgerClient`: the public face of the client library (CONTRACT "Client library").
+"""`DLedgerClient`: the public face of the client library (docs/client.md).
 
 Why a facade: the caller-side API (argument checks, the synchronous methods as async machinery
 plus a wait, backpressure, multi-request operations such as `get_range`'s continuation and
@@ -239,7 +239,7 @@ class DLedgerClient:
         on other nodes and after timeouts within ``timeout``. UNSUPPORTED for a group without a
         state machine.
 
-        ``read_from="n1"``: node n1 answers, whatever its role (a follower read, issue 11 §5):
+        ``read_from="n1"``: node n1 answers, whatever its role (a follower read, docs/client.md):
         it asks the leader for a read index, waits until its own state machine has applied it
         and answers from it — just as linearizable, and it spreads reads over the replicas.
         Sent to that node only, not retried elsewhere: a node that knows no leader, or cannot

@@ -1,7 +1,7 @@
 """What a DLedgerClient call returns or raises, and how a node's raw answer becomes one.
 
 Kept apart from the I/O machinery so the result and error types (part of the public API,
-CONTRACT "Client library") can be imported, pickled and reasoned about without pulling in
+docs/client.md) can be imported, pickled and reasoned about without pulling in
 sockets or threads; the functions here are pure (an answer in, a result or an error out).
 """
 
@@ -61,7 +61,7 @@ class NodeInfo:
     alive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """The exact object `dledger metadata --json` prints per node (CONTRACT)."""
+        """The exact object `dledger metadata --json` prints per node (docs/operations.md)."""
         return {"id": self.id, "address": self.address, "role": self.role, "term": self.term,
                 "leader": self.leader, "ledger_begin_index": self.ledger_begin_index,
                 "ledger_end_index": self.ledger_end_index,
@@ -78,7 +78,7 @@ class Metadata:
     nodes: list[NodeInfo]
 
     def to_dict(self) -> dict[str, Any]:
-        """The exact object `dledger metadata --json` prints (CONTRACT "Console scripts")."""
+        """The exact object `dledger metadata --json` prints (docs/operations.md)."""
         return {"group": self.group, "leader": self.leader_id, "term": self.term,
                 "nodes": [n.to_dict() for n in self.nodes]}
 
@@ -123,7 +123,7 @@ class DLedgerError(Exception):
 class DLedgerIndeterminateError(DLedgerError):
     """The outcome is unknown (timeout after sending, WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED).
 
-    SPEC §6 asks for a distinct exception type. Retrying such an append may duplicate it.
+    A caller must be able to tell it from a definite failure, so it is its own type. Retrying such an append may duplicate it.
     """
 
     def __init__(self, code: int, reason: str = "", *, indeterminate: bool = True,

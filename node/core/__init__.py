@@ -1,4 +1,5 @@
-"""Pure Raft decisions (STYLE §1): no sockets, files, clocks or randomness inside.
+"""Pure Raft decisions, so tests and the simulator can drive them deterministically: no sockets,
+files, clocks or randomness inside.
 
 Plain functions over plain data, so every DLedger decision table is testable in microseconds;
 the role processes in ``node/roles`` only execute the effects. Election: ``election`` (the

@@ -1,15 +1,16 @@
 """The pure election core: DLedgerLeaderElector as a deterministic state machine.
 
-etcd-raft style (STYLE §1): no sockets, files, clocks or randomness inside. Time is an integer
-millisecond count passed in; randomness is an injected ``random.Random``; the ledger end is
-passed in by the caller (the handler process owns the store). Each input returns a ``Step``:
-a list of effects plus the time at which ``tick`` must be called next.
+etcd-raft style, so tests and the simulator drive it deterministically: no sockets, files, clocks or
+randomness inside. Time is an integer millisecond count passed in; randomness is an injected
+``random.Random``; the ledger end is passed in by the caller (the handler process owns the store).
+Each input returns a ``Step``: a list of effects plus the time at which ``tick`` must be called
+next.
 
 Effects, in the order they must be executed:
 
 1. ``Persist(term, voted_for)`` -- at most one, always first: write the ``currterm`` file and
-   fsync it BEFORE anything else leaves the node (etcd's "persist before send"; SPEC §3: a
-   restarted node never votes twice in one term).
+   fsync it BEFORE anything else leaves the node (etcd's "persist before send": a restarted
+   node never votes twice in one term; docs/contracts.md C16).
 2. ``RoleChanged(role, term, leader_id)`` -- publish to the shared state block and the
    role-change listeners (DLedger's RoleChangeHandler). Emitted whenever (role, term, leader)
    differs from the last published value.
@@ -20,7 +21,7 @@ Effects, in the order they must be executed:
 4. ``Reply(message, token)`` -- the answer to a request; `token` is whatever the caller passed
    with the request (ROUTER identity...). TAKE_LEADERSHIP is answered later, on a role change.
 
-How DLedger maps here (seed 001 §3.2, seed 004):
+How DLedger's DLedgerLeaderElector maps here:
 
 - ``maintainState`` (run every 10 ms by StateMaintainer) = ``tick(now, ledger)``, called when
   ``Step.next_deadline_ms`` is reached and after any input (it is idempotent when nothing is due).
@@ -38,12 +39,12 @@ at its election (DLedger keeps the previous lastSuccHeartBeatTime, so a fresh le
 first heartbeat round misses quorum steps down at once); a leader steps down on a higher term
 in ANY response (#325); taking leadership does not require preferredLeaderIds to name the node.
 
-Safety rules added on top of DLedger (issue 10):
+Safety rules added on top of DLedger (docs/contracts.md C3, C5, C18):
 
 - **Higher term, at once.** A higher term in any answer (or heartbeat) is entered at once,
   durably (Persist, vote cleared), before anything else; DLedger only noted it as
   knownMaxTermInGroup and a deposed leader then campaigned again in its *old* term, where its
-  old voters accepted it again (repro t4).
+  old voters accepted it again (docs/contracts.md C18).
 - **Never lead twice in one term.** A leader that steps down (lease expired, inconsistent
   leader, store not writable) campaigns next in a new term; a (re)started node whose vote is
   for itself campaigns first in term + 1 (one that voted for another node cannot have led its
@@ -237,13 +238,13 @@ another group on a misconfigured port: never adopted."""
 class ElectorCore:
     """One member's election state machine (MemberState's election fields + the elector).
 
-    Starts as CANDIDATE in its persisted term with its persisted vote (SPEC §3). Its first
-    campaign waits one heartbeat interval plus a randomized vote interval (DLedger votes at
-    once), and if its persisted vote is for itself it is in a NEW term (term + 1): a node
-    restarted with its self-vote on disk could otherwise be elected a second time in the term
-    it led (with a log that may have lost a tail it had already sent). A node that voted for
-    another node, or not at all, cannot have led its term, so it rejoins that term: restarting
-    a follower must not depose a healthy leader by bringing a higher term back with it.
+    Starts as CANDIDATE in its persisted term with its persisted vote (DLedger's MemberState starts
+    as candidate). Its first campaign waits one heartbeat interval plus a randomized vote interval
+    (DLedger votes at once), and if its persisted vote is for itself it is in a NEW term (term + 1):
+    a node restarted with its self-vote on disk could otherwise be elected a second time in the term
+    it led (with a log that may have lost a tail it had already sent). A node that voted for another
+    node, or not at all, cannot have led its term, so it rejoins that term: restarting a follower
+    must not depose a healthy leader by bringing a higher term back with it.
     """
 
     def __init__(self, self_id: str, members: Iterable[str], group: str = "default",
@@ -717,7 +718,7 @@ class ElectorCore:
     def _enter_higher_term(self, term: int, now_ms: int) -> None:
         """A member is in `term` > mine: enter it at once, durably (Persist, vote cleared),
         as candidate with a fresh vote timer. A leader deposed this way must not campaign again
-        in its old term, where its old voters would accept it again (repro t4)."""
+        in its old term, where its old voters would accept it again (docs/contracts.md C18)."""
         if term <= self.term:
             return
         self._change_role_to_candidate(term)

@@ -15,7 +15,8 @@ class ElectionConfig:
     """Election timings (DLedgerConfig names in parentheses). Defaults: docs/election.md.
 
     DLedger's defaults (2000 ms heartbeat, leak 3, votes every 300-1000 ms) fail over in ~6 s;
-    SPEC §3 asks for sub-second detection that still never flaps on a loaded 2-core box.
+    We want sub-second detection (docs/election.md "Failover timing") that still never flaps on a
+    loaded 2-core box.
     """
 
     heartbeat_interval_ms: int = 100

@@ -1,4 +1,5 @@
-"""The follower's push handling as data (DLedger's EntryHandler; SPEC §5 "Handler as follower").
+"""The follower's push handling as data (DLedger's EntryHandler; docs/replication.md "Follower: push
+handling").
 
 `FollowerCore` decides what to answer to a leader's push and which store writes that takes; the
 handler process only executes what it is told (member lock, store writes, publishing, sending).
@@ -8,8 +9,8 @@ Shape: *input + view + store reads → effects*, like `ElectorCore`:
   handler for this request. Validation ("is this my leader, in my term?"), the reset of
   `verified_end` when the (term, leader) key changes, and every answer come from that one view.
   No decision mixes two reads of the block: that is what made a COMMIT of a new leader apply
-  against the previous leader's verified end (repro t3) — uncommitted entries of the old leader
-  became committed.
+  against the previous leader's verified end (docs/contracts.md C2) — uncommitted entries of the old
+  leader became committed.
 * the store is only *read* here, through `FollowerStore` (the handler's own store: nobody else
   writes it, so reads within one call are consistent);
 * writes come out as effects (`StoreAppend`, `StoreTruncate`, `SetCommitted`) that the handler

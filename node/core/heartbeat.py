@@ -1,7 +1,7 @@
 """Heartbeat decisions, pure: handleHeartBeat, the leader's tally/parse, the follower timeout.
 
-Sources: SPEC §3 ("Leader", "Follower", "handleHeartBeat"), seed 001 §3.2.4 / §4.4, seed 004
-(sendHeartbeats, newer order: the max-term check comes first), DLedger issue #325 (a leader
+Sources: docs/election.md "Decision tables"; DLedger's DLedgerLeaderElector (handleHeartBeat,
+sendHeartbeats in its newer order: the max-term check comes first), DLedger issue #325 (a leader
 must step down on any higher term it sees, even when a quorum still answers SUCCESS).
 """
 
@@ -35,7 +35,7 @@ class HeartbeatDecision:
 
 
 def decide_heartbeat(view: ElectorView, req: HeartbeatRequest, now_ms: int) -> HeartbeatDecision:
-    """handleHeartBeat in DLedger's order (SPEC §3, seed 001 §4.4.2)."""
+    """handleHeartBeat in DLedger's order (docs/election.md "handleHeartBeat")."""
     sender = req.leader_id
     # Envelope (DLedgerServer PreConditions): wrong group / not addressed to me.
     if req.group != view.group:
@@ -124,7 +124,8 @@ class HeartbeatParse:
 
 def parse_heartbeats(tally: HeartbeatTally, member_count: int, now_ms: int,
                      last_succ_heartbeat_ms: int, cfg: ElectionConfig) -> HeartbeatParse:
-    """The parse at the end of sendHeartbeats (seed 004 order; #325 makes 1 unconditional)."""
+    """The parse at the end of sendHeartbeats (DLedger's newer order; DLedger #325 makes 1
+    unconditional)."""
     # 1. Any follower in a later term: step down now, even if a quorum said SUCCESS (#325:
     #    otherwise a node that rejoins with a higher term rejects us forever).
     if tally.max_term > tally.term:

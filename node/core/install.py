@@ -1,4 +1,4 @@
-"""Install snapshot, the leader's half, as data (issue 11 §4; docs/snapshots.md "Install").
+"""Install snapshot, the leader's half, as data (docs/snapshots.md "Install").
 
 A follower that needs entries the leader no longer has (retention deleted them after a
 snapshot covered them) receives the leader's newest snapshot instead. `InstallSender` decides

@@ -3,10 +3,10 @@
 The elector is the only process that talks to the other electors, but the handler (appends,
 GET, the NOOP), the dispatchers (pushes) and the ack checker (advancing the commit index) act as
 leader on their own. If they trusted the block's role flag alone, a leader whose elector is
-paused or cut off would keep serving for as long as nobody rewrites the flag (repro t5: ~10 s
-of stale reads). So leadership is a lease, counted from the elector's last successful
-heartbeat round, which every role can check against its own clock (CLOCK_MONOTONIC is one
-clock for all processes of a machine).
+paused or cut off would keep serving for as long as nobody rewrites the flag (~10 s of stale
+reads until the supervisor's watchdog noticed; docs/contracts.md C3). So leadership is a lease,
+counted from the elector's last successful heartbeat round, which every role can check against its
+own clock (CLOCK_MONOTONIC is one clock for all processes of a machine).
 
 Why the lease is safe, and why it is ``leak x interval - interval / 2``:
 

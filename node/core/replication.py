@@ -1,4 +1,4 @@
-"""Pure replication decisions (SPEC §5; DLedger's DLedgerEntryPusher, EntryDispatcher,
+"""Pure replication decisions (docs/replication.md; DLedger's DLedgerEntryPusher, EntryDispatcher,
 EntryHandler and QuorumAckChecker): no sockets, files or clocks — time is passed in, the store
 is any object with the LogStore read methods (a MemoryStore in tests).
 

@@ -1,4 +1,5 @@
-"""Which old data files to delete (SPEC §4 "Retention", DLedger's CleanSpaceService): pure.
+"""Which old data files to delete (docs/operations.md "Disk space and retention", DLedger's
+CleanSpaceService): pure.
 
 The handler asks once a second with the facts — its data files oldest first, how full the disk
 is, the committed index and, on a leader, how far each peer has stored — and deletes what the
@@ -13,7 +14,7 @@ The rules, in DLedger's terms:
   them — a lagging follower keeps the leader's files, because without a state machine there
   is no snapshot to install, and a follower that needs a deleted entry must be re-seeded by
   hand. (With a state machine the caller passes no peers: a lagging follower is sent the
-  leader's snapshot instead, issue 11 §4.)
+  leader's snapshot instead: docs/snapshots.md "Install, end to end".)
 - At or above `disk_full_ratio` the node is refusing appends (DISK_FULL). Then retention
   *forces* (DLedger's diskSpaceRatioToForceClean): committed files go whatever their age and
   whatever a lagging peer still needs, and those peers are named so the operator knows to

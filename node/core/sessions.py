@@ -1,6 +1,6 @@
 """Client sessions: which appends the leader already holds, so a retried append is answered
-with its original index instead of being written twice (issue 12, Raft dissertation §6.3,
-Kafka's idempotent producer).
+with its original index instead of being written twice (docs/client.md "Sessions", Raft dissertation
+§6.3, Kafka's idempotent producer).
 
 Every append of a client session carries ``(session, seq)``: the session id the leader gave
 the client, and a per-session sequence number, 1 for the session's first entry, +1 per entry

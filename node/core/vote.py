@@ -1,7 +1,7 @@
 """Vote decisions, pure: DLedgerLeaderElector.handleVote and the candidate's tally/parse.
 
-Sources: SPEC §3 ("handleVote", "Candidate"), seed 001 §3.2.5 / §4.3 / §4.5.2, seed 004
-(maintainAsCandidate), openmessaging/dledger DLedgerLeaderElector.java. The order of the checks
+Sources: docs/election.md "Decision tables" and openmessaging/dledger DLedgerLeaderElector.java
+(handleVote, maintainAsCandidate). The order of the checks
 below IS the protocol: e.g. the ledger comparison comes before the term comparison, so a
 candidate with a shorter log but a larger term is rejected without the voter adopting its
 term (unlike textbook Raft, which would step down first).
@@ -38,7 +38,8 @@ class VoteDecision:
 
 
 def decide_vote(view: ElectorView, req: VoteRequest, *, is_self: bool = False) -> VoteDecision:
-    """handleVote(request, self) in DLedger's exact decision order (SPEC §3)."""
+    """handleVote(request, self) in DLedger's exact decision order (docs/election.md "Decision
+    tables")."""
     cand = req.leader_id
     # Envelope checks DLedgerServer.handleVote does before delegating (PreConditions):
     # a request for another group or addressed to another node gets an error code and an
@@ -80,7 +81,7 @@ def decide_vote(view: ElectorView, req: VoteRequest, *, is_self: bool = False) -
     if req.term < view.ledger_end_term:
         return VoteDecision(VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, view.ledger_end_term)
     # 6. Leadership transfer: while I am taking leadership, other candidates whose log is not
-    #    longer than mine are turned away so the transfer target wins (seed 001 §4.5.2).
+    #    longer than mine are turned away so the transfer target wins (DLedger's handleVote).
     if (not is_self and view.taking_leadership
             and req.ledger_end_term == view.ledger_end_term
             and view.ledger_end_index >= req.ledger_end_index):
@@ -166,7 +167,8 @@ def log_ahead(peer: str, peer_end: tuple[int, int], me: str, my_end: tuple[int, 
 
 def next_time_to_request_vote(now_ms: int, last_vote_cost_ms: int, cfg: ElectionConfig,
                               rng: random.Random, taking_leadership: bool = False) -> int:
-    """getNextTimeToRequestVote: now + lastVoteCost + random(min, max) (SPEC §3).
+    """getNextTimeToRequestVote: now + lastVoteCost + random(min, max) (docs/election.md "Timers and
+    defaults").
 
     The random spread desynchronizes candidates (no endless split votes); adding the last
     round's cost backs off further when answers are slow (a loaded machine). While taking
@@ -195,8 +197,8 @@ class VoteParse:
 def parse_vote(tally: VoteTally, member_count: int, now_ms: int, last_vote_cost_ms: int,
                cfg: ElectionConfig, rng: random.Random,
                taking_leadership: bool = False, fast_ok: bool = False) -> VoteParse:
-    """The parse chain at the end of maintainAsCandidate, in SPEC §3's order, with two
-    changes for fast failover (docs/election.md "Failover timing"):
+    """The parse chain at the end of maintainAsCandidate, in DLedger's order (docs/election.md
+    "Candidate parse"), with two changes for fast failover (docs/election.md "Failover timing"):
 
     - rule 2 (a voter still has a leader) retries after one heartbeat interval instead of
       timer + election timeout: a round in my current term cannot win (the voters voted for

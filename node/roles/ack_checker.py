@@ -9,12 +9,12 @@ shared block (quorum_index, quorum_term) and a wake-up to the handler, which own
 client replies: it advances the committed index, answers SUCCESS, and times out or fails
 (TERM_CHANGED) what cannot complete.
 
-It acts only while this node holds the leader lease (contract C3), reads the ledger group once
+It acts only while this node holds the leader lease (docs/contracts.md C3), reads the ledger group once
 per decision, and fences its store read (the term at the quorum index) with that snapshot's
-store generation (contract C1): a truncation that re-created a segment file must not make it
+store generation (docs/contracts.md C1): a truncation that re-created a segment file must not make it
 read an old-term entry's term.
 
-I/O is injectable (contract C7): `run()` builds the sockets and sets a zmq `transport`
+I/O is injectable (docs/contracts.md C7): `run()` builds the sockets and sets a zmq `transport`
 (`commit_wakeup`); the simulator sets its own and calls `tick`.
 """
 

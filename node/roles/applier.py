@@ -17,7 +17,7 @@ queries whose read index is applied.
 Channels (node/channels.py): PULL `apply` (wake-ups from the handler when the committed index
 moves; lost ones cost at most IDLE_POLL_MS), PUSH `results`, ROUTER `query`.
 
-I/O is injectable (contract C7): the class builds no socket; `run()` sets a zmq `transport`
+I/O is injectable (docs/contracts.md C7): the class builds no socket; `run()` sets a zmq `transport`
 (results to the handler, replies to its queries) and loops calling `restore` once, then
 `on_query` for each query frame and `tick` every turn; the simulator (tools/sim) sets its own
 transport and `reader` and calls the same methods. Every time is `self.now()` (`rc.clock`).
@@ -252,13 +252,13 @@ class Applier:
 
     # ------------------------------------------------------------------ install snapshot
     def on_install_chunk(self, ident: bytes, tag: int, request: bytes) -> None:
-        """A chunk of the leader's snapshot (issue 11 §4), forwarded by the handler after it
-        checked the leader and term. This process owns the snapshot directory (its writer
-        lock), so it receives the bytes; once the last one is in and the checksum matches, it
-        publishes the snapshot and restores the state machine from it, then answers
-        `installed`: the handler resets the log to begin after it. Every step is idempotent:
-        a chunk resent, a connection dropped, either process restarted — the leader's next
-        probe finds the partial file (resumed) or the installed snapshot (answered installed)."""
+        """A chunk of the leader's snapshot (docs/snapshots.md "Install, end to end"), forwarded by
+        the handler after it checked the leader and term. This process owns the snapshot directory
+        (its writer lock), so it receives the bytes; once the last one is in and the checksum
+        matches, it publishes the snapshot and restores the state machine from it, then answers
+        `installed`: the handler resets the log to begin after it. Every step is idempotent: a chunk
+        resent, a connection dropped, either process restarted — the leader's next probe finds the
+        partial file (resumed) or the installed snapshot (answered installed)."""
         def answer(status: int, received: int, installed: bool = False, meta: SnapshotMeta | None = None,
                    reason: str = "") -> None:
             body = (reason.encode()[:255] if status == channels.QUERY_FAILED else

@@ -9,16 +9,16 @@ and wakes the ack checker when it moves.
 Wake-ups are events: the handler's "appended" publication, the elector's role changes, the
 follower's responses, and the core's own deadline (push timeouts, idle COMMIT once a second).
 
-One ledger snapshot per decision, and the store generation fence (contract C1): the pump reads
+One ledger snapshot per decision, and the store generation fence (docs/contracts.md C1): the pump reads
 the ledger group once, calls `reader.begin(led.store_generation)` before reading the store and
 `reader.validate(led.store_generation)` after reading and encoding and BEFORE sending. A
 truncation on this node (while it followed) deletes segment files that later appends re-create
 under the same names; without the fence a long-lived dispatcher could push old-term entries
-it still maps (repro t2c: divergent committed entries).
+it still maps (else: divergent committed entries).
 
-Leadership is a lease (contract C3): the dispatcher pushes only while `holds_lease(...)`.
+Leadership is a lease (docs/contracts.md C3): the dispatcher pushes only while `holds_lease(...)`.
 
-I/O is injectable (contract C7): no socket is built in `__init__`; `run()` sets a zmq
+I/O is injectable (docs/contracts.md C7): no socket is built in `__init__`; `run()` sets a zmq
 `transport` (send / ack) and loops calling `tick`, `on_reply`, `flush_ack`; the simulator sets its
 own transport. Every time is `self.now()` (`rc.clock`).
 
@@ -141,7 +141,7 @@ class Dispatcher:
     def _quota_ok(self, now: int, led_end: int, next_index: int) -> bool:
         """DLedger's checkQuotaAndWait: "far behind" is measured from the entry about to be
         sent (entries in flight are not a backlog), against its own threshold
-        (`peer_push_throttle_point`, DLedger's peerPushThrottlePoint). With SPEC's
+        (`peer_push_throttle_point`, DLedger's peerPushThrottlePoint). With DLedger's
         maxPendingSize (1000) as the threshold, one burst of 16 × 64 appends made a healthy
         follower "far behind": it was throttled to the quota and stalled ~0.8 s a second."""
         while self.window and now - self.window[0][0] >= 1000:

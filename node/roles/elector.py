@@ -4,7 +4,7 @@ The cores decide; this class only executes their effects, in the order they give
 `Persist` (currterm file, fsync) before anything that depends on it, `RoleChanged` into the
 shared block (and a wake-up to every role), then `Send`/`Reply` on the network.
 
-Cross-process safety (SPEC §2): DLedger decides votes and appends under
+Cross-process safety (docs/contracts.md C17): DLedger decides votes and appends under
 `synchronized(memberState)`. Here every core call that may read the ledger or change the term,
 vote or role runs under the member lock (an fcntl lock the handler also takes around
 "check leader of term T → append with T → publish ledger end"), together with the persist and
@@ -14,7 +14,7 @@ entry this node already acknowledged. Sends and replies happen after the lock is
 The elector does not vote or stand before the handler has published the recovered ledger end
 (its first beat): deciding on an unknown ledger could elect a node lacking committed entries.
 
-I/O is injectable (contract C7), so the simulator runs this very class: everything outside the
+I/O is injectable (docs/contracts.md C7), so the simulator runs this very class: everything outside the
 process goes through `self.transport` (`send(peer, frame) -> bool`, `reply(ident, frame)`,
 `role_changed(frame)`, `control_reply(ident, frame)`), time through `rc.clock()`, and `lock`,
 `termvote` may be replaced after construction. The inputs are `start()`, `on_request`,
@@ -401,7 +401,8 @@ class Elector:
                 self.transport.reply(e.token, P.encode(e.message))
             elif isinstance(e, LeadershipConfirmed):
                 # After _decide published the round's start in the block: the handler that
-                # wakes up on this finds the quorum time there (the block is the truth, C4).
+                # wakes up on this finds the quorum time there (the block is the truth:
+                # docs/contracts.md C4, C24).
                 self.transport.control_reply(e.token, channels.LEADERSHIP_CONFIRMED)
         for rid in unreachable:
             self._run(lambda _led, rid=rid: self.core.on_peer_unreachable(rid, self.now()))
@@ -479,8 +480,8 @@ class Elector:
         self._run(lambda _led: self.core.on_response(msg, self.now()))
 
     def on_control(self, ident: bytes, frame: bytes) -> None:
-        """A frame from the handler on the control channel: CONFIRM_LEADERSHIP (C4) or a
-        LEADERSHIP_TRANSFER request."""
+        """A frame from the handler on the control channel: CONFIRM_LEADERSHIP (docs/contracts.md
+        C4) or a LEADERSHIP_TRANSFER request."""
         if frame == channels.CONFIRM_LEADERSHIP:
             self._run(lambda _led: self.core.request_heartbeat(self.now(), ident))
             return

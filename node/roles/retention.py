@@ -46,7 +46,8 @@ class RetentionService:
         files = [DataFile(*r) for r in self.store.data_file_ranges(self.policy.max_files + 1)]
         peers = {}
         # With a state machine a lagging peer does not hold files: what they held is covered
-        # by a snapshot, which the leader installs on that peer (issue 11 §4).
+        # by a snapshot, which the leader installs on that peer (docs/snapshots.md "Install, end to
+        # end").
         if leading and not self.cfg.state_machine:
             ids = self.cfg.peer_ids
             peers = {ids[p.slot]: p.match_index + 1 for p in self.state.read_peers()}

@@ -1,6 +1,6 @@
-"""State machines applied to the committed log (issue 11; docs/statemachine.md).
+"""State machines applied to the committed log (docs/statemachine.md).
 
-``api`` is what a user class implements, ``loader`` turns ``--state-machine SPEC`` into an
+``api`` is what a user class implements, ``loader`` turns ``--state-machine NAME`` into an
 instance, ``kv`` is the built-in replicated KV store. All three are pure (no processes, no
 sockets); the applier role that drives them, and snapshot files on disk, live elsewhere.
 """

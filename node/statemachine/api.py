@@ -1,5 +1,5 @@
 """The state-machine API: what a user class implements so a DLedger group replicates it
-(issue 11 §1; DLedger's ``StateMachine``, hashicorp/raft's ``FSM``).
+(docs/statemachine.md "The API"; DLedger's ``StateMachine``, hashicorp/raft's ``FSM``).
 
 The log is the replicated truth; a state machine is a deterministic function of its committed
 prefix. A node's applier (a role process of its own, so a slow state machine never stalls

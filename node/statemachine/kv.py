@@ -1,5 +1,6 @@
-"""The replicated KV store's state machine (issue 11 §6): a map of bytes to bytes with etcd-like
-revisions, built by applying the committed log. Pure: bytes in, bytes out.
+"""The replicated KV store's state machine (docs/statemachine.md "The KV state machine"): a map of
+bytes to bytes with etcd-like revisions, built by applying the committed log. Pure: bytes in, bytes
+out.
 
 Everything that crosses a process boundary is documented here, once, so KVClient, the applier
 and the read path agree: the command encoding (log entry bodies), the per-entry result, the

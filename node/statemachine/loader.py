@@ -1,13 +1,13 @@
-"""Turn ``--state-machine SPEC`` and its options into a StateMachine instance.
+"""Turn ``--state-machine NAME`` and its options into a StateMachine instance.
 
-SPEC is a built-in name (``kv``) or ``package.module:Class`` (``Class`` may be dotted, for a
+NAME is a built-in name (``kv``) or ``package.module:Class`` (``Class`` may be dotted, for a
 nested class). The module must be importable by the node (installed, or on PYTHONPATH).
 
 Every bad input is a ``StateMachineSpecError`` (a ``ValueError``) with a one-line message that
-names the spec and the cause, so the config check and the CLI can print it as is (STYLE §8)
-and the node refuses to start instead of failing on the first committed entry.
-``resolve_state_machine`` checks a spec without constructing anything, for config validation
-before any process starts.
+names the spec and the cause, so the config check and the CLI can print it as is (bad input is one
+line, never a traceback: docs/contracts.md C23) and the node refuses to start instead of failing on
+the first committed entry. ``resolve_state_machine`` checks a spec without constructing anything,
+for config validation before any process starts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Both file-level ends of an install (issue 11 §4): the leader reads bounded chunks of its
-snapshot, the follower receives them into ``snapshots/.install`` and installs atomically.
+"""Both file-level ends of an install (docs/snapshots.md "Install, end to end"): the leader reads
+bounded chunks of its snapshot, the follower receives them into ``snapshots/.install`` and installs
+atomically.
 
 Why chunks rather than DLedger's one message holding the whole file: a multi-GB snapshot must
 not be one frame (our frames are capped at 64 MiB) nor sit in memory on either side, and a

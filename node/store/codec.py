@@ -1,7 +1,7 @@
 """Byte formats of the store: data entries, BLANK padding records and index records.
 
 Everything here is pure (bytes in, values out) so the store, the dispatchers, `dledger dump`
-and the Spark decoder all agree on one definition. Layouts are DLedger's (SPEC §4), big-endian:
+and the Spark decoder all agree on one definition. Layouts are DLedger's (docs/store.md), big-endian:
 
 Data entry, 48-byte header + body (defined in ipc/entry_codec.py, which the client shares;
 re-exported here)::

@@ -103,7 +103,8 @@ class LogBase:
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The checkpoint file. `base` is None for a log that begins at its first entry ever
-    written (every store before issue 11 §4): such a checkpoint is written exactly as before."""
+    written (every store written before a log could begin after a snapshot): such a checkpoint is
+    written exactly as before."""
 
     committed_index: int = -1
     end_index: int = -1

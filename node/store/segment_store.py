@@ -19,9 +19,10 @@ the checkpoint was written, and never moved since) are checked lazily: by `scrub
 the handler runs in the background, and by every reader before it uses them (`unchecked_end`;
 docs/store.md "Recovery"), so open does not grow with the log.
 
-A log can also begin after a snapshot (`reset_to`, issue 11 §4): the checkpoint then carries
-a log base (index S, term T, data position P); the log is empty from S + 1 until entries come,
-and every data file that ends at or before P is a leftover of the log the reset replaced.
+A log can also begin after a snapshot (`reset_to`, docs/store.md "A log that begins after a
+snapshot"): the checkpoint then carries a log base (index S, term T, data position P); the log is
+empty from S + 1 until entries come, and every data file that ends at or before P is a leftover of
+the log the reset replaced.
 
 Destructive changes (truncate, reset, recovery, a deleted file whose name may come back) are
 fenced by the store generation (`DIR/generation`, node.store.generation): readers in other processes
@@ -1120,7 +1121,7 @@ class SegmentStore:
         included entry is (`snapshot_index`, `snapshot_term`): afterwards ledger_begin_index =
         S + 1, ledger_end_index = S, ledger_end_term = T, committed_index = S, `term_at(S)` is
         T, and the next append (leader or follower) is entry S + 1. Install snapshot's store
-        half (issue 11 §4; docs/store.md "A log that begins after a snapshot").
+        half (docs/store.md "A log that begins after a snapshot").
 
         Every entry goes, whatever the log held (before, at or after S, committed or not): the
         snapshot supersedes them. Raft's "keep the suffix after S if the log holds S with term
@@ -1132,7 +1133,7 @@ class SegmentStore:
         term T, data position P past every existing data file); files are deleted only after
         it, and recovery deletes any data file ending at or before P. So a crash leaves the old
         log (checkpoint not yet renamed) or the new empty one, never a mix. Fenced by the store
-        generation: readers holding the old files see it move (contract C1).
+        generation: readers holding the old files see it move (docs/contracts.md C1).
 
         A failed checkpoint write raises DiskFull/DiskError with the log unchanged; a failure
         deleting the replaced files (after the commit point) leaves the new empty log in
@@ -1201,7 +1202,8 @@ class SegmentStore:
             self._check_writable()
         rec = self.index_record(index)
         # Fenced: files after the cut are deleted and their names re-created by later appends;
-        # a reader still mapping them must see the generation move (C1, docs/store.md).
+        # a reader still mapping them must see the generation move (docs/contracts.md C1,
+        # docs/store.md).
         self.begin_change()
         try:
             with self._lock:

@@ -1,5 +1,6 @@
-"""`dledger bench` runs against a local group it starts and stops itself, reports what
-CONTRACT promises, and verifies what it wrote (speed is not asserted: benchmarks report it)."""
+"""`dledger bench` runs against a local group it starts and stops itself, reports its
+documented figures (docs/performance.md), and verifies what it wrote (speed is not asserted:
+benchmarks report it)."""
 
 import json
 import shutil

@@ -1,4 +1,4 @@
-"""Footprint and clean-up (issue 13 §5), on real processes: the temporary stores of `dledger
+"""Footprint and clean-up (docs/operations.md), on real processes: the temporary stores of `dledger
 cluster` and `dledger bench --local` go on SIGTERM and SIGINT, the stores of a cluster that was
 SIGKILLed go at the next start, and so does the run directory (ipc sockets, config.json) of a
 node that was SIGKILLed. Local groups use small segment files. Everything is stopped by PID."""

@@ -1,4 +1,4 @@
-"""A client started from any one reachable node (issue 13 §2; Kafka's bootstrap.servers): it
+"""A client started from any one reachable node (docs/client.md; Kafka's bootstrap.servers): it
 learns the group's members from that node's METADATA, appends through the leader it names,
 and fails over to members it was never given."""
 

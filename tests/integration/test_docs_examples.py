@@ -1,4 +1,4 @@
-"""The README's examples run against the group `dledger cluster` starts (issue 13 §4: the
+"""The README's examples run against the group `dledger cluster` starts (the
 README's Python snippet once hard-coded ports `dledger cluster` never uses, and a newcomer's
 first script ended in a TIMEOUT traceback). The cluster picks free ports; its first line is the
 peers string the README tells the reader to paste where it says `<peers>`. The dry parse of

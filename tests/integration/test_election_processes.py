@@ -1,4 +1,4 @@
-"""Leader election with real processes (SPEC §3): exactly one leader, fast failover, rejoin,
+"""Leader election with real processes (docs/election.md): exactly one leader, fast failover, rejoin,
 pause/resume, durable votes, majority loss, role restarts, garbage on the ports."""
 
 import os

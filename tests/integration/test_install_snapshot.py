@@ -1,6 +1,6 @@
-"""Install snapshot on real processes (issue 11 §4): a follower that was down while retention
-deleted the entries it needs catches up by itself from the leader's snapshot, and a follower
-killed in the middle of an install finishes it after its restart."""
+"""Install snapshot on real processes (docs/snapshots.md "Install, end to end"): a follower that was
+down while retention deleted the entries it needs catches up by itself from the leader's snapshot,
+and a follower killed in the middle of an install finishes it after its restart."""
 
 from pathlib import Path
 

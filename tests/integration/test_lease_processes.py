@@ -1,4 +1,4 @@
-"""Leadership is a lease (contract C3/C4), on a real 3-node group: a leader whose elector is
+"""Leadership is a lease (docs/contracts.md C3, C4), on a real 3-node group: a leader whose elector is
 paused stops acting as leader within the lease, long before the supervisor's watchdog notices,
 and a linearizable GET is answered by a leader that confirmed itself after the read arrived."""
 

@@ -1,4 +1,4 @@
-"""/metrics, `dledger health` and `dledger top` against a real 3-node group (issue 13 §1-3, §9).
+"""/metrics, `dledger health` and `dledger top` against a real 3-node group (docs/metrics.md).
 
 Real processes on 127.0.0.1 with `--metrics-port`; faults are real signals (SIGKILL a node,
 SIGSTOP/SIGCONT a follower). Every wait has a deadline; the fixture stops everything by PID and

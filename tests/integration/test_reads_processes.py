@@ -1,6 +1,6 @@
-"""Reads of the KV store on real processes (issue 11 §5, §8): puts answered at commit and read
-back at once, follower reads through a read index from the leader, pipelined gets, and lease
-reads (`--read-lease true`). Correctness only: no test here asserts on speed."""
+"""Reads of the KV store on real processes (docs/statemachine.md "Reads"): puts answered at commit
+and read back at once, follower reads through a read index from the leader, pipelined gets, and
+lease reads (`--read-lease true`). Correctness only: no test here asserts on speed."""
 
 import os
 import signal

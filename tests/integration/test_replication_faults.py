@@ -1,5 +1,6 @@
-"""Faults under load (SPEC §7): kills, pauses and restarts never lose an acknowledged append,
-and replicas never disagree. Each test ends with every replica's store read and compared."""
+"""Faults under load (docs/replication.md "Faults", docs/contracts.md C8): kills, pauses and
+restarts never lose an acknowledged append, and replicas never disagree. Each test ends with every
+replica's store read and compared."""
 
 import signal
 import threading
@@ -139,8 +140,9 @@ def test_follower_down_for_50k_entries_catches_up(make_cluster):
 
 
 def test_flow_control_throttles_a_far_behind_follower(make_cluster):
-    """SPEC §5: a follower more than peer_push_throttle_point entries behind is fed at most
-    peer_push_quota bytes per second (sliding window), and still catches up."""
+    """docs/replication.md "Flow control": a follower more than peer_push_throttle_point entries
+    behind is fed at most peer_push_quota bytes per second (sliding window), and still catches
+    up."""
     from node.shared_state import SharedState
 
     quota = 1 << 20

@@ -1,4 +1,5 @@
-"""Replication with real processes (SPEC §5, §6; DLedger's AppendAndPushTest scenarios)."""
+"""Replication with real processes (docs/replication.md, docs/client.md; DLedger's AppendAndPushTest
+scenarios)."""
 
 import os
 import signal
@@ -181,7 +182,7 @@ def test_every_third_push_dropped_still_converges(make_cluster):
 
 def test_divergent_follower_tail_is_truncated(make_cluster):
     """An old leader with uncommitted entries of its term rejoins: they are cut, the new
-    leader's entries replace them (SPEC §5 TRUNCATE)."""
+    leader's entries replace them (docs/replication.md: COMPARE, then TRUNCATE)."""
     c = make_cluster(3, max_heartbeat_leak=60, max_wait_ack_ms=300)
     old = c.wait_leader(timeout=15)
     f1, f2 = [x for x in c.nodes if x != old]

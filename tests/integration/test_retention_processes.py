@@ -1,6 +1,6 @@
-"""Retention with real processes (SPEC §4): old committed data files are deleted once the disk
-passes the clean ratio, never while a live peer still needs them, and their space really comes
-back (no process of the node keeps a deleted file open or mapped).
+"""Retention with real processes (docs/operations.md "Disk space and retention"): old committed data
+files are deleted once the disk passes the clean ratio, never while a live peer still needs them,
+and their space really comes back (no process of the node keeps a deleted file open or mapped).
 
 The tests cannot fill the real disk, so they move the threshold instead: a clean ratio just
 above zero means "the disk is past it" on any machine, and 0 reserved hours means every file is

@@ -1,6 +1,6 @@
-"""Exactly-once appends through leader crashes (client sessions, issue 12): real processes,
-real SIGKILLs. A client resends every unanswered append under its session; the new leader
-answers a resend of an entry it already holds with the original index. Afterwards every
+"""Exactly-once appends through leader crashes (docs/client.md "Sessions", docs/contracts.md C19):
+real processes, real SIGKILLs. A client resends every unanswered append under its session; the new
+leader answers a resend of an entry it already holds with the original index. Afterwards every
 replica holds each acknowledged body exactly once, at the index it was acknowledged with."""
 
 import collections

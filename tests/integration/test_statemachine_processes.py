@@ -1,5 +1,5 @@
-"""State machines on real processes (issue 11): the KV store served by a 3-node group, results
-of applied entries returned to the appending client, snapshots taken and restored, the
+"""State machines on real processes (docs/statemachine.md): the KV store served by a 3-node group,
+results of applied entries returned to the appending client, snapshots taken and restored, the
 applier's crash and restart, and a user state machine that raises."""
 
 import signal

@@ -1,6 +1,6 @@
 """SIGKILL a process that is appending, at random moments, many times over; after every
 reopen the store must hold a clean prefix of what was written — nothing garbled, nothing
-committed lost (SPEC §4 recovery, §7 faults)."""
+committed lost (docs/store.md "Recovery (at open)")."""
 
 import os
 import random

@@ -1,4 +1,5 @@
-"""Leadership transfer and preferred leaders (SPEC §3; DLedger #39, #85, #247)."""
+"""Leadership transfer and preferred leaders (docs/election.md "Leadership transfer"; DLedger #39,
+#85, #247)."""
 
 import time
 

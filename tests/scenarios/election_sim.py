@@ -3,7 +3,7 @@
 Used by the datadriven scenario runner (test_election_scenarios.py) and the random-fault runs
 (test_election_random_faults.py). Everything is seeded, so a failing seed replays exactly.
 
-Model (close to what the real process layer does, SPEC §2/§3):
+Model (close to what the real process layer does, docs/design.md and docs/election.md):
 
 - Network: every Send/Reply becomes a delivery event after a random latency; a link can be cut
   (partition: messages vanish silently, the sender's round deadline expires) or lossy (random
@@ -14,8 +14,9 @@ Model (close to what the real process layer does, SPEC §2/§3):
 - Process loop: after each input the node's ``tick`` runs; a node is also ticked at its
   ``next_deadline_ms``. A paused node (SIGSTOP) processes nothing until it resumes.
 - Replication is modelled just enough to make log comparisons matter: a new leader appends one
-  entry (the no-op of SPEC §8; ``noop=False`` turns that off, as in DLedger without it), `append` adds entries on the leader, and a follower that
-  answers a heartbeat with SUCCESS takes the leader's ledger end at send time.
+  entry (the NOOP of docs/contracts.md C9; ``noop=False`` turns that off, as in DLedger without it),
+  `append` adds entries on the leader, and a follower that answers a heartbeat with SUCCESS takes
+  the leader's ledger end at send time.
 
 Invariants are checked on every effect (``InvariantError``):
 at most one leader per term, ever; a node never becomes leader twice in one term (not after
@@ -97,7 +98,7 @@ class Sim:
         self.epochs = dict.fromkeys(self.ids, 0)
         self.trace: list[str] = []
         self.trace_persist = trace_persist
-        self.noop = noop  # a new leader appends a no-op entry (SPEC §8); off = DLedger 0.x
+        self.noop = noop  # a new leader appends a no-op entry (C9); off = DLedger 0.x
         self.leaders: dict[int, str] = {}  # term -> leader, over the whole history
         self.led: set[int] = set()  # terms in which somebody became leader (once each)
         self.votes: dict[tuple[str, int], str] = {}  # (voter, term) -> candidate
@@ -312,7 +313,7 @@ class Sim:
             if eff.term in self.led:
                 raise InvariantError(f"{node.id} became leader of term {eff.term} a second time")
             self.led.add(eff.term)
-            # A new leader writes its no-op entry in its own term (SPEC §8, #305).
+            # A new leader writes its no-op entry in its own term (docs/contracts.md C9, DLedger #305).
             if self.noop:
                 node.ledger = LedgerEnd(node.ledger.index + 1, eff.term)
 

@@ -1,4 +1,4 @@
-"""Datadriven election scenarios (etcd-raft's interaction tests, STYLE §5).
+"""Datadriven election scenarios (after etcd-raft's interaction tests).
 
 Each file in ``election/`` is a list of blocks::
 

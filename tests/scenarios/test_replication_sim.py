@@ -1,5 +1,5 @@
 """Simulated replication: leaders, followers and a faulty network, all in one process
-(SPEC §5, §7; seed 000 §6; seed 002; Raft paper §5.3-§5.4).
+(docs/replication.md; Raft paper §5.3-§5.4).
 
 * Each node has a MemoryStore (kept across crashes: it is the disk), the REAL follower core
   (`node.core.follower.FollowerCore`, its effects executed on the store the way the handler
@@ -25,8 +25,8 @@ Invariants, checked after every step that changed anything:
   1. Log Matching (Raft §5.3): two logs with the same term at an index are identical up to it.
   2. State Machine Safety (Raft §5.4.3): no two nodes commit different entries at an index, and
      no node's committed entry ever changes or disappears.
-  3. The highest committed entry is stored on a majority (SPEC §5: "the leader never acks a
-     write that is not on a quorum"): no committed entry is truncated below a quorum.
+  3. The highest committed entry is stored on a majority (docs/contracts.md C8: the leader
+     never acknowledges a write that is not on a quorum): no committed entry is truncated below a quorum.
   4. For the current leader: each follower's log matches it up to the follower's verified end,
      and each dispatcher's watermark (match index) is an entry the follower really holds.
 After healing (all nodes up, no faults), every log converges to the leader's, every commit
@@ -531,8 +531,8 @@ class Cluster:
         return True
 
     def heartbeats(self) -> None:
-        """Every HEARTBEAT_MS a leader reaches the nodes it can: older terms follow it (SPEC
-        §3), a higher term makes it step down (SPEC §8, DLedger #325). Between heartbeats a
+        """Every HEARTBEAT_MS a leader reaches the nodes it can: older terms follow it
+        (docs/election.md), a higher term makes it step down (DLedger #325). Between heartbeats a
         node can be a candidate (pushes answered NOT_FOLLOWER) or a deposed leader can push in
         its old term (answered INCONSISTENT_TERM)."""
         if self.now < self.next_heartbeat:
@@ -830,7 +830,7 @@ def _log_terms(x: SimNode) -> list[int]:
 
 
 def test_old_leader_with_a_divergent_tail_is_truncated_when_it_rejoins() -> None:
-    # SPEC §5 / seed 000 §6.3.4-§6.3.5: COMPARE finds the agreement point, TRUNCATE drops the
+    # docs/replication.md "Dispatcher": COMPARE finds the agreement point, TRUNCATE drops the
     # follower's extra entries, APPEND refills. Also the regression test of the fast-backup
     # livelock: the old leader's committed entries and its uncommitted tail share term 1, so
     # DLedger's writeIndex = xIndex would TRUNCATE committed entries (refused → forever).
@@ -857,9 +857,9 @@ def test_old_leader_with_a_divergent_tail_is_truncated_when_it_rejoins() -> None
 
 
 def test_new_leader_commits_the_previous_terms_entries_with_its_noop() -> None:
-    # Raft §5.4.2 / Figure 8 and SPEC §8 (DLedger #305): entries of term 1 on a majority are
-    # not committed by counting once term 2 began; the new leader's NOOP (term 2) commits them
-    # without any client write.
+    # Raft §5.4.2 / Figure 8 and docs/contracts.md C9 (DLedger #305): entries of term 1 on a
+    # majority are not committed by counting once term 2 began; the new leader's NOOP (term 2)
+    # commits them without any client write.
     c = _cluster()
     n0, n1, _n2 = c.nodes
     _lead(c, 0)
@@ -905,7 +905,7 @@ def test_lossy_network_still_converges() -> None:
 
 
 def test_dispatcher_and_handler_restarts_mid_stream() -> None:
-    # SPEC §2: a dead role process is restarted; its state comes back from the store and the
+    # a dead role process is restarted; its state comes back from the store and the
     # shared block (a new dispatcher starts with COMPARE, a new handler re-verifies).
     c = _cluster(3, seed=5)
     _lead(c, 0)
@@ -927,7 +927,7 @@ def test_bug_idle_follower_whose_handler_restarted_never_learns_the_commit() -> 
     (Handler._sync_role). If the leader's dispatcher for it is already in APPEND with nothing
     left to send, the follower only receives idle COMMIT pushes, and follower_commit(commit,
     verified_end=-1, ...) never moves: its committed index stays behind for as long as no
-    client writes (SPEC §5: the idle COMMIT exists precisely so idle followers learn it).
+    client writes (docs/replication.md: the idle COMMIT exists precisely so idle followers learn it).
     Fix: let COMMIT carry (pre_log_index, pre_log_term) = (commitIndex, term of that entry)
     from the dispatcher, and in the handler's COMMIT branch raise verified_end to
     pre_log_index when the follower holds that entry with that term (Log Matching), before

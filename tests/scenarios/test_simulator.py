@@ -69,18 +69,19 @@ def _first_failure(mutation: str, seeds: range, **kw: object) -> tuple[int, str]
 @pytest.mark.parametrize("mutation", ["quorum-max", "vote-any-log", "t5-flag-leader"])
 def test_a_broken_raft_rule_is_caught(mutation: str) -> None:
     """An injected bug (commit without a quorum; a vote without the log comparison; a handler
-    that leads on the role flag alone and ignores --linearizable, repro t5) shows up as
+    that leads on the role flag alone and ignores --linearizable: docs/contracts.md C3, C4) shows up as
     divergent committed entries, a lost acknowledged append, a stale linearizable read, or a
     follower that can never catch up (its store refuses to cut committed entries)."""
-    # 500 seeds: with the faster failover of issue 12 t5-flag-leader is first caught at seed 388
-    # (a stale read needs a GET to the paused old leader after the new leader's first ack).
+    # 500 seeds: with today's faster failover (docs/election.md "Failover timing") t5-flag-leader is
+    # first caught at seed 388 (a stale read needs a GET to the paused old leader after the new
+    # leader's first ack).
     seed, error = _first_failure(mutation, range(0, 500))
     assert seed >= 0, f"{mutation} was not caught in 500 seeds"
     assert any(w in error for w in ("committed", "acknowledged", "no convergence", "stale")), error
 
 
 def test_a_reverted_generation_fence_is_caught() -> None:
-    """Repro t2c: with readers ignoring the store generation, a dispatcher reads a segment
+    """docs/contracts.md C1: with readers ignoring the store generation, a dispatcher reads a segment
     file that a truncation replaced and a follower ends with different committed entries."""
     seed, error = _first_failure("t2c-fence", range(0, 400), nodes=5, store="segment", steps=3000,
                                  faults=("truncate", "drop", "delay"))
@@ -92,7 +93,7 @@ def test_a_reverted_generation_fence_is_caught() -> None:
 
 
 def test_a_push_applied_against_another_leaders_verified_end_is_caught() -> None:
-    """Repro t3: a follower that keys its verified end on one member read and validates the
+    """docs/contracts.md C2: a follower that keys its verified end on one member read and validates the
     push on a second one commits the old leader's uncommitted entries when the new leader's
     COMMIT arrives as its elector switches. Our own dispatcher always COMPAREs first, which
     hides it; fault `eager-commit` (a leader that also sends its commit index with every
@@ -110,7 +111,7 @@ def test_a_push_applied_against_another_leaders_verified_end_is_caught() -> None
 
 
 def test_a_push_checked_only_at_its_ends_is_caught() -> None:
-    """Repro t1: with fault `corrupt` (a flipped byte in a push between nodes), a follower
+    """docs/contracts.md C12: with fault `corrupt` (a flipped byte in a push between nodes), a follower
     that checks only the two ends of a run stores a damaged middle entry and commits it; with
     every entry covered (run CRC, headers against records) the same seeds stay intact."""
     kw = dict(store="segment", faults=("drop", "delay", "corrupt"))
@@ -123,7 +124,7 @@ def test_a_push_checked_only_at_its_ends_is_caught() -> None:
 
 
 def test_a_leader_that_cannot_write_and_keeps_leading_is_caught() -> None:
-    """Repro t6: with fault `disk-full` the leader's disk fills at the heal while the others
+    """docs/contracts.md C5: with fault `disk-full` the leader's disk fills at the heal while the others
     are healthy. An elector that ignores "store not writable" keeps a leader that answers
     DISK_FULL to every append and the group never fails over; with the fix some append is
     acknowledged again within 4 s. (The same fault found the node that, having stepped down,
@@ -148,7 +149,7 @@ def test_mutations_are_undone() -> None:
 
 @pytest.mark.parametrize("mutation", ["t4-old-term", "restart-same-term"])
 def test_a_second_leadership_of_one_term_is_caught(mutation: str) -> None:
-    """Repro t4 (a deposed leader campaigning again in its old term) and the restart rule
+    """docs/contracts.md C18 (a deposed leader campaigning again in its old term) and the restart rule
     reverted (a restarted node with its self-vote on disk campaigning in its old term): both
     let one node lead one term twice, which the simulator checks on every role change."""
     seed, error = _first_failure(mutation, range(0, 300))

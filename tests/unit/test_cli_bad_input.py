@@ -1,5 +1,5 @@
 """Bad input is one line and the right exit code: 2 for usage, 1 for a run-time failure; never
-a traceback, an `[Errno N]` or a Python repr (issue 13 §6). Every case goes through the real
+a traceback, an `[Errno N]` or a Python repr (docs/contracts.md C23). Every case goes through the real
 entry point, `tools.cli.main`, in this process, and fails before anything starts."""
 
 from __future__ import annotations

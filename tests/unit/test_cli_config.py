@@ -1,5 +1,5 @@
 """`dledger server --print-config`, `dledger config check`, sizes with units and the log line
-formats (issue 13 §4), through the real entry point and the real node.config."""
+formats (docs/operations.md "Config file"), through the real entry point and the real node.config."""
 
 from __future__ import annotations
 

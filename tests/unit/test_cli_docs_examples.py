@@ -1,5 +1,5 @@
 """Every `dledger ...` example in README.md, docs/*.md and the subcommands' --help parses with
-the real parser (issue 13 §4: the peers string in the old --help examples put one node's data
+the real parser (the peers string in the old --help examples put one node's data
 port on another's elector port, and nothing noticed). A dry parse: argparse, the peers checks,
 and for `server` the whole configuration check; nothing is started. The README's Python snippets
 run against a real `dledger cluster` in tests/integration/test_docs_examples.py."""

@@ -1,5 +1,6 @@
 """Every option of every `dledger` subcommand explains itself: a help line, and its default
-where it has one (issue 13 §4). Walks the real parsers that `dledger COMMAND --help` prints."""
+where it has one (docs/operations.md "Every option"). Walks the real parsers that `dledger COMMAND
+--help` prints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Temporary directories reclaimed when their owner was killed (node/rundirs.py, issue 13 §5):
+"""Temporary directories reclaimed when their owner was killed (node/rundirs.py):
 the run dirs of SIGKILLed nodes and the stores of SIGKILLed `dledger cluster`/`bench --local`
 runs. The owner is a real child process, killed for real."""
 

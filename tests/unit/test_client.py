@@ -1,6 +1,6 @@
 """ipc.client against fake nodes: redirects, retries, definite vs indeterminate outcomes
-(SPEC §6), pipelining, thread safety, GET decoding, METADATA gathering and the CLI commands
-built on the client (CONTRACT "Client library", "Console scripts").
+(docs/client.md "Errors"), pipelining, thread safety, GET decoding, METADATA gathering and the CLI
+commands built on the client (their public names and outputs: docs/client.md).
 
 A fake node is a thread with its own ZeroMQ context and a ROUTER on 127.0.0.1 that decodes
 requests with ipc.protocol and answers from a scripted behaviour. Tests wait on conditions with
@@ -647,7 +647,8 @@ def test_cli_metadata_json_exact_keys(make_cluster, capsys):
     assert (doc["group"], doc["leader"], doc["term"]) == (GROUP, "n0", 1)
     keys = ["id", "address", "role", "term", "leader", "ledger_begin_index", "ledger_end_index",
             "committed_index", "alive"]
-    # The CONTRACT's keys, in order, then what the table also shows (added, never instead)
+    # The documented keys (docs/client.md "CLI"), in order, then what the table also shows (added,
+    # never instead)
     added = ["lag", "version", "store_bytes", "disk_usage_ratio"]
     assert [list(n) for n in doc["nodes"]] == [keys + added] * 3
     assert [n["role"] for n in doc["nodes"]] == ["LEADER", None, "FOLLOWER"]

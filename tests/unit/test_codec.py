@@ -1,4 +1,4 @@
-"""Entry/index codec (SPEC §4): exact byte layout, round trips, and hostile bytes."""
+"""Entry/index codec (docs/store.md): exact byte layout, round trips, and hostile bytes."""
 
 import random
 import struct
@@ -12,7 +12,7 @@ from node.store import codec
 
 
 def test_header_layout_matches_spec_table():
-    # SPEC §4: magic 4, size 4, index 8, term 8, pos 8, channel 4, chainCrc 4, bodyCrc 4, bodySize 4
+    # magic 4, size 4, index 8, term 8, pos 8, channel 4, chainCrc 4, bodyCrc 4, bodySize 4
     assert codec.HEADER_SIZE == 48
     assert codec.INDEX_SIZE == 32
     raw = codec.encode_entry(7, 3, 4096, b"hello")

@@ -1,10 +1,11 @@
-"""ipc.codes: the numbers are DLedger's and must never drift (SPEC §6 table)."""
+"""ipc.codes: the numbers are DLedger's and must never drift (docs/client.md "Errors: definite or
+indeterminate")."""
 
 import pytest
 
 from ipc.codes import ParseResult, ResponseCode, Role, VoteResult, is_indeterminate, is_retryable
 
-# SPEC §6 "Response codes (DLedgerResponseCode, keep these numbers)", transcribed row by row.
+# "Response codes (DLedgerResponseCode, keep these numbers)", transcribed row by row.
 SPEC_TABLE = {
     -1: "UNKNOWN", 200: "SUCCESS", 300: "TIMEOUT", 301: "METADATA_ERROR", 302: "NETWORK_ERROR",
     303: "UNSUPPORTED", 400: "UNKNOWN_GROUP", 401: "UNKNOWN_MEMBER", 402: "UNEXPECTED_MEMBER",
@@ -19,7 +20,7 @@ SPEC_TABLE = {
 }
 
 
-# Ours, beyond DLedger's (client sessions, issue 12): numbers DLedger does not use.
+# Ours, beyond DLedger's (client sessions, docs/client.md "Sessions"): numbers DLedger does not use.
 OUR_CODES = {430: "SESSION_EXPIRED", 431: "SESSION_SEQ_GAP", 432: "SESSION_SEQ_INVALID",
              433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT", 440: "STATE_MACHINE_ERROR"}
 
@@ -40,7 +41,7 @@ def test_name_of_unknown_number():
 
 
 def test_vote_and_parse_results_are_dledger_enums_in_order():
-    # SPEC §6 lists them in DLedger's declaration order; the wire carries the ordinal.
+    # DLedger declares them in this order; the wire carries the ordinal.
     assert [v.name for v in VoteResult] == [
         "UNKNOWN", "ACCEPT", "REJECT_UNKNOWN_LEADER", "REJECT_UNEXPECTED_LEADER",
         "REJECT_EXPIRED_VOTE_TERM", "REJECT_ALREADY_VOTED", "REJECT_ALREADY_HAS_LEADER",
@@ -54,7 +55,7 @@ def test_vote_and_parse_results_are_dledger_enums_in_order():
 
 @pytest.mark.parametrize("code", ["NOT_LEADER", "LEADER_TRANSFERRING", "LEADER_PENDING_FULL",
                                   "TIMEOUT", "NETWORK_ERROR", "TERM_NOT_READY"])
-def test_retryable(code):  # CONTRACT "Client library": retried with backoff inside timeout
+def test_retryable(code):  # the client retries them with backoff inside its timeout
     assert is_retryable(ResponseCode[code])
 
 
@@ -66,6 +67,6 @@ def test_not_retryable(code):  # definite failures, or indeterminate (retry may 
 
 
 def test_indeterminate_is_exactly_the_spec_set():
-    # SPEC §6 "Outcomes": WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED and client timeouts.
+    # "Outcomes": WAIT_QUORUM_ACK_TIMEOUT, TERM_CHANGED and client timeouts.
     assert {c for c in ResponseCode if is_indeterminate(c)} == {
         ResponseCode.TIMEOUT, ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, ResponseCode.TERM_CHANGED}

@@ -2,7 +2,7 @@
 
 Stores are written by the real SegmentStore with 4 KiB data files and 64-record index files,
 so a few dozen entries roll files and leave BLANK padding; faults are injected by editing
-bytes afterwards, located through the reader itself. SPEC §4 is the format being checked.
+bytes afterwards, located through the reader itself. docs/store.md is the format being checked.
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ _CRCMOD_CRC32 = crcmod.predefined.mkCrcFun("crc-32")
 def test_zlib_crc32_equals_crcmod_crc32(data: bytes) -> None:
     """crcmod's predefined "crc-32" IS zlib's CRC-32 (same polynomial, reflection, init and
     xor-out): zlib computes it ~5x faster, so the decoder's CRC (codec.crc32) may be zlib's
-    while the stored values stay crcmod's, as SPEC §4 defines them."""
+    while the stored values stay crcmod's, as docs/store.md "CRC" defines them."""
     assert zlib.crc32(data) == _CRCMOD_CRC32(data)
     assert codec.crc32(memoryview(data)) == _CRCMOD_CRC32(data)
 

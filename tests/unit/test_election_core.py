@@ -1,7 +1,7 @@
 """ElectorCore: the state machine that applies the decision tables, driven by hand.
 
 Checks the effect contract (Persist first, persist-before-send/reply), the role transitions of
-SPEC §3, DLedger's needIncreaseTermImmediately path, #325 and leadership transfer.
+docs/election.md "States", DLedger's needIncreaseTermImmediately path, #325 and leadership transfer.
 """
 
 import random
@@ -198,7 +198,7 @@ def test_leader_lease_expires_without_quorum():
 
 
 def test_leader_steps_down_on_higher_term_even_with_quorum():
-    """DLedger #325 / SPEC §8: any higher term in any response deposes the leader."""
+    """DLedger #325: any higher term in any response deposes the leader."""
     cores, now = elect("n0")
     lead = cores["n0"]
     step = check(lead.tick(now + 200, L0))

@@ -1,8 +1,8 @@
 """Heartbeats as decision tables: handleHeartBeat, the leader's tally/parse, the follower timeout.
 
-Sources: SPEC §3 "Leader", "Follower", "handleHeartBeat"; seed 001 §3.2.4 and §4.4
-(sendHeartbeats / handleHeartBeat source); seed 004 (newer sendHeartbeats: the max-term check
-first); DLedger issue #325 (SPEC §8: a leader steps down on any higher term).
+Sources: docs/election.md "Decision tables"; DLedger's DLedgerLeaderElector (handleHeartBeat, and
+the newer sendHeartbeats: the max-term check first); DLedger issue #325 (a leader steps down on
+any higher term).
 """
 
 from dataclasses import replace
@@ -35,21 +35,21 @@ HANDLE_ROWS = [
     # DLedgerServer PreConditions: other group / addressed to another node.
     ("UNKNOWN_GROUP", {}, {"group": "x"}, C.UNKNOWN_GROUP, 5, A.NONE, None, None),
     ("not-addressed-to-me", {}, {"remote_id": "n2"}, C.UNKNOWN_MEMBER, 5, A.NONE, None, None),
-    # SPEC §3 "unknown member / my own id -> error codes" (seed 001 §4.4.2 first two checks).
+    # "unknown member / my own id -> error codes" (DLedger's first two checks).
     ("UNKNOWN_MEMBER", {}, {"leader_id": "n9"}, C.UNKNOWN_MEMBER, 5, A.NONE, None, None),
     ("UNEXPECTED_MEMBER", {}, {"leader_id": "n1"}, C.UNEXPECTED_MEMBER, 5, A.NONE, None, None),
-    # SPEC §3 "term < mine -> EXPIRED_TERM" (with my term, so the old leader steps down).
+    # "term < mine -> EXPIRED_TERM" (with my term, so the old leader steps down).
     ("EXPIRED_TERM", {}, {"term": 4}, C.EXPIRED_TERM, 5, A.NONE, None, None),
-    # SPEC §3 "same term and same leader -> refresh lastLeaderHeartBeatTime, SUCCESS".
+    # "same term and same leader -> refresh lastLeaderHeartBeatTime, SUCCESS".
     ("SUCCESS-refresh", {}, {}, C.SUCCESS, 5, A.REFRESH, None, None),
-    # SPEC §3 "same term, no leader known -> become follower of the sender, SUCCESS".
+    # "same term, no leader known -> become follower of the sender, SUCCESS".
     ("SUCCESS-become-follower", {"leader_id": None}, {"leader_id": "n2"}, C.SUCCESS, 5,
      A.BECOME_FOLLOWER, 5, "n2"),
-    # SPEC §3 "same term, different leader -> INCONSISTENT_LEADER".
+    # "same term, different leader -> INCONSISTENT_LEADER".
     ("INCONSISTENT_LEADER", {}, {"leader_id": "n2"}, C.INCONSISTENT_LEADER, 5, A.NONE, None,
      None),
-    # SPEC §3 "term > mine -> candidate with that term, needIncreaseTermImmediately,
-    # TERM_NOT_READY" (not follower at once: "to make it simple", seed 001 §4.4.2).
+    # "term > mine -> candidate with that term, needIncreaseTermImmediately,
+    # TERM_NOT_READY" (not follower at once: "to make it simple", DLedger's handleHeartBeat).
     ("TERM_NOT_READY", {}, {"term": 7, "leader_id": "n2"}, C.TERM_NOT_READY, 7,
      A.BECOME_CANDIDATE, 7, None),
 ]
@@ -93,18 +93,18 @@ NONE = (None, -1)  # no answer / network error: the peer is marked not alive
 
 PARSE_ROWS = [
     # (id, member count, answers (leader counts itself), last succ ms, outcome, step-down term)
-    # seed 004 / #325: a higher term anywhere -> candidate with it, even with a SUCCESS quorum.
+    # DLedger #325: a higher term anywhere -> candidate with it, even with a SUCCESS quorum.
     ("higher-term-beats-quorum", 3, [OK, EXP], NOW, HO.STEP_DOWN_HIGHER_TERM, 8),
     ("higher-term", 5, [EXP, NONE, NONE, NONE], NOW, HO.STEP_DOWN_HIGHER_TERM, 8),
-    # SPEC §3 "a quorum of SUCCESS -> record lastSuccHeartBeatTime".
+    # "a quorum of SUCCESS -> record lastSuccHeartBeatTime".
     ("QUORUM", 3, [OK, NONE], NOW - 5000, HO.QUORUM, None),
     ("QUORUM-5", 5, [OK, OK, INC, NONE], NOW - 5000, HO.QUORUM, None),
-    # SPEC §3 "SUCCESS+NOT_READY is a quorum -> send the next heartbeat immediately".
+    # "SUCCESS+NOT_READY is a quorum -> send the next heartbeat immediately".
     ("RESEND_NOW", 3, [NR, NONE], NOW, HO.RESEND_NOW, None),
     ("RESEND_NOW-over-inconsistent", 5, [OK, NR, INC, NONE], NOW, HO.RESEND_NOW, None),
-    # SPEC §3 "INCONSISTENT_LEADER -> candidate" (same term).
+    # "INCONSISTENT_LEADER -> candidate" (same term).
     ("INCONSISTENT_LEADER", 3, [INC, NONE], NOW, HO.STEP_DOWN_INCONSISTENT_LEADER, 5),
-    # SPEC §3 "no quorum of SUCCESS for maxHeartBeatLeak x interval -> step down".
+    # "no quorum of SUCCESS for maxHeartBeatLeak x interval -> step down".
     ("lease-expired", 3, [NONE, NONE], NOW - 601, HO.STEP_DOWN_LEASE_EXPIRED, 5),
     ("lease-not-yet-expired", 3, [NONE, NONE], NOW - 600, HO.NO_QUORUM_YET, None),
     # A stale EXPIRED_TERM (not above my term) is not a reason to step down.
@@ -140,7 +140,7 @@ def test_tally_counts_and_done():
 
 
 def test_follower_timeout_boundary():
-    # SPEC §3 Follower: > maxHeartBeatLeak x interval without a heartbeat -> candidate.
+    # Follower: > maxHeartBeatLeak x interval without a heartbeat -> candidate.
     assert not follower_timed_out(1600, 1000, CFG)
     assert follower_timed_out(1601, 1000, CFG)
     assert follower_deadline(1000, CFG) == 1601

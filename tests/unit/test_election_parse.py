@@ -1,7 +1,7 @@
 """The candidate's vote tally and parse (maintainAsCandidate) as a decision table.
 
-Sources: SPEC §3 "Candidate" (the parse order and the vote timer); seed 001 §3.2.5 (拉票请求
-发送、响应处理) and §4.3 (maintainAsCandidate source); seed 004 (same chain).
+Sources: docs/election.md "Candidate parse" (the parse order) and "Timers and defaults" (the
+vote timer); DLedgerLeaderElector.maintainAsCandidate in openmessaging/dledger.
 """
 
 import random
@@ -30,7 +30,7 @@ UNKNOWN = (V.UNKNOWN, TERM)
 # maxVoteInterval; "now" = revote at once; None = timer untouched (PASSED).
 ROWS = [
     # (id, members, answers, result, timer kind, candidate term)
-    # 1. SPEC §3: known max term > mine -> WAIT_TO_VOTE_NEXT, candidate with that term.
+    # 1. known max term > mine -> WAIT_TO_VOTE_NEXT, candidate with that term.
     ("max-term-EXPIRED_VOTE_TERM", 3, [SELF, EXPIRED, ACC], P.WAIT_TO_VOTE_NEXT, "base", 9),
     ("max-term-TERM_SMALL_THAN_LEDGER", 3, [SELF, SMALLER_THAN_LEDGER, NOANSWER],
      P.WAIT_TO_VOTE_NEXT, "base", 8),
@@ -92,7 +92,7 @@ def test_every_parse_result_has_a_row():
 
 
 def test_vote_timer_range():
-    # SPEC §3: now + lastVoteCost + random(minVoteInterval, maxVoteInterval).
+    # now + lastVoteCost + random(minVoteInterval, maxVoteInterval).
     rng = random.Random(11)
     times = {next_time_to_request_vote(NOW, COST, CFG, rng) - NOW - COST for _ in range(3000)}
     assert min(times) == 50 and max(times) == 449

@@ -1,6 +1,6 @@
 """The elector role class (node/roles/elector.py) driven in-process through its injectable I/O
-(contract C7): a fake transport, a virtual clock, a real shared block. What the role adds to the
-core: the block's ledger end and writability, CONFIRM_LEADERSHIP and transfers on the control
+(docs/contracts.md C7): a fake transport, a virtual clock, a real shared block. What the role adds
+to the core: the block's ledger end and writability, CONFIRM_LEADERSHIP and transfers on the control
 channel, a damaged term/vote file that is not trusted, and a node that must not vote."""
 
 from __future__ import annotations

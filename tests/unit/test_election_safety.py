@@ -1,6 +1,6 @@
-"""ElectorCore safety rules added for issue 10: enter a higher term at once, never lead twice in
-one term, the lease counts from a round's start, leadership confirmation on request, and a
-leader that cannot write steps down."""
+"""ElectorCore safety rules added on top of DLedger (docs/contracts.md C3, C5, C18): enter a higher
+term at once, never lead twice in one term, the lease counts from a round's start, leadership
+confirmation on request, and a leader that cannot write steps down."""
 
 import random
 
@@ -60,7 +60,7 @@ def make_leader(c, voters, now, ledger=LED):
     raise AssertionError(f"{c.self_id} did not become leader: {c.role} {c.term}")
 
 
-# ------------------------------------------------------------------ higher term (repro t4)
+# ------------------------------------------------------------------ higher term (C18)
 
 
 def test_deposed_leader_enters_the_higher_term_durably_and_never_campaigns_in_its_old_term():

@@ -1,5 +1,6 @@
-"""Failover timing rules (issue 12): the pre-vote, the best log standing first, the short retry
-after REJECT_ALREADY_HAS_LEADER, the once-per-election fast path and the default timings.
+"""Failover timing rules (docs/election.md "Failover timing"): the pre-vote, the best log standing
+first, the short retry after REJECT_ALREADY_HAS_LEADER, the once-per-election fast path and the
+default timings.
 
 Every test calls the real functions (node/core/vote.py, node/core/election.py); the cluster
 tests below drive real ElectorCore instances through a tiny in-memory bus with a fixed latency.

@@ -1,7 +1,7 @@
 """handleVote as a decision table: one row per VoteResult (and per ordering rule).
 
-Sources: SPEC §3 "handleVote"; seed 001 §3.2.5 (拉票请求处理) and §4.5.2 (handleVote source);
-DLedgerLeaderElector.handleVote in openmessaging/dledger.
+Sources: docs/election.md "Decision tables"; DLedgerLeaderElector.handleVote in
+openmessaging/dledger.
 
 Base state of the voter (unless a row overrides it): self n1 of {n0, n1, n2}, currTerm 5, no
 vote, no leader, ledger end index 10 in term 4. Base request: candidate n0, term 5, ledger end
@@ -29,42 +29,42 @@ ROWS = [
     ("unknown-group", {}, {"group": "other"}, False, R.UNKNOWN, 5, None, None),
     # ... request addressed to another node id -> UNKNOWN_MEMBER.
     ("not-addressed-to-me", {}, {"remote_id": "n2"}, False, R.UNKNOWN, 5, None, None),
-    # SPEC §3: unknown member -> REJECT_UNKNOWN_LEADER (seed 001 §4.5.2 isPeerMember).
+    # unknown member -> REJECT_UNKNOWN_LEADER (DLedger's isPeerMember).
     ("REJECT_UNKNOWN_LEADER", {}, {"leader_id": "n9"}, False,
      R.REJECT_UNKNOWN_LEADER, 5, None, None),
-    # SPEC §3: a request carrying my own id from someone else -> REJECT_UNEXPECTED_LEADER.
+    # a request carrying my own id from someone else -> REJECT_UNEXPECTED_LEADER.
     ("REJECT_UNEXPECTED_LEADER", {}, {"leader_id": "n1"}, False,
      R.REJECT_UNEXPECTED_LEADER, 5, None, None),
     # ... but my own vote for myself (voteForQuorumResponses, self=true) goes through.
     ("self-vote-ACCEPT", {}, {"leader_id": "n1"}, True, R.ACCEPT, 5, "n1", None),
-    # SPEC §3: request.ledgerEndTerm < mine -> REJECT_EXPIRED_LEDGER_TERM.
+    # request.ledgerEndTerm < mine -> REJECT_EXPIRED_LEDGER_TERM.
     ("REJECT_EXPIRED_LEDGER_TERM", {}, {"ledger_end_term": 3, "ledger_end_index": 99}, False,
      R.REJECT_EXPIRED_LEDGER_TERM, 5, None, None),
     # Order: the ledger check comes BEFORE the term check, so a bigger term does not make me
-    # adopt it when the candidate's log is behind (seed 001 §3.2.5: 先根据 LedgerEndTerm 仲裁).
+    # adopt it when the candidate's log is behind (DLedger arbitrates by LedgerEndTerm first).
     ("ledger-before-term", {}, {"term": 9, "ledger_end_term": 3}, False,
      R.REJECT_EXPIRED_LEDGER_TERM, 5, None, None),
-    # SPEC §3: equal ledgerEndTerm and smaller index -> REJECT_SMALL_LEDGER_END_INDEX.
+    # equal ledgerEndTerm and smaller index -> REJECT_SMALL_LEDGER_END_INDEX.
     ("REJECT_SMALL_LEDGER_END_INDEX", {}, {"ledger_end_index": 9}, False,
      R.REJECT_SMALL_LEDGER_END_INDEX, 5, None, None),
-    # SPEC §3: request.term < mine -> REJECT_EXPIRED_VOTE_TERM, with my term to catch up to.
+    # request.term < mine -> REJECT_EXPIRED_VOTE_TERM, with my term to catch up to.
     ("REJECT_EXPIRED_VOTE_TERM", {}, {"term": 4}, False, R.REJECT_EXPIRED_VOTE_TERM, 5, None, None),
-    # SPEC §3: same term, voted for someone else, no leader known -> REJECT_ALREADY_VOTED.
+    # same term, voted for someone else, no leader known -> REJECT_ALREADY_VOTED.
     ("REJECT_ALREADY_VOTED", {"voted_for": "n2"}, {}, False, R.REJECT_ALREADY_VOTED, 5, None, None),
-    # SPEC §3: ... and a leader known -> REJECT_ALREADY_HAS_LEADER.
+    # ... and a leader known -> REJECT_ALREADY_HAS_LEADER.
     ("REJECT_ALREADY_HAS_LEADER", {"voted_for": "n2", "leader_id": "n2"}, {}, False,
      R.REJECT_ALREADY_HAS_LEADER, 5, None, None),
-    # seed 001 §4.5.2 "repeat just let it go": a repeated request from my candidate is granted.
+    # DLedger's handleVote, "repeat just let it go": a repeated request from my candidate is granted.
     ("repeat-vote-ACCEPT", {"voted_for": "n0"}, {}, False, R.ACCEPT, 5, "n0", None),
-    # SPEC §3: request.term > mine -> become candidate in that term (needIncreaseTerm...),
+    # request.term > mine -> become candidate in that term (needIncreaseTerm...),
     # REJECT_TERM_NOT_READY; the reply carries the term I am entering.
     ("REJECT_TERM_NOT_READY", {"voted_for": "n2", "leader_id": "n2"}, {"term": 6}, False,
      R.REJECT_TERM_NOT_READY, 6, None, 6),
-    # SPEC §3: request.term < my ledgerEndTerm -> REJECT_TERM_SMALL_THAN_LEDGER, answered with
+    # request.term < my ledgerEndTerm -> REJECT_TERM_SMALL_THAN_LEDGER, answered with
     # my ledger end term (a state with currTerm < ledgerEndTerm, e.g. a lagging term file).
     ("REJECT_TERM_SMALL_THAN_LEDGER", {"term": 3}, {"term": 3}, False,
      R.REJECT_TERM_SMALL_THAN_LEDGER, 4, None, None),
-    # SPEC §3: taking leadership and my log at least as long -> REJECT_TAKING_LEADERSHIP.
+    # taking leadership and my log at least as long -> REJECT_TAKING_LEADERSHIP.
     ("REJECT_TAKING_LEADERSHIP", {"taking_leadership": True}, {}, False,
      R.REJECT_TAKING_LEADERSHIP, 5, None, None),
     # ... a candidate with a longer log (same end term) still gets my vote.
@@ -73,7 +73,7 @@ ROWS = [
     # ... and the node taking leadership votes for itself.
     ("taking-leadership-self-ACCEPT", {"taking_leadership": True}, {"leader_id": "n1"}, True,
      R.ACCEPT, 5, "n1", None),
-    # SPEC §3 "else record votedFor (durably, before answering) and ACCEPT".
+    # "else record votedFor (durably, before answering) and ACCEPT".
     ("ACCEPT", {}, {}, False, R.ACCEPT, 5, "n0", None),
     ("ACCEPT-longer-log-newer-term", {}, {"ledger_end_term": 5, "ledger_end_index": 0}, False,
      R.ACCEPT, 5, "n0", None),

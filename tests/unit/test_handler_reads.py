@@ -118,7 +118,8 @@ def test_a_lease_read_is_not_served_once_the_lease_lapsed_or_during_a_transfer(t
     assert wire.answer(3).code == RC.NOT_LEADER  # no lease: not even a parked read
 
 
-# ------------------------------------------------------------------ follower reads (§5)
+# ------------------------------------------------------------------ follower reads
+# (docs/statemachine.md "Reads")
 class PeerWire(HandlerWire):
     """The handler's wire plus its DEALERs to the other members' data ports."""
 

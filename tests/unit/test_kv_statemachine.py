@@ -1,6 +1,6 @@
-"""The KV state machine (node/statemachine/kv.py; issue 11 §6): command semantics and
-revisions, refusals that change nothing, reads, and the snapshot invariant — restoring a
-snapshot and applying the rest equals applying everything."""
+"""The KV state machine (node/statemachine/kv.py; docs/statemachine.md "The KV state machine"):
+command semantics and revisions, refusals that change nothing, reads, and the snapshot invariant —
+restoring a snapshot and applying the rest equals applying everything."""
 
 from __future__ import annotations
 

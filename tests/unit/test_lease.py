@@ -1,4 +1,4 @@
-"""The leader lease (node/core/lease.py, contract C3)."""
+"""The leader lease (node/core/lease.py, docs/contracts.md C3)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Metrics in the shared block (issue 13 §1): histogram bucket logic, the request matrix, the
+"""Metrics in the shared block (docs/metrics.md): histogram bucket logic, the request matrix, the
 Prometheus collector over a real block, the METADATA status trailer and `health`'s verdict."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """ipc.protocol (the one wire codec) and the ipc.sockets conventions.
 
-Decoding is total: a message or ProtocolError, nothing else, for any byte string (SPEC §7).
+Decoding is total: a message or ProtocolError, nothing else, for any byte string (docs/contracts.md
+C23).
 """
 
 import random

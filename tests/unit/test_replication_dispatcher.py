@@ -1,5 +1,5 @@
-"""DispatcherCore, one transition per test (node/core/replication.py; DLedger's EntryDispatcher:
-seed 000 §6.3.3-§6.3.6, seed 002 §4.3; SPEC §5 "Dispatcher"; Raft paper §5.3).
+"""DispatcherCore, one transition per test (node/core/replication.py; DLedger's EntryDispatcher;
+docs/replication.md "Dispatcher"; Raft paper §5.3).
 
 The leader's log is a fake: a list of terms, `term_at` a dict lookup, so every test states
 the log it runs against. Time is an int of milliseconds passed in.
@@ -75,7 +75,7 @@ def test_new_core_is_idle_and_sends_nothing() -> None:
 
 
 def test_become_leader_starts_compare_from_ledger_end_plus_one() -> None:
-    # seed 000 §6.3.4: a new leader's dispatcher starts in COMPARE; SPEC §5: writeIndex =
+    # DLedger: a new leader's dispatcher starts in COMPARE; writeIndex =
     # ledgerEnd + 1, pending cleared.
     log = Log([1, 1, 2])
     d = to_append(log, 2)
@@ -91,7 +91,7 @@ def test_become_leader_starts_compare_from_ledger_end_plus_one() -> None:
 
 
 def test_compare_with_empty_leader_log_is_minus_one_minus_one() -> None:
-    # seed 000 §6.3.4 / §6.4.4: ledgerEndIndex == -1 → nothing to compare; the follower
+    # DLedger's doCompare / handleDoCompare: ledgerEndIndex == -1 → nothing to compare; the follower
     # answers (-1, -1) with SUCCESS.
     log = Log([])
     d = leader(log)
@@ -121,7 +121,7 @@ def test_unanswered_compare_is_asked_again_after_the_request_timeout() -> None:
 
 
 def test_compare_success_sets_match_and_goes_truncate() -> None:
-    # seed 000 §6.3.4: SUCCESS → matchIndex = compareIndex, updatePeerWaterMark, TRUNCATE.
+    # DLedger's doCompare: SUCCESS → matchIndex = compareIndex, updatePeerWaterMark, TRUNCATE.
     log = Log([1, 1, 2, 2])
     d = leader(log)
     act(d, log, 0)
@@ -132,8 +132,9 @@ def test_compare_success_sets_match_and_goes_truncate() -> None:
 
 
 def test_compare_inconsistent_with_x_term_the_leader_lacks_jumps_to_x_index() -> None:
-    # SPEC §5 / seed 000 §6.3.4 fast backup: xTerm != -1 → skip the follower's whole xTerm
-    # run: writeIndex = xIndex. Here the leader has no entry of term 4 at all.
+    # docs/replication.md "Why the fast backup differs": fast backup: xTerm != -1 → skip the
+    # follower's whole xTerm run: writeIndex = xIndex. Here the leader has no entry of term 4 at
+    # all.
     log = Log([1, 1, 1, 5, 5, 5])
     d = leader(log)
     assert act(d, log, 0) == Compare(5, 5)
@@ -176,7 +177,7 @@ def test_fast_backup_targets(terms: list[int], x_term: int, x_index: int, expect
 
 
 def test_compare_inconsistent_without_x_term_jumps_to_the_followers_end() -> None:
-    # seed 000 §6.4.4: the follower lacks preLogIndex → it returns its endIndex → writeIndex =
+    # DLedger's handleDoCompare: the follower lacks preLogIndex → it returns its endIndex → writeIndex =
     # endIndex + 1.
     log = Log([1, 1, 1, 1, 1, 1])
     d = leader(log)
@@ -195,7 +196,7 @@ def test_compare_inconsistent_with_empty_follower_compares_from_the_start() -> N
 
 
 def test_compare_below_ledger_begin_needs_a_snapshot() -> None:
-    # seed 000 §6.3.4: compareIndex < ledgerBeforeBegin → INSTALL_SNAPSHOT; we report it.
+    # DLedger's doCompare: compareIndex < ledgerBeforeBegin → INSTALL_SNAPSHOT; we report it.
     log = Log([2, 2, 3], begin=10)  # entries 10..12; 0..9 deleted by retention
     d = leader(log)
     assert act(d, log, 0) == Compare(12, 3)
@@ -227,7 +228,7 @@ def test_write_index_is_clamped_into_the_leaders_log() -> None:
 # TRUNCATE
 # ------------------------------------------------------------------------------------------
 def test_truncate_is_sent_from_match_plus_one() -> None:
-    # seed 000 §6.3.5: truncateIndex = matchIndex + 1.
+    # DLedger's doTruncate: truncateIndex = matchIndex + 1.
     log = Log([1, 1, 2, 2])
     d = leader(log)
     d.write_index = 2
@@ -278,7 +279,7 @@ def test_unanswered_truncate_starts_over_with_compare() -> None:
 # APPEND ⇄ COMMIT
 # ------------------------------------------------------------------------------------------
 def test_append_streams_from_write_index_and_respects_max_pending() -> None:
-    # SPEC §5: a pending map bounded by maxPendingSize (here 3 pushes in flight).
+    # a pending map bounded by maxPendingSize (here 3 pushes in flight).
     log = Log([1] * 10)
     d = to_append(log, -1)
     sent = []
@@ -317,7 +318,7 @@ def test_append_success_advances_match_and_clears_covered_pendings() -> None:
 
 
 def test_repeated_push_keeps_waiting_for_the_original() -> None:
-    # seed 002 §4.4: a duplicate first index is answered REPEATED_PUSH; the first one is still
+    # DLedger's handlePush: a duplicate first index is answered REPEATED_PUSH; the first one is still
     # queued at the follower, so keep its pending entry (and its send time).
     log = Log([1] * 6)
     d = to_append(log, -1)
@@ -333,7 +334,7 @@ def test_repeated_push_keeps_waiting_for_the_original() -> None:
 
 
 def test_push_timeout_resends_from_match_plus_one() -> None:
-    # seed 000 §6.3.6.3 doCheckAppendResponse: unanswered for maxPushTimeOutMs → writeIndex =
+    # DLedger's doCheckAppendResponse: unanswered for maxPushTimeOutMs → writeIndex =
     # watermark + 1, resend.
     log = Log([1] * 6)
     d = to_append(log, 1)
@@ -347,7 +348,7 @@ def test_push_timeout_resends_from_match_plus_one() -> None:
 @pytest.mark.parametrize("code", [RC.INCONSISTENT_STATE, RC.INCONSISTENT_TERM, RC.NOT_FOLLOWER,
                                   RC.PUSH_REQUEST_IS_FULL, RC.INCONSISTENT_LEADER])
 def test_non_success_append_goes_back_to_compare(code: RC) -> None:
-    # SPEC §5: on INCONSISTENT_STATE go COMPARE (the others also restart, after a backoff).
+    # on INCONSISTENT_STATE go COMPARE (the others also restart, after a backoff).
     log = Log([1] * 6)
     d = to_append(log, 1)
     a = act(d, log, 0)
@@ -482,7 +483,7 @@ def test_push_timeout_deadline_is_the_oldest_push_plus_timeout() -> None:
 # ------------------------------------------------------------------------------------------
 def test_idle_dispatcher_sleeps_until_the_next_idle_commit() -> None:
     # Once the follower knows everything, nothing is due before the next idle COMMIT: the
-    # dispatcher process must not wake up (it polls until next_deadline). SPEC §2: an idle
+    # dispatcher process must not wake up (it polls until next_deadline). docs/design.md: an idle
     # 3-node cluster uses only a few percent of one core. (Was a 1 ms busy loop: the eager
     # COMMIT deadline counted even with no commit advance to announce.)
     log = Log([1, 1, 1])

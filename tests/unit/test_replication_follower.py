@@ -1,5 +1,5 @@
-"""The follower's side of replication (DLedger's EntryHandler: seed 000 §6.4, seed 002 §4.4;
-SPEC §5 "Handler as follower"; Raft paper §5.3).
+"""The follower's side of replication (DLedger's EntryHandler; docs/replication.md
+"Follower: push handling"; Raft paper §5.3).
 
 Three layers, all of node/core (the handler only executes what these decide; its I/O shell is
 tested in test_replication_handler.py):
@@ -60,7 +60,7 @@ class BegunStore:
 
 
 # ------------------------------------------------------------------------------------------
-# decide_compare (handleDoCompare, seed 000 §6.4.4)
+# decide_compare (DLedger's handleDoCompare)
 # ------------------------------------------------------------------------------------------
 S = RC.SUCCESS
 X = RC.INCONSISTENT_STATE
@@ -117,7 +117,7 @@ def test_decide_compare_with_a_ledger_begin(pre: tuple[int, ...], answer: Compar
     pytest.param(5, 5, 5, 5, id="all-equal"),
 ])
 def test_follower_commit_table(leader_commit: int, verified: int, committed: int, expected: int) -> None:
-    # seed 000 §6.4.6: committedIndex = min(ledgerEndIndex, request.commitIndex); we cap by the
+    # DLedger's handleDoCommit: committedIndex = min(ledgerEndIndex, request.commitIndex); we cap by the
     # end *verified against this leader* (an unverified old-term tail is never committed).
     assert follower_commit(leader_commit, verified, committed) == expected
 
@@ -208,7 +208,7 @@ def test_follower_core_decision_table(terms: list[int], verified: int, v: Member
 
 
 def test_follower_core_takes_the_key_from_the_view_it_is_given() -> None:
-    """One view per request (repro t3): a push is validated against the snapshot passed in,
+    """One view per request (docs/contracts.md C2): a push is validated against the snapshot passed in,
     and the verified end belongs to that snapshot's (term, leader). A COMMIT of the new leader
     seen with the old leader's view is refused; seen with the new view, nothing the old leader
     verified counts."""
@@ -336,7 +336,7 @@ def test_append_at_end_plus_one_is_stored_and_commit_follows(leader_log) -> None
 
 
 def test_push_ahead_of_a_gap_waits_then_both_apply_in_order(leader_log) -> None:
-    # seed 000 §6.1.3: appends are applied at ledgerEnd + 1; one further ahead waits.
+    # DLedger's EntryHandler: appends are applied at ledgerEnd + 1; one further ahead waits.
     f = Follower(store_of([1, 1]))
     later = f.append(leader_log, 4, 5, commit=3)
     assert f.answer(later) is None and list(f.core.queue) == [4]
@@ -349,7 +349,7 @@ def test_push_ahead_of_a_gap_waits_then_both_apply_in_order(leader_log) -> None:
 
 
 def test_duplicate_queued_push_is_repeated_push(leader_log) -> None:
-    # seed 002 §4.4 handlePush: writeRequestMap.putIfAbsent → REPEATED_PUSH for a duplicate.
+    # DLedger's handlePush: writeRequestMap.putIfAbsent → REPEATED_PUSH for a duplicate.
     f = Follower(store_of([1, 1]))
     a = f.append(leader_log, 4, 5)
     b = f.append(leader_log, 4, 6)
@@ -376,7 +376,7 @@ def test_resend_overlapping_what_i_have_appends_only_the_new_part(leader_log) ->
 
 
 def test_resend_of_entries_already_stored_is_success_not_repeated_push(leader_log) -> None:
-    # SPEC §8 / DLedger #331: the ack of a push was lost and the leader resends it; the
+    # DLedger #331: the ack of a push was lost and the leader resends it; the
     # follower must acknowledge it (never loop on REPEATED_PUSH).
     f = Follower(store_of([1, 1, 2, 2, 2]))
     f.push(P.PushKind.COMPARE, pre=(4, 2))
@@ -387,7 +387,7 @@ def test_resend_of_entries_already_stored_is_success_not_repeated_push(leader_lo
 
 
 def test_compare_answers_and_clears_the_append_queue(leader_log) -> None:
-    # seed 002 §4.4: COMPARE/TRUNCATE clear writeRequestMap; we answer the dropped pushes
+    # DLedger's handlePush: COMPARE/TRUNCATE clear writeRequestMap; we answer the dropped pushes
     # INCONSISTENT_STATE instead of letting them time out.
     f = Follower(store_of([1, 1, 2, 2, 3]))
     queued = f.append(leader_log, 7, 7)
@@ -402,7 +402,7 @@ def test_compare_answers_and_clears_the_append_queue(leader_log) -> None:
 
 
 def test_truncate_drops_the_tail_and_verifies_up_to_the_cut(leader_log) -> None:
-    # seed 000 §6.4.5 handleDoTruncate.
+    # DLedger's handleDoTruncate.
     f = Follower(store_of([1, 1, 1, 1, 1]))
     f.push(P.PushKind.COMPARE, pre=(1, 1))
     assert f.answer(f.push(P.PushKind.TRUNCATE, first=2, commit=1)).code == RC.SUCCESS
@@ -466,7 +466,7 @@ def test_new_leader_resets_verified_end_and_drops_the_queue(leader_log) -> None:
 
 
 def test_abnormal_check_answers_a_gap_that_never_fills(leader_log) -> None:
-    # seed 000 §6.4.7 checkAbnormalFuture: once a second; a push waiting beyond
+    # DLedger's checkAbnormalFuture: once a second; a push waiting beyond
     # ledgerEnd + 1 for longer than the push timeout → INCONSISTENT_STATE (leader compares).
     f = Follower(store_of([1, 1]))
     rid = f.append(leader_log, 4, 5)
@@ -482,8 +482,8 @@ def test_abnormal_check_answers_a_gap_that_never_fills(leader_log) -> None:
 
 
 def test_a_queued_push_the_log_caught_up_with_is_acknowledged_at_once(leader_log) -> None:
-    # seed 000 §6.4.7 "PushFallBehind": a queued push now at or below ledgerEnd is answered
-    # SUCCESS if it matches (the leader's earlier ack was lost). DLedger waits for the
+    # DLedger's checkAbnormalFuture, "PushFallBehind": a queued push now at or below ledgerEnd is
+    # answered SUCCESS if it matches (the leader's earlier ack was lost). DLedger waits for the
     # once-a-second check; the core's drain takes every queued push at or below end + 1.
     f = Follower(store_of([1, 1]))
     f.push(P.PushKind.COMPARE, pre=(1, 1))

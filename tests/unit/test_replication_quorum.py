@@ -1,6 +1,6 @@
 """The ack checker's rule as a decision table: `quorum_index` and `commit_index`
-(node/core/replication.py; DLedger's QuorumAckChecker, seed 000 §6.5, seed 002 §4.5; SPEC §5
-"Ack checker"; Raft paper §5.3-§5.4.2 and Figure 8).
+(node/core/replication.py; DLedger's QuorumAckChecker; docs/replication.md
+"The commit rule"; Raft paper §5.3-§5.4.2 and Figure 8).
 
 quorum index = element n//2 of the current term's watermarks sorted descending, the leader's
 own ledger end being one of them; a watermark of an older term counts as -1 (ack_checker.py
@@ -53,7 +53,7 @@ QUORUM_ROWS = [
 
 @pytest.mark.parametrize(("marks", "expected"), QUORUM_ROWS)
 def test_quorum_index_table(marks: list[int], expected: int) -> None:
-    # SPEC §5 "Ack checker": the median of the watermarks sorted descending (element size/2).
+    # "Ack checker": the median of the watermarks sorted descending (element size/2).
     assert quorum_index(marks) == expected
 
 
@@ -98,7 +98,7 @@ def test_commit_index_table(quorum: int, term_q: int, term: int, committed: int,
 @settings(derandomize=True, max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(-1, 30), st.integers(0, 4)), max_size=25))
 def test_commit_index_never_moves_backwards(steps: list[tuple[int, int]]) -> None:
-    # SPEC §5: committedIndex only grows; a quorum that shrinks (watermarks cleaned on a term
+    # committedIndex only grows; a quorum that shrinks (watermarks cleaned on a term
     # change, a follower restarted) never takes it back.
     committed, term = -1, 3
     for quorum, term_q in steps:
@@ -143,7 +143,7 @@ def test_figure8_old_term_entry_commits_with_a_current_term_entry_above_it() -> 
 
 
 def test_new_leaders_noop_commits_the_previous_terms_tail() -> None:
-    # SPEC §8 / DLedger #305: the new leader's NOOP is the current-term entry that lets
+    # DLedger #305: the new leader's NOOP is the current-term entry that lets
     # earlier entries commit without waiting for a client write.
     s = _log([1, 1, 1])
     marks_before = [2, 2, -1]

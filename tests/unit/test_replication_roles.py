@@ -1,8 +1,8 @@
 """The real role classes (Handler, Dispatcher, AckChecker) driven in one process: a fake
 RoleContext (real NodeConfig, a dict-backed shared block, a virtual clock) and a transport that
-records what they send (contract C7). What is pinned here is the I/O shell around the cores:
-one member snapshot per request (repro t3), the lease (repro t5), linearizable reads (C4), the
-store generation fence at the dispatcher (repro t2c), storage errors as answers (repro t6).
+records what they send (docs/contracts.md C7). What is pinned here is the I/O shell around the cores:
+one member snapshot per request (docs/contracts.md C2), the lease (C3), linearizable reads (C4),
+the store generation fence at the dispatcher (C1), storage errors as answers (C5, C6).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def push(kind: P.PushKind, *, term: int, leader: str, rid: int, **kw) -> bytes: 
 
 
 # ------------------------------------------------------------------------------------------
-# Handler, follower side: one member snapshot per request (repro t3)
+# Handler, follower side: one member snapshot per request (docs/contracts.md C2)
 # ------------------------------------------------------------------------------------------
 def test_a_push_is_validated_and_applied_on_one_member_snapshot(tmp_path: Path) -> None:
     """The elector moves from FOLLOWER(1, n0) to FOLLOWER(2, n2) while the handler serves a
@@ -246,7 +246,7 @@ def test_a_store_write_is_skipped_when_leadership_changed_before_the_lock(tmp_pa
 
 
 # ------------------------------------------------------------------------------------------
-# Handler, leader side: the lease (repro t5) and linearizable reads (C4)
+# Handler, leader side: the lease (docs/contracts.md C3) and linearizable reads (C4)
 # ------------------------------------------------------------------------------------------
 def leader_handler(tmp_path: Path, clock: Clock, state: FakeState | None = None,
                    store=None, **cfg) -> tuple[Handler, HandlerWire, FakeState]:  # noqa: ANN001, ANN003
@@ -361,7 +361,7 @@ def test_linearizable_get_fails_on_a_term_change_and_times_out(tmp_path: Path) -
 
 
 # ------------------------------------------------------------------------------------------
-# Handler: storage errors are answers, never a crash loop (repro t6)
+# Handler: storage errors are answers, never a crash loop (docs/contracts.md C5, C6)
 # ------------------------------------------------------------------------------------------
 class FailingStore(MemoryStore):
     """A MemoryStore whose writes fail with `error` while it is set."""
@@ -510,7 +510,7 @@ def test_construction_builds_no_socket_and_the_clock_is_injected(tmp_path: Path)
 
 
 # ------------------------------------------------------------------------------------------
-# Dispatcher: the generation fence (repro t2c) and the lease
+# Dispatcher: the generation fence (docs/contracts.md C1) and the lease
 # ------------------------------------------------------------------------------------------
 class DispatcherWire:
     def __init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Snapshot files on disk (issue 11 §3) and the file-level ends of an install (§4).
+"""Snapshot files on disk (docs/snapshots.md "Layout") and the file-level ends of an install
+("Install: the receiving side").
 
 Pure file tests in tmp_path: take/commit/abort, retention, crash leftovers, damaged snapshots
 skipped with a warning, chunked receive with resume, refusal of bad chunks and bad bytes.

@@ -1,5 +1,6 @@
-"""The state-machine API and its loader (node/statemachine/api.py, loader.py; issue 11 §1):
-every bad ``--state-machine`` spec is one clear line, and the documented example works."""
+"""The state-machine API and its loader (node/statemachine/api.py, loader.py; docs/statemachine.md
+"The API"): every bad ``--state-machine`` spec is one clear line, and the documented example
+works."""
 
 from __future__ import annotations
 

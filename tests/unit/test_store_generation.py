@@ -1,4 +1,4 @@
-"""The store generation fence (docs/store.md "Readers in other processes", plan contract C1).
+"""The store generation fence (docs/store.md "Readers in other processes", docs/contracts.md C1).
 
 A truncation deletes segment files and later appends re-create them under the same names. A
 long-lived reader (dispatcher, ack checker, dump) that still maps the old inode would read the

@@ -293,7 +293,7 @@ def test_any_flipped_byte_is_refused_by_the_run_crc_and_nothing_is_stored(tmp_pa
 
 @pytest.mark.parametrize("kind", ["segment", "memory"])
 def test_a_push_without_run_crc_still_checks_every_body_crc(tmp_path, kind):
-    """The t1 shape (repro ../shared/repro/t1_fastpath_crc.py): direct callers and pushes
+    """The t1-ends-only shape (docs/contracts.md C12): direct callers and pushes
     without a run CRC get the per-entry body CRC check, on the fast path too."""
     blob, recs, pos = _run(tmp_path)
     blob[pos[2] + HEADER_SIZE + 2] ^= 0xFF

@@ -1,7 +1,7 @@
-"""Recovery at open (SPEC §4): torn tails are cut, index files are rebuilt from data, and a
-damaged *committed* entry is never silently lost: it is cut with a repair index recorded first
-(the node then does not vote until the range is fetched again: docs/store.md "Repair from
-peers")."""
+"""Recovery at open (docs/store.md "Recovery (at open)"): torn tails are cut, index files are
+rebuilt from data, and a damaged *committed* entry is never silently lost: it is cut with a repair
+index recorded first (the node then does not vote until the range is fetched again: docs/store.md
+"Repair from peers")."""
 
 import os
 import struct

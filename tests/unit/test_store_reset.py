@@ -1,4 +1,4 @@
-"""A log that begins after a snapshot: `reset_to(S, T)` (issue 11 §4, store half;
+"""A log that begins after a snapshot: `reset_to(S, T)` (the store half of an install;
 docs/store.md "A log that begins after a snapshot").
 
 A follower that receives its leader's snapshot (last included entry S, term T) must replace

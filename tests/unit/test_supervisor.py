@@ -1,6 +1,6 @@
 """The supervisor never leaves a half-alive node: a role that stops fatally (RoleContext.fatal)
 or crash-loops stops the whole node with one line, `dledger server: error: <role>: <reason>`,
-and exit status 1 (contract C6)."""
+and exit status 1 (docs/contracts.md C6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Is a recorded KV history linearizable? (issue 11 §7; pure: no processes, no clocks but a budget.)
+"""Is a recorded KV history linearizable? (docs/chaos.md; pure: no processes, no clocks but a budget.)
 
 A chaos run against the KV store records what each client saw: an operation was *invoked* at
 one time and *completed* at a later one with an output (a get's value, whether a cas swapped),

@@ -148,7 +148,8 @@ class ChaosRun:
         if self.o.compact:
             # 64 KiB data files and retention that deletes whatever a snapshot covers at once: a
             # follower killed or paused for a second is soon behind the leader's log begin and
-            # is sent a snapshot (issue 11 §4), under the same faults and checks.
+            # is sent a snapshot (docs/snapshots.md "Install, end to end"), under the same faults
+            # and checks.
             extra += ["--file-reserved-hours", "0", "--disk-space-ratio-to-clean", "0.0001",
                       "--max-body-size", str(4 << 10)]
         files = ["--data-file-size", str(64 << 10)] if self.o.compact else ["--data-file-size", str(64 << 20)]

@@ -67,7 +67,7 @@ class SimLog:
 
 
 class SimRC:
-    """A RoleContext-like object (contract C7)."""
+    """A RoleContext-like object (docs/contracts.md C7)."""
 
     def __init__(self, sim: Sim, node: Node, actor: Actor, role: str, peer_id: str | None = None) -> None:
         self.sim = sim
@@ -526,7 +526,7 @@ class DispatcherActor(Actor):
         and that entry's term, read like the dispatcher reads them -- so a correct follower must
         stay safe whatever the order it arrives in; our dispatcher only sends COMMIT after a
         COMPARE succeeded, which is what hides a follower that validates a push on one member
-        read and applies it against state keyed on another (repro t3)."""
+        read and applies it against state keyed on another (docs/contracts.md C2)."""
         from node.core.replication import Commit, PushState
         from node.store.reader import StaleRead
 

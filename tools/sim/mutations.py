@@ -7,9 +7,9 @@ finds what it found before. The names say what they break:
 
 - `t2c-fence`: readers ignore the store generation (StoreReader.begin/validate do nothing and
   follow_begin refreshes only when the ledger begin moves): a dispatcher keeps reading a
-  segment file a truncation replaced (repro t2c).
+  segment file a truncation replaced (docs/contracts.md C1).
 - `t3-two-reads`: the follower keys its verified end on one member snapshot and validates the
-  push on a second one (repro t3).
+  push on a second one (docs/contracts.md C2).
 - `quorum-max`: the ack checker takes the best watermark for a quorum (commits what only the
   leader holds).
 - `follower-commit`: a follower commits the leader's commit index without having verified its
@@ -17,14 +17,16 @@ finds what it found before. The names say what they break:
 - `old-term-commit`: the ack checker commits an entry of an earlier term by counting replicas
   (Raft §5.4.2, Figure 8).
 - `t5-flag-leader`: the handler acts as leader on the role flag alone (no lease) and serves a
-  linearizable GET without confirming its leadership (repro t5).
+  linearizable GET without confirming its leadership (docs/contracts.md C3, C4).
 - `vote-any-log`: a voter grants its vote without comparing logs (Raft §5.4.1): a candidate
   missing committed entries can win.
-- `t1-ends-only`: the follower's fast path checks only the two ends of a pushed run (repro t1):
-  with the `corrupt` fault, a damaged middle entry is stored and committed.
-- `t4-old-term`: a leader deposed by a higher term campaigns again in its old term (repro t4).
+- `t1-ends-only`: the follower's fast path checks only the two ends of a pushed run
+  (docs/contracts.md C12): with the `corrupt` fault, a damaged middle entry is stored and committed.
+- `t4-old-term`: a leader deposed by a higher term campaigns again in its old term
+  (docs/contracts.md C18).
 - `t6-no-stepdown`: the elector ignores the handler's "store not writable": a leader whose
-  disk is full keeps leading (repro t6); fault `disk-full` fills the leader's disk at the heal.
+  disk is full keeps leading (docs/contracts.md C5); fault `disk-full` fills the leader's disk at
+  the heal.
 - `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
   restart rule reverted): a restarted leader can lead the same term twice.
 
@@ -200,8 +202,8 @@ def _t5() -> Callable[[], None]:
 @_mutation("t1-ends-only")
 def _t1() -> Callable[[], None]:
     """The follower's fast path checks only the first and last entry of a pushed run against
-    their index records, and no CRC at all -- neither the bodies' nor the run's (repro t1): a
-    damaged middle entry is stored."""
+    their index records, and no CRC at all -- neither the bodies' nor the run's (docs/contracts.md
+    C12): a damaged middle entry is stored."""
     from node.store.base import StoreError
     from node.store.codec import HEADER, INDEX, INDEX_SIZE
     from node.store.segment_store import SegmentStore
@@ -222,7 +224,7 @@ def _t1() -> Callable[[], None]:
 @_mutation("t4-old-term")
 def _t4() -> Callable[[], None]:
     """A leader deposed by a higher term (or stepping down) only notes the term, as DLedger
-    does, and campaigns again in its old term (repro t4)."""
+    does, and campaigns again in its old term (docs/contracts.md C18)."""
     from node.core.election import ElectorCore
 
     def enter_higher_term(self: ElectorCore, term: int, now_ms: int) -> None:
@@ -254,8 +256,8 @@ def _restart_same_term() -> Callable[[], None]:
 
 @_mutation("t6-no-stepdown")
 def _t6() -> Callable[[], None]:
-    """The elector ignores the handler's "store not writable" (repro t6): a leader whose disk
-    is full keeps leading, answering DISK_FULL, and the group never fails over."""
+    """The elector ignores the handler's "store not writable" (docs/contracts.md C5): a leader whose
+    disk is full keeps leading, answering DISK_FULL, and the group never fails over."""
     from node.core.election import LedgerEnd
     from node.roles.elector import Elector
 

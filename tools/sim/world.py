@@ -48,10 +48,11 @@ from tools.sim.state import NodeBlock, SimLock
 ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "pause", "truncate",
               "clock")
 # Opt-in (not in the default set, so default seeds keep their histories):
-# corrupt: flip a byte of a push (repro t1); eager-commit: leaders also send COMMIT pushes at
-# any time, before COMPARE too (repro t3 needs it: see DispatcherActor.eager_commit).
+# corrupt: flip a byte of a push (docs/contracts.md C12); eager-commit: leaders also send COMMIT
+# pushes at any time, before COMPARE too (mutation t3-two-reads needs it: see
+# DispatcherActor.eager_commit).
 # disk-full: a node's appends fail with DiskFull for a while, and at the heal the leader's disk
-# fills for 6 s: the group must fail over (repro t6).
+# fills for 6 s: the group must fail over (docs/contracts.md C5).
 # Session faults (each turns the writers' sessions on; see docs/testing.md "Client sessions"):
 # session-evict: tiny session-table limits and short sessions; handler-restart: a leader's
 # handler killed right after a stamped append reached it; disk-probe: a node's disk probe
@@ -1025,7 +1026,7 @@ class Sim:
 
     def _corrupt_push(self, payload: tuple[bytes, bytes], src_key: str) -> tuple[bytes, bytes]:
         """Fault `corrupt`: flip one byte of the entries a push carries, between nodes (a bad
-        NIC, memory or disk on the leader; repro t1). Clients' bytes are never touched: the
+        NIC, memory or disk on the leader; docs/contracts.md C12). Clients' bytes are never touched: the
         history check must know what was written."""
         ident, frame = payload
         msg = P.decode(frame)
@@ -1269,9 +1270,9 @@ class Sim:
     def _truncate_shape(self) -> None:
         """A deposed leader's uncommitted tail gets truncated (segment files deleted and
         re-created) and that node leads again while a peer still holds the old tail -- the
-        shape of repro t2c: cut the leader X off with one follower Z while clients write to X;
-        rejoin X (it follows the new leader and truncates) but keep Z away; then cut the new
-        leader off so X may win; finally bring Z back."""
+        shape that broke the generation fence (docs/contracts.md C1): cut the leader X off with one
+        follower Z while clients write to X; rejoin X (it follows the new leader and truncates) but
+        keep Z away; then cut the new leader off so X may win; finally bring Z back."""
         r = self.rng
         lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
         if not lead:
@@ -1307,10 +1308,10 @@ class Sim:
         self.schedule(self.now + t1 + r.randint(200, 1000), "call", depose)
 
     def _fill_leaders_disk(self) -> int | None:
-        """Fault `disk-full`, at the heal (repro t6): the leader's disk fills for 6 s while the
-        others are healthy and clients keep writing. A leader that cannot write must step down
-        so that the group fails over: some append must be acknowledged again within
-        FAILOVER_MS (checked in `run`). Returns when the disk filled (None: no leader now)."""
+        """Fault `disk-full`, at the heal (docs/contracts.md C5): the leader's disk fills for 6 s
+        while the others are healthy and clients keep writing. A leader that cannot write must step
+        down so that the group fails over: some append must be acknowledged again within FAILOVER_MS
+        (checked in `run`). Returns when the disk filled (None: no leader now)."""
         lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
         if not lead:
             return None
@@ -1321,11 +1322,11 @@ class Sim:
 
     def _lagging_follower_shape(self) -> None:
         """A follower that learns of a new leader late (part of fault `eager-commit`, the shape
-        repro t3 needs): cut the leader X off with one follower Z while clients write to X (Z
-        stores X's tail, which cannot commit), and stall Z's elector (SIGSTOP) for as long; the
-        rest (5 nodes) elect a new leader that commits over X's tail. The cut heals a little
-        before Z's elector resumes, so the new leader's pushes -- a COMMIT first, with
-        eager-commit -- reach Z's handler while Z's block still says FOLLOWER of X, and Z's
+        mutation t3-two-reads needs, docs/contracts.md C2): cut the leader X off with one follower Z
+        while clients write to X (Z stores X's tail, which cannot commit), and stall Z's elector
+        (SIGSTOP) for as long; the rest (5 nodes) elect a new leader that commits over X's tail. The
+        cut heals a little before Z's elector resumes, so the new leader's pushes -- a COMMIT first,
+        with eager-commit -- reach Z's handler while Z's block still says FOLLOWER of X, and Z's
         elector switches to the new leader while the handler is deciding one of them."""
         r = self.rng
         lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
