@@ -40,6 +40,7 @@ from ipc.client.calls import (
     INFLIGHT,
     KIND_NAMES,
     OPEN,
+    QUERY,
     UNEXPECTED,
     WAITING,
     Call,
@@ -59,6 +60,9 @@ from ipc.codes import is_indeterminate, is_retryable
 from ipc.sockets import make_context
 
 log = logging.getLogger("dledger.client")
+
+# Answers of a named node (read_from) that say "not now": asked again until the call's deadline.
+_NAMED_NODE_BUSY = frozenset({RC.LEADER_PENDING_FULL, RC.TERM_NOT_READY})
 
 Collected = dict[Node, list[tuple[Call, int, bytes]]]
 
@@ -395,10 +399,16 @@ class ClientIO:
             return  # else: a late answer to an attempt we already gave up on
         node.inflight -= 1
         call.rid = 0
+        code = getattr(msg, "code", RC.UNKNOWN)
         if call.pinned is not None:
+            if call.kind == QUERY and code in _NAMED_NODE_BUSY:
+                # A read from a named node that is starting (its applier not taking requests
+                # yet) or busy: a read is idempotent, so ask that node again within the timeout.
+                call.last = (code, getattr(msg, "reason", "") or f"from {node.id}")
+                self.retry_later(call, time.monotonic())
+                return
             self.finish(call, msg)  # the caller interprets the node's raw answer
             return
-        code = getattr(msg, "code", RC.UNKNOWN)
         if code == RC.SUCCESS:
             self.discovery.succeeded()
             value = success_value(call, msg)

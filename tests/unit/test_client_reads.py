@@ -93,3 +93,28 @@ def test_kv_get_async_resolves_to_what_get_returns(make_cluster) -> None:  # noq
         assert [m.any_member for m in cl.nodes["n2"].received if isinstance(m, P.QueryRequest)] == [True]
         with pytest.raises(DLedgerError):
             kv.get_async(b"x", read_from="n1").result(5)  # n1 answers NOT_LEADER
+
+
+def test_a_named_member_that_is_starting_is_asked_again_within_the_timeout(make_cluster) -> None:  # noqa: F811
+    """A node starts its applier last: until then it answers a query LEADER_PENDING_FULL ("the
+    applier is not taking requests"). A read is idempotent, so a read from that named node is
+    asked again until it answers, within the call's timeout, and never sent elsewhere; one that
+    stays busy fails with that code once the timeout is spent."""
+    cl = make_cluster()
+    n0, n1 = cl.nodes["n0"], cl.nodes["n1"]
+
+    def starting(node, msg):
+        if isinstance(msg, P.QueryRequest) and node.count(P.QueryRequest) <= 3:
+            return [cl.error(msg, RC.LEADER_PENDING_FULL)]
+        return answer_queries(node, msg)
+
+    n1.script = starting
+    with client(cl) as c:
+        assert c.query(b"abc", read_from="n1") == QueryResult(b"cba", 7)
+        assert n1.count(P.QueryRequest) == 4 and n0.count(P.QueryRequest) == 0
+        n1.script = lambda node, msg: [cl.error(msg, RC.LEADER_PENDING_FULL)] if isinstance(
+            msg, P.QueryRequest) else None
+        with pytest.raises(DLedgerError) as ei:
+            c.query(b"abc", read_from="n1", timeout=0.5)
+        assert ei.value.code == RC.LEADER_PENDING_FULL
+        assert n0.count(P.QueryRequest) == 0
