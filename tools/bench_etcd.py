@@ -125,7 +125,7 @@ _FILL: dict[int, bytes] = {}
 
 
 def body(seq: int, size: int) -> bytes:
-    """The same values as `dledger bench` (tools/cmd_bench.py `_body`): 8-byte seq, fixed fill."""
+    """The same values as `dledger bench` (tools/commands/bench.py `_body`): 8-byte seq, fixed fill."""
     head = seq.to_bytes(8, "big")
     if size <= 8:
         return head[-size:] if size else b""
