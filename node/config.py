@@ -9,7 +9,7 @@ Defaults and why (see docs/election.md and docs/replication.md for the full stor
 heartbeat 100 ms × leak 4 → a follower notices a dead leader 300–400 ms after it died; the
 first vote round doubles as a pre-vote and the survivor with the best log stands at once
 (randomized vote timers of 50–450 ms only separate the rest). Measured with
-tools/bench_failover.py (docs/performance.md "Failover"); a loaded 2-core machine still never
+tools/bench/failover.py (docs/performance.md "Failover"); a loaded 2-core machine still never
 misses four heartbeats in a row (the elector logs any gap above two intervals).
 """
 

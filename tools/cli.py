@@ -1,4 +1,4 @@
-"""`dledger`: one command, one module per subcommand (tools/cmd_<name>.py).
+"""`dledger`: one command, one module per subcommand (tools/commands/<name>.py).
 
 Each subcommand module has a docstring (its --help text), `add_arguments(parser)` and
 `run(args) -> int`. Errors become one line on stderr and a non-zero exit (2: bad usage, 1: it
@@ -22,23 +22,23 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 SUBCOMMANDS: dict[str, str] = {
-    "server": "tools.cmd_server",
-    "cluster": "tools.cmd_cluster",
-    "append": "tools.cmd_append",
-    "get": "tools.cmd_get",
-    "metadata": "tools.cmd_metadata",
-    "transfer": "tools.cmd_transfer",
-    "dump": "tools.cmd_dump",
-    "bench": "tools.cmd_bench",
-    "export": "tools.cmd_export",
-    "verify": "tools.cmd_verify",
-    "chaos": "tools.cmd_chaos",
-    "kv": "tools.cmd_kv",
-    "snapshot": "tools.cmd_snapshot",
-    "config": "tools.cmd_config",
-    "health": "tools.cmd_health",
-    "top": "tools.cmd_top",
-    "completion": "tools.cmd_completion",
+    "server": "tools.commands.server",
+    "cluster": "tools.commands.cluster",
+    "append": "tools.commands.append",
+    "get": "tools.commands.get",
+    "metadata": "tools.commands.metadata",
+    "transfer": "tools.commands.transfer",
+    "dump": "tools.commands.dump",
+    "bench": "tools.commands.bench",
+    "export": "tools.commands.export",
+    "verify": "tools.commands.verify",
+    "chaos": "tools.commands.chaos",
+    "kv": "tools.commands.kv",
+    "snapshot": "tools.commands.snapshot",
+    "config": "tools.commands.config",
+    "health": "tools.commands.health",
+    "top": "tools.commands.top",
+    "completion": "tools.commands.completion",
 }
 
 
@@ -280,7 +280,7 @@ def _main(argv: list[str]) -> int:
 
 def error_code(e: BaseException) -> str | None:
     """The response code's name behind an error (`TIMEOUT`, `TAKE_LEADERSHIP_FAILED`), if any:
-    a CliError made from a DLedgerError keeps it (cmd_metadata.cli_error)."""
+    a CliError made from a DLedgerError keeps it (tools/commands/metadata.py cli_error)."""
     if isinstance(e, CliError):
         return e.response
     name = getattr(e, "name", None)

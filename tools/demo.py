@@ -34,12 +34,12 @@ from ipc import protocol as P
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 from node.shared_state import segment_name
-from tools.bench_failover import Writer
+from tools.bench.failover import Writer
 from tools.local_group import LocalGroup
 
 
 class _Writer(Writer):
-    """bench_failover's writer with a distinct body per append, so the log can be checked:
+    """tools/bench/failover.py's writer with a distinct body per append, so the log can be checked:
     keeps (ack monotonic time, term) in `acks` as its base does, and (index, body) in `entries`."""
 
     def __init__(self, peers: str, group: str) -> None:

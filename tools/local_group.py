@@ -1,7 +1,7 @@
 """A local group of `dledger server` processes that a tool starts and stops itself.
 
 Used by `make run` (tools/demo.py), `dledger bench --local N`, `dledger chaos` and
-tools/bench_failover.py: free loopback ports, stores in a temporary directory, each node in its
+tools/bench/failover.py: free loopback ports, stores in a temporary directory, each node in its
 own process group so a "crash" is one SIGKILL to all its processes, and everything stopped by
 PID in `close()`. Servers are tied to the *thread* that started them (Linux PDEATHSIG): start
 them from a thread that lives as long as the group, as the tools do from their main thread.
@@ -59,7 +59,7 @@ class LocalGroup:
         self.peers = ";".join(f"{i}-{self.hosts[i]}:{p}" for i, p in zip(self.ids, self.ports, strict=True))
         self.extra = list(extra_args or [])
         self.procs: dict[str, subprocess.Popen] = {}
-        self.cwd: str | None = None  # run the servers from another checkout (tools/bench_restart.py)
+        self.cwd: str | None = None  # run the servers from another checkout (tools/bench/restart.py)
         self.ctx = zmq.Context()
 
     # ---- processes -------------------------------------------------------------------------

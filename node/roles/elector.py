@@ -313,7 +313,7 @@ class Elector:
         return step
 
     def _log_election(self, before: tuple) -> None:
-        """Log what explains an election's length (tools/bench_failover.py parses these
+        """Log what explains an election's length (tools/bench/failover.py parses these
         lines): how long the leader had been silent when this follower gave up, each vote
         round's tally and decision, and heartbeat gaps long enough to threaten a spurious
         election (the elector starved, or heartbeats delayed under load)."""

@@ -16,7 +16,7 @@ copies the run verbatim, every entry is checked (docs/store.md, "Follower append
 Why two implementations of one check: the Python loop costs ~0.3 µs per entry (two struct
 unpacks and a tuple compare); numpy does the same comparisons as whole-array operations
 (~0.02 µs per entry at 4096 entries) but costs ~21 µs per call whatever the run length.
-Measured (``python -m tools.bench_push_check --implementations``) they break even at 72-80
+Measured (``python -m tools.bench.push_check --implementations``) they break even at 72-80
 entries, so `check_run` uses the loop below `NUMPY_MIN_RUN` (80) and numpy from there.
 Both raise the same StoreError (UNEXPECTED_ARGUMENT) with the same message: a record or
 header fault first (the first entry that has one), then a body CRC (the first bad body);

@@ -1,4 +1,4 @@
-"""The bench's Recorder (tools/bench_record.py) and summary (tools/cmd_bench.summarize) on a
+"""The bench's Recorder (tools/bench/record.py) and summary (tools/commands/bench.summarize) on a
 controlled clock: percentiles within HdrHistogram's 3 significant digits of the exact ones,
 per-second rows as the old sample-keeping bench made them, errors by code, bounded memory."""
 
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-import tools.bench_record as br
-from tools.cmd_bench import summarize
+import tools.bench.record as br
+from tools.commands.bench import summarize
 
 
 class Clock:

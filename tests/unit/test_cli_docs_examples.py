@@ -142,7 +142,7 @@ def test_no_peers_example_collides():
     from node.ports import peers_problems
 
     text = "\n".join(p.read_text(encoding="utf-8") for p in
-                     [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "tools").glob("cmd_*.py"),
+                     [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "tools" / "commands").glob("*.py"),
                       ROOT / "tools" / "cli.py"])
     strings = set(re.findall(r"n0-[\w.\[\]:]+:\d+(?:;n\d-[\w.\[\]:]+:\d+)+", text))
     assert len(strings) >= 3

@@ -115,7 +115,7 @@ def test_cluster_removes_the_blocks_its_stopped_nodes_left(tmp_path):
     the resource tracker leaves the block behind: the cluster removes its own nodes' blocks
     once they have all exited (and nothing else: another store's block stays)."""
     from node.shared_state import segment_name
-    from tools.cmd_cluster import remove_left_segments
+    from tools.commands.cluster import remove_left_segments
 
     ours = Path("/dev/shm", segment_name("g", "n1", tmp_path / "n1"))
     other = Path("/dev/shm", segment_name("g", "n1", tmp_path / "elsewhere"))

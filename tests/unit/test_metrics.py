@@ -21,8 +21,8 @@ from node.config import ConfigError, NodeConfig
 from node.histogram import LATENCY_MS, bucket_index, cumulative, quantile
 from node.metrics import NodeCollector
 from node.shared_state import NotTheWriter, SharedState
-from tools.cmd_health import verdict
-from tools.group_status import NodeAnswer, read_group
+from tools.commands.group_status import NodeAnswer, read_group
+from tools.commands.health import verdict
 
 _names = itertools.count()
 

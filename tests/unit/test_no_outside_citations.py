@@ -1,9 +1,10 @@
-"""Code, tests and tools cite only what the repository holds.
+"""Code, tests, tools and docs cite only what the repository holds.
 
-A comment that says "see SPEC §5" or "repro t3" points a reader at a document they do not have.
-Comments state the rule itself or link the repository's docs (docs/contracts.md C-numbers,
-docs/*.md sections). This test greps node/, ipc/, tools/ and tests/ for the citation forms such
-comments used and fails on any hit outside ALLOWED.
+A comment or doc page that says "see SPEC §5" or "repro t3" points a reader at a document they
+do not have. Comments and docs state the rule itself or link the repository's docs
+(docs/contracts.md C-numbers, docs/*.md sections). This test greps node/, ipc/, tools/, tests/,
+docs/*.md and README.md for the citation forms such text used and fails on any hit outside
+ALLOWED.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DIRS = ("node", "ipc", "tools", "tests")
+# The user-facing pages: every top-level doc and the README (docs/ also holds a dashboard JSON
+# and an SVG, which carry no prose).
+DOC_GLOBS = ("docs/*.md", "README.md")
 SUFFIXES = {".py", ".txt", ".sh", ".toml", ".md", ".cfg"}
 SELF = Path(__file__).resolve()
 
@@ -56,6 +60,8 @@ def _files() -> list[Path]:
         for p in sorted((ROOT / d).rglob("*")):
             if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts and p != SELF:
                 out.append(p)
+    for pattern in DOC_GLOBS:
+        out.extend(sorted(ROOT.glob(pattern)))
     return out
 
 
@@ -103,6 +109,14 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
             found.append(f"{rel}:{n}: [{name}] {line[:100]}")
     assert not found, ("state the rule or link the repository doc (docs/contracts.md, docs/*.md) "
                        "instead of:\n" + "\n".join(found))
+
+
+def test_the_docs_and_the_readme_are_scanned() -> None:
+    """A scan that silently stopped reading docs/ (a moved folder, a wrong glob) would pass on
+    any citation there."""
+    rels = {p.relative_to(ROOT).as_posix() for p in _files()}
+    assert "README.md" in rels
+    assert {"docs/contracts.md", "docs/replication.md", "docs/performance.md"} <= rels
 
 
 def test_every_allowed_file_exists() -> None:

@@ -2,5 +2,5 @@
 
 faults.py (what is injected, from a seeded schedule), workload.py (writers, readers, leader
 monitor), history.py (what was recorded, and the pure checks), run.py (one run, start to
-verdict), plot.py (`--plot`). The command itself is tools/cmd_chaos.py; docs/chaos.md.
+verdict), plot.py (`--plot`). The command itself is tools/commands/chaos.py; docs/chaos.md.
 """

@@ -20,7 +20,7 @@ import json
 import sys
 
 from tools.cli import CliError, positive_int
-from tools.cmd_dump import open_reader
+from tools.commands.dump import open_reader
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ user+system CPU over the run divided by the entries, the same for the bench proc
 generator shares the cores), and the bench's entries/s. To compare two
 commits, alternate between `git archive` copies of them:
 
-  PYTHONPATH=TREE .venv/bin/python TREE/tools/bench_cpu_per_entry.py --count 200000 --batch 1 --concurrency 256
+  PYTHONPATH=TREE .venv/bin/python TREE/tools/bench/cpu_per_entry.py --count 200000 --batch 1 --concurrency 256
 
 (run from inside TREE; TREE's own bench and server are used).
 """
@@ -28,7 +28,8 @@ from tools.local_group import LocalGroup
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="tools/bench/cpu_per_entry.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--count", type=int, default=200_000, help="entries to append (default 200000)")
     ap.add_argument("--batch", type=int, default=1, help="entries per request (default 1)")
     ap.add_argument("--concurrency", type=int, default=256, help="requests in flight (default 256)")

@@ -29,7 +29,7 @@ import sys
 import time
 
 from tools.cli import add_group_arguments, nonneg_float, nonneg_int, positive_float
-from tools.group_status import GroupProbe, GroupView, read_group
+from tools.commands.group_status import GroupProbe, GroupView, read_group
 
 DEFAULT_MAX_LAG = 10_000
 WAIT_INTERVAL = 0.2  # seconds between two rounds under --wait

@@ -1,6 +1,6 @@
 """Failover and idle-cost measurements on a local group (figures for docs/performance.md).
 
-    python -m tools.bench_failover [--nodes 3] [--kills 20] [--idle-seconds 10] [--writer]
+    python -m tools.bench.failover [--nodes 3] [--kills 20] [--idle-seconds 10] [--writer]
                                    [--json] [--quiet] [-- server options...]
 
 Failover: SIGKILL the leader (its whole process group, like a machine crash), then poll the
@@ -124,7 +124,7 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.failover", description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--idle-seconds", type=float, default=10.0)

@@ -21,7 +21,7 @@ import json
 import sys
 
 from tools.cli import CliError
-from tools.cmd_metadata import (
+from tools.commands.metadata import (
     EXIT_DEFINITE,
     EXIT_USAGE,
     add_client_arguments,

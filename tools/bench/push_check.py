@@ -1,7 +1,7 @@
 """Follower push micro-benchmark: µs per entry of `SegmentStore.append_follower`'s fast path.
 
-    python -m tools.bench_push_check [--sizes 64,4096] [--body 128] [--rounds 5] [--json]
-    python -m tools.bench_push_check --implementations [--sizes 16,32,64,72,80,96,128,4096]
+    python -m tools.bench.push_check [--sizes 64,4096] [--body 128] [--rounds 5] [--json]
+    python -m tools.bench.push_check --implementations [--sizes 16,32,64,72,80,96,128,4096]
 
 Why: the follower checks every pushed entry before storing it (docs/store.md, "Follower
 append"); this times that path alone, without sockets or processes, for runs of 64 and 4096
@@ -144,7 +144,7 @@ def _print_implementations(rows: list[dict[str, float]]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.push_check", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64,4096", help="run lengths, comma-separated")
     ap.add_argument("--body", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)

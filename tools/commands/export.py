@@ -18,8 +18,8 @@ import argparse
 import json
 
 from tools.cli import CliError
-from tools.cmd_dump import open_reader
-from tools.cmd_metadata import add_json_argument
+from tools.commands.dump import open_reader
+from tools.commands.metadata import add_json_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

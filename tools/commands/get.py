@@ -21,7 +21,7 @@ import re
 import sys
 
 from tools.cli import CliError, log_index, positive_int
-from tools.cmd_metadata import EXIT_USAGE, add_client_arguments, cli_error, open_client
+from tools.commands.metadata import EXIT_USAGE, add_client_arguments, cli_error, open_client
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """Snapshot and install timings for a large KV state (docs/performance.md: the snapshot/install
 timings for a 1 GiB state).
 
-    python -m tools.bench_install --state-mib 1024 [--value-kib 512] [--peer-push-quota BYTES] [--json]
+    python -m tools.bench.install --state-mib 1024 [--value-kib 512] [--peer-push-quota BYTES] [--json]
 
 What it does, on a local 3-node group started with `--state-machine kv` (no automatic
 snapshots, retention that deletes whatever a snapshot covers at once):
@@ -40,7 +40,7 @@ def _wait(pred, timeout: float, what: str):  # noqa: ANN001, ANN202
         if v:
             return v
         time.sleep(0.05)
-    raise SystemExit(f"bench_install: timed out waiting for {what}")
+    raise SystemExit(f"tools.bench.install: timed out waiting for {what}")
 
 
 def _log(g: LocalGroup, nid: str) -> str:
@@ -97,7 +97,7 @@ def run(state_mib: int, value_kib: int, quota: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench_install", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.install", description=__doc__.split("\n")[0])
     ap.add_argument("--state-mib", type=int, default=1024)
     ap.add_argument("--value-kib", type=int, default=512)
     ap.add_argument("--peer-push-quota", type=int, default=20 << 20,
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if not 1 <= a.value_kib <= 1024 or a.state_mib < 1:
-        print("bench_install: --value-kib must be 1..1024 and --state-mib >= 1", file=sys.stderr)
+        print("tools.bench.install: --value-kib must be 1..1024 and --state-mib >= 1", file=sys.stderr)
         return 2
     res = run(a.state_mib, a.value_kib, a.peer_push_quota)
     if a.json:

@@ -1,6 +1,6 @@
 """Restart time of a follower, by log size (figures for docs/performance.md "Restart").
 
-    python -m tools.bench_restart [--sizes 0,1,4,16] [--entry-size 1024] [--restarts 3]
+    python -m tools.bench.restart [--sizes 0,1,4,16] [--entry-size 1024] [--restarts 3]
                                   [--code-dir DIR] [--root DIR] [--json]
 
 For each size (GiB of log per node) a 3-node local group is built: node n2's store is written
@@ -187,7 +187,7 @@ def bench_size(gib: float, args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_restart", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.restart", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0,1", help="GiB of log per node, comma-separated (default 0,1)")
     ap.add_argument("--entry-size", type=int, default=1024, help="bytes per entry, header included")
     ap.add_argument("--restarts", type=int, default=3, help="restarts measured per size")

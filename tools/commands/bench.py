@@ -53,8 +53,8 @@ from hdrh.histogram import HdrHistogram
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 from node.statemachine import kv as K
-from tools.bench_progress import BenchProgress
-from tools.bench_record import Recorder, percentile_ms
+from tools.bench.progress import BenchProgress
+from tools.bench.record import Recorder, percentile_ms
 from tools.cli import (
     CliError,
     fraction,

@@ -34,7 +34,7 @@ import json
 import sys
 
 from tools.cli import CliError, positive_int
-from tools.cmd_metadata import EXIT_DEFINITE, EXIT_USAGE, add_client_arguments, cli_error
+from tools.commands.metadata import EXIT_DEFINITE, EXIT_USAGE, add_client_arguments, cli_error
 
 JSON_SHAPES = {"put": 'one {"revision"} object', "get": "one object: key, value, revision, "
                "create_revision, version", "del": 'one {"deleted"} object',
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             sp.add_argument("operands", nargs="+", metavar="EXPECTED NEW",
                             help="the expected value and the new one (with --absent: only NEW)")
             sp.add_argument("--absent", action="store_true", help="swap only if KEY does not exist (default: off)")
-        from tools.cmd_metadata import add_json_argument
+        from tools.commands.metadata import add_json_argument
 
         add_json_argument(sp, JSON_SHAPES[name])
 

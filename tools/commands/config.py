@@ -21,7 +21,7 @@ import argparse
 import json
 
 from tools.cli import EXIT_USAGE, CliError
-from tools.cmd_metadata import add_json_argument
+from tools.commands.metadata import add_json_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ session, runs one warm-up query, then `count(*)` + `sum(size)` over the data sou
 reports the median entries/s. Also measures the pure-Python decoder and the Arrow path alone,
 in this process, to show where the time goes.
 
-    python -m tools.bench_decode --entries 1000000 --size 1024 --master 'local[2]'
+    python -m tools.bench.decode --entries 1000000 --size 1024 --master 'local[2]'
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def spark_rates(path: Path, master: str, runs: int) -> tuple[list[float], int, i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.decode", description=__doc__.splitlines()[0])
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=1024, help="body bytes per entry")
     ap.add_argument("--master", default="local[2]")

@@ -6,8 +6,8 @@ Not part of the `dledger` package: it runs with a separate interpreter that has 
 
     apt-get install -y etcd-server etcd-client
     python3 -m venv /tmp/anchors/venv && /tmp/anchors/venv/bin/pip install grpcio
-    /tmp/anchors/venv/bin/python tools/bench_etcd.py --op put --clients 1 --duration 10
-    /tmp/anchors/venv/bin/python tools/bench_etcd.py --op get --clients 64 --conns 8 --json
+    /tmp/anchors/venv/bin/python tools/bench/etcd.py --op put --clients 1 --duration 10
+    /tmp/anchors/venv/bin/python tools/bench/etcd.py --op get --clients 64 --conns 8 --json
 
 Each run starts a fresh 3-member cluster on free loopback ports in a temporary directory
 (members die with this process: PDEATHSIG), finds the leader and sends every request to it,
@@ -125,7 +125,7 @@ _FILL: dict[int, bytes] = {}
 
 
 def body(seq: int, size: int) -> bytes:
-    """The same values as `dledger bench` (tools/cmd_bench.py `_body`): 8-byte seq, fixed fill."""
+    """The same values as `dledger bench` (tools/commands/bench.py `_body`): 8-byte seq, fixed fill."""
     head = seq.to_bytes(8, "big")
     if size <= 8:
         return head[-size:] if size else b""
@@ -333,7 +333,8 @@ async def _bench(args: argparse.Namespace, endpoint: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="tools/bench/etcd.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", choices=("put", "get"), default="put")
     ap.add_argument("--clients", type=int, default=1, help="requests in flight (coroutines)")
     ap.add_argument("--conns", type=int, default=1, help="gRPC channels the clients share")

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator
 
 from tools.cli import EXIT_RUNTIME, CliError, positive_int, quiet_stdout
-from tools.cmd_metadata import (
+from tools.commands.metadata import (
     EXIT_USAGE,
     add_client_arguments,
     add_json_argument,

@@ -32,7 +32,7 @@ from typing import Any
 
 from node.histogram import LATENCY_MS, quantile
 from tools.cli import CliError, add_group_arguments, positive_float
-from tools.group_status import GroupProbe, GroupView, NodeAnswer, read_group
+from tools.commands.group_status import GroupProbe, GroupView, NodeAnswer, read_group
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

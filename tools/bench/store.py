@@ -1,6 +1,6 @@
 """Store micro-benchmark: appends/s and MB/s of the segment store in one process.
 
-    python -m tools.bench_store [--seconds 2] [--json]
+    python -m tools.bench.store [--seconds 2] [--json]
 
 Runs every combination of body size (128 B, 1 KiB), single vs batch-of-64 appends and
 async vs sync flush, on 64 MiB segment files in a temporary directory (on the same filesystem
@@ -48,7 +48,7 @@ def run_case(root: str, size: int, batch: int, flush_mode: str, seconds: float) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.store", description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--json", action="store_true")

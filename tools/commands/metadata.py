@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(n.alive for n in m.nodes):
         raise CliError(f"no node answered within {args.timeout:g}s "
                        f"({len(m.nodes)} asked: {', '.join(n.address for n in m.nodes)})")
-    from tools.group_status import node_extras
+    from tools.commands.group_status import node_extras
 
     # lag, version, disk: one more METADATA round (with the status trailer), for both outputs
     extras = node_extras(args.peers, args.group, min(args.timeout, 1.0))

@@ -21,7 +21,7 @@ import json
 from typing import TYPE_CHECKING
 
 from tools.cli import CliError
-from tools.cmd_metadata import (
+from tools.commands.metadata import (
     EXIT_USAGE,
     add_client_arguments,
     add_json_argument,

@@ -8,7 +8,7 @@ windows of --window seconds each; in each, the user+system CPU of every process 
 (supervisors and roles, by /proc through psutil) divided by the window's wall time. Prints one
 line per window, the per-role share of the last one, and a JSON summary (min, median, max).
 
-  .venv/bin/python -m tools.measure_idle_cpu --nodes 3 --samples 5 --window 10
+  .venv/bin/python -m tools.bench.idle_cpu --nodes 3 --samples 5 --window 10
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def _cpu_by_role(group: LocalGroup) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.idle_cpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=3, help="group size (default 3)")
     ap.add_argument("--samples", type=int, default=5, help="measurement windows (default 5)")
     ap.add_argument("--window", type=float, default=10.0, help="seconds per window (default 10)")
