@@ -77,24 +77,28 @@ from node.core.follower import (
     StoreTruncate,
     same_leadership,
 )
+from node.core.leader import (
+    Admit,
+    Duplicate,
+    LeaderCore,
+    Placement,
+    ReadPath,
+    Refuse,
+    Repeat,
+    ReserveIds,
+    SessionGranted,
+)
 from node.core.lease import holds_lease, lease_ms
 from node.core.pending import Pending, PendingTable
 from node.core.reads import EarlyReads
 from node.core.results import AwaitingResults, ResultCache
-from node.core.sessions import (
-    MAX_SESSION_COUNTER,
-    SessionTable,
-    Verdict,
-    seq_add,
-    seq_after,
-    session_id,
-)
+from node.core.sessions import SessionTable
 from node.member_lock import MemberLock
 from node.role_metrics import HandlerMetrics, store_end_pos
 from node.roles.handler_install import FollowerInstall
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
-from node.shared_state import NO_SLOT, MemberView
+from node.shared_state import MemberView
 from node.status import node_status
 from node.store import codec
 from node.store.base import CorruptEntry, StoreCorruptError, StoreError
@@ -105,8 +109,6 @@ from node.store.stamps import session_stamps
 MAX_GET_BYTES = 4 << 20
 DISK_CHECK_MS = 1000
 MAX_MULTI_PEERS = 4096
-NOOP_RETRY_MIN_MS = 50
-NOOP_RETRY_MAX_MS = 1000
 ROOM_PROBE_MS = 1000  # unwritable store: how often to ask it whether it has room again
 QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by then: TIMEOUT
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while
@@ -122,7 +124,6 @@ DISK_CODES = frozenset({"DISK_FULL", "DISK_ERROR"})
 
 SESSION_FILE = "sessions"
 """`<term> <counter>`: session ids handed out in that term go up to counter (store dir)."""
-SESSION_ID_BLOCK = 256
 
 class HandlerTransport(Protocol):
     def reply(self, ident: bytes, frame: bytes) -> None: ...
@@ -242,17 +243,11 @@ class Handler(FollowerInstall):
         ecfg = self.cfg.election_config()
         self.lease = lease_ms(ecfg)
         self.read_timeout_ms = 2 * ecfg.max_heartbeat_leak * ecfg.heartbeat_interval_ms
-        # leader side
-        self.leader_term = -1  # the term whose NOOP this handler wrote (it leads that term)
-        self.noop_index = -1
-        self.noop_retry_ms = 0
-        self.noop_backoff_ms = 0
+        # leader side: the rules and their book-keeping (term, NOOP, pending replies, sessions)
+        self.leader = LeaderCore(self.lease, self.read_timeout_ms, self.cfg.read_lease,
+                                 self.cfg.max_pending_requests, self.cfg.max_sessions, self.cfg.session_window)
         self.unwritable = False  # mirrors store_unwritable_ms != 0 (we are its only writer)
         self.next_room_probe_ms = 0  # while unwritable: when to ask the store whether it has room
-        self.pending = PendingTable(self.cfg.max_pending_requests)
-        self.sessions = SessionTable(self.cfg.max_sessions, self.cfg.session_window)
-        self.session_counter = 0  # session ids opened in leader_term
-        self.session_reserved = 0  # ids up to this one are recorded in SESSION_FILE as handed out
         self.reads: list[ParkedRead] = []
         # state machine (cfg.state_machine): results of applied entries, replies waiting for
         # them, reads forwarded to the applier (tag -> client ident, request, deadline)
@@ -280,15 +275,42 @@ class Handler(FollowerInstall):
         self._view: MemberView | None = None  # the member snapshot of the last tick
         self.metrics = HandlerMetrics(self.state, self.cfg.max_wait_ack_ms)  # /metrics words
         self._published_repair = -1  # the block's repair_index as last written
-        # (first damaged index, why, repair target) found by a read, cut once this node no
-        # longer leads (store_damaged): a leader must not cut its log under its dispatchers.
-        self._damage: tuple[int, str, int] | None = None
+        self._damage = None  # see the property
         self._unchecked_published = -1  # unchecked_end_index as last published
         self._next_scrub_ms = 0  # when the scrub's next step is due
         self.scrub_delay_ms = SCRUB_DELAY_MS  # from open to the scrub's first step (a simulator sets 0)
 
     def now(self) -> int:
         return self.rc.clock()
+
+    # The leader core's book-keeping, under the names tests and the simulator read.
+    @property
+    def leader_term(self) -> int:
+        """The term whose NOOP this handler wrote (it leads that term), -1 if none."""
+        return self.leader.leader_term
+
+    @property
+    def noop_index(self) -> int:
+        return self.leader.noop_index
+
+    @property
+    def pending(self) -> PendingTable:
+        return self.leader.pending
+
+    @property
+    def sessions(self) -> SessionTable:
+        return self.leader.sessions
+
+    @property
+    def _damage(self) -> tuple[int, str, int] | None:
+        """(first damaged index, why, repair target) found by a read, cut once this node no
+        longer leads (store_damaged): a leader must not cut its log under its dispatchers."""
+        return self._damage_found
+
+    @_damage.setter
+    def _damage(self, value: tuple[int, str, int] | None) -> None:
+        self._damage_found = value
+        self.leader.damaged = value is not None  # no leading while a damaged entry waits
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -468,10 +490,9 @@ class Handler(FollowerInstall):
         return self.peer_ids[slot] if 0 <= slot < len(self.peer_ids) else ""
 
     def _leading(self, m: MemberView, now: int) -> bool:
-        """Act as leader only while the block says LEADER of the term whose NOOP we wrote and the
-        lease holds (a paused or partitioned elector must not leave us serving: repro t5)."""
-        return (m.current_term == self.leader_term and self._damage is None
-                and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
+        """Act as leader only while `LeaderCore.leading` says so (LEADER of the term whose NOOP
+        we wrote, the lease holds, no damaged entry waiting to be cut)."""
+        return self.leader.leading(m, now)
 
     # ------------------------------------------------------------------ replies
     def _reply(self, ident: bytes, msg: P.Message) -> None:
@@ -619,10 +640,11 @@ class Handler(FollowerInstall):
     def _linearizable_read(self, ident: bytes, req: ReadRequest, m: MemberView, now: int) -> None:
         """Serve at once under a lease (`read_lease`), else park the read until a quorum round
         that started after it arrived confirms this leader (C4, `_serve_reads`)."""
-        if self._lease_read_ok(m, now):
+        path = self.leader.read_path(m, now, self.store.committed_index, isinstance(req, P.QueryRequest))
+        if path is ReadPath.SERVE:
             self._read_now(ident, req, m)
             return
-        if isinstance(req, P.QueryRequest) and self._forward_early(ident, req, m, now):
+        if path is ReadPath.EARLY and self._forward_early(ident, req, m, now):
             return
         self.reads.append(ParkedRead(ident, req, now, m.current_term, now + self.read_timeout_ms))
         self.transport.control(channels.CONFIRM_LEADERSHIP)  # lost: the next round serves too
@@ -631,25 +653,12 @@ class Handler(FollowerInstall):
         """Send a query to the applier now, at the committed index as its read index, while the
         elector confirms leadership (node/core/reads.py: the two waits overlap); its answer is
         held until a round that started after it arrived lands. Only once this term's NOOP is
-        committed (before, the committed index may miss an earlier leader's entries): False
-        then, and the read is parked as before."""
-        if self.leader_term != m.current_term or self.store.committed_index < self.noop_index:
-            return False
+        committed (`LeaderCore.read_path` says EARLY). True: sent (or refused and answered)."""
         tag = self._to_applier(ident, req, self.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
         if tag is not None:
             self.early.add(tag, now, m.current_term, now + self.read_timeout_ms)
             self.transport.control(channels.CONFIRM_LEADERSHIP)
         return True
-
-    def _lease_read_ok(self, m: MemberView, now: int) -> bool:
-        """A lease read (option `read_lease`, off by default): no other leader can exist while
-        the lease from the last quorum round holds (node/core/lease.py), so the committed index
-        now is a valid read index, provided this term's NOOP is committed (it carries every
-        earlier term's entries) and no leadership transfer is under way (its target may be
-        elected within our lease). Assumes bounded clock drift: docs/statemachine.md."""
-        return (self.cfg.read_lease and m.role == Role.LEADER and m.current_term == self.leader_term
-                and m.transferee_slot == NO_SLOT and self.store.committed_index >= self.noop_index
-                and holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease))
 
     def _read_now(self, ident: bytes, req: ReadRequest, m: MemberView) -> None:
         """Leadership is confirmed for this read: answer a GET from the log, send a query to
@@ -692,21 +701,24 @@ class Handler(FollowerInstall):
                                          self._slot_id(m.leader_slot), b"".join(parts), req.request_id))
 
     def _serve_reads(self, m: MemberView, now: int) -> None:
-        """Contract C4: serve parked linearizable reads once the block shows LEADER of their term
-        with a quorum heartbeat round that *started* after they arrived, and this term's NOOP is
-        committed (read-index rule: the committed index is then at least the one at arrival);
-        NOT_LEADER when the role or term changed; TIMEOUT after ~2 election timeouts."""
+        """Serve parked linearizable reads on what one member snapshot says
+        (`LeaderCore.parked_read`: LEADER of their term with a quorum heartbeat round that
+        *started* after they arrived, and this term's NOOP committed); NOT_LEADER when the
+        role or term changed; TIMEOUT after ~2 election timeouts."""
         if len(self.early):
             self._settle_early(m, now)
         if not self.reads:
             return
         keep = []
         for r in self.reads:
-            if m.role != Role.LEADER or m.current_term != r.term or self.leader_term != r.term:
+            # The committed index is read per read: only this process writes it, and serving a
+            # read moves nothing a later decision reads.
+            path = self.leader.parked_read(r.term, r.arrived_ms, r.deadline_ms, m, now, self.store.committed_index)
+            if path is ReadPath.NOT_LEADER:
                 self._error(r.ident, r.req, RC.NOT_LEADER, m=m)
-            elif m.last_quorum_heartbeat_ms >= r.arrived_ms and self.store.committed_index >= self.noop_index:
+            elif path is ReadPath.SERVE:
                 self._read_now(r.ident, r.req, m)
-            elif now >= r.deadline_ms:
+            elif path is ReadPath.TIMEOUT:
                 self._error(r.ident, r.req, RC.TIMEOUT, "leadership not confirmed in time", m=m)
             else:
                 keep.append(r)
@@ -715,8 +727,7 @@ class Handler(FollowerInstall):
     def _settle_early(self, m: MemberView, now: int) -> None:
         """Release the held answers of early-forwarded queries the block now confirms; fail the
         ones whose term is over (NOT_LEADER) or that waited too long (TIMEOUT)."""
-        leading = m.current_term if m.role == Role.LEADER and m.current_term == self.leader_term else None
-        release, failed = self.early.settle(leading, m.last_quorum_heartbeat_ms, now)
+        release, failed = self.early.settle(self.leader.leading_term(m), m.last_quorum_heartbeat_ms, now)
         for got in release:
             self._answer_query(got)
         for tag, code in failed:
@@ -743,25 +754,10 @@ class Handler(FollowerInstall):
                 self.disk_ratio = 0.0
             self.disk_full = self.disk_ratio > self.cfg.disk_full_ratio
 
-    def _refuse_leadership(self, m: MemberView, now: int) -> tuple[RC, str] | None:
-        """The first checks of DLedger's order for an append: may this node answer it at all?"""
-        if not self._leading(m, now):
-            return RC.NOT_LEADER, ""
-        if m.transferee_slot != NO_SLOT:
-            return RC.LEADER_TRANSFERRING, ""
-        return None
-
-    def _refuse_capacity(self, n: int, now: int) -> tuple[RC, str] | None:
-        """The rest of DLedger's order: is there room to write `n` entries? Asked only of an
-        append that will be written, after the session check: a resend the leader already
-        holds needs no room, and refusing it DISK_FULL (a definite code) would tell its client
-        "not stored" about an entry that is."""
-        if self.pending.full(n):
-            return RC.LEADER_PENDING_FULL, ""
+    def _disk_full_now(self, now: int) -> bool:
+        """`LeaderCore`'s capacity probe: the disk measurement, at most once a second."""
         self._check_disk(now)
-        if self.disk_full:
-            return RC.DISK_FULL, ""
-        return None
+        return self.disk_full
 
     def _write_as_leader(self, write: Callable[[int], Any]) -> tuple[tuple[int, Any] | None, tuple[RC, str] | None]:
         """Run the store write under the member lock, after re-checking (fresh snapshot) that this
@@ -796,24 +792,30 @@ class Handler(FollowerInstall):
         if self.single:
             self._commit_to(self.store.ledger_end_index)
 
+    def _answer_refusal(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest,
+                        d: Refuse | Duplicate, n: int, m: MemberView, now: int) -> None:
+        """Answer an append the core did not admit: a refusal, or a resend with its index."""
+        if isinstance(d, Duplicate):
+            self._answer_duplicate(ident, req, d.first, n, m, now)
+        else:
+            self._error(ident, req, d.code, d.reason, m=m)
+
     def on_append(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest) -> None:
+        """A single APPEND or a BATCH: admitted by `LeaderCore.admit` (leadership, the session
+        check, then capacity), written under the member lock, answered at commit."""
         batch = isinstance(req, P.BatchAppendRequest)
         n = len(req.bodies) if batch else 1
         now = self.now()
         m = self.state.read_member()
-        refused = self._refuse_leadership(m, now)
-        if refused is None and batch and n == 0:
-            refused = RC.REQUEST_WITH_EMPTY_BODYS, ""
         session, seq = req.session, (req.first_seq if batch else req.seq)
-        if refused is None and session and not self._session_admits(ident, req, session, seq, n, m, now):
+        d = self.leader.admit(m, now, session, seq, n, self._disk_full_now, batch=batch)
+        if not isinstance(d, Admit):
+            self._answer_refusal(ident, req, d, n, m, now)
             return
-        if refused is None:
-            refused = self._refuse_capacity(n, now)
-        if refused is None:
-            store = self.store
-            done, refused = self._write_as_leader(
-                (lambda t: store.append_batch_raw(req.bodies, t, session, seq)) if batch else
-                (lambda t: store.append_leader(req.body, t, session=session, seq=seq)))
+        store = self.store
+        done, refused = self._write_as_leader(
+            (lambda t: store.append_batch_raw(req.bodies, t, session, seq)) if batch else
+            (lambda t: store.append_leader(req.body, t, session=session, seq=seq)))
         if refused is not None:
             self._error(ident, req, *refused, m=m)
             return
@@ -832,29 +834,40 @@ class Handler(FollowerInstall):
 
     def _append_singles(self, ident: bytes, reqs: list[P.AppendRequest]) -> None:
         """Several single APPENDs from one MULTI: one store write per run of one session (one
-        in all for a client's MULTI), one reply each."""
+        in all for a client's MULTI), one reply each. Each is decided by
+        `LeaderCore.admit_in_frame` in order and answered at once when not admitted; a stamp
+        the frame repeats is answered after the writes, as the resend it then is."""
         now = self.now()
         m = self.state.read_member()
-        refused = self._refuse_leadership(m, now)
+        refused = self.leader.refuse_leadership(m, now)
         if refused is not None:
             for r in reqs:
-                self._error(ident, r, *refused, m=m)
+                self._error(ident, r, refused.code, refused.reason, m=m)
             return
-        admitted, repeats = self._session_admits_singles(ident, reqs, m, now)
-        refused = self._refuse_capacity(len(admitted), now) if admitted else None
+        admitted: list[P.AppendRequest] = []
+        repeats: list[P.AppendRequest] = []
+        span: dict[int, tuple[int, int]] = {}
+        for r in reqs:
+            d = self.leader.admit_in_frame(span, r.session, r.seq, now, self._disk_full_now)
+            if isinstance(d, Admit):
+                admitted.append(r)
+            elif isinstance(d, Repeat):
+                repeats.append(r)
+            else:
+                self._answer_refusal(ident, r, d, 1, m, now)
+        refused = self.leader.refuse_capacity(len(admitted), now, self._disk_full_now) if admitted else None
         if refused is not None:
             for r in admitted:
-                self._error(ident, r, *refused, m=m)
+                self._error(ident, r, refused.code, refused.reason, m=m)
             admitted = []
         start = 0
         for k in range(1, len(admitted) + 1):  # runs of consecutive requests of one session
             if k == len(admitted) or admitted[k].session != admitted[start].session:
                 self._write_singles(ident, admitted[start:k], m, now)
                 start = k
-        for r in repeats:  # a stamp repeated within the frame: answered as the resend it is
-            if self._session_admits(ident, r, r.session, r.seq, 1, m, now):
-                self._error(ident, r, RC.SESSION_SEQ_INVALID, f"session {r.session:#x}: seq {r.seq} "
-                            "twice in one request and not stored", m=m)
+        for r in repeats:
+            d = self.leader.decide_repeat(r.session, r.seq, now, self._disk_full_now)
+            self._answer_refusal(ident, r, d, 1, m, now)
 
     def _write_singles(self, ident: bytes, reqs: list[P.AppendRequest], m: MemberView, now: int) -> None:
         n, session = len(reqs), reqs[0].session
@@ -882,79 +895,18 @@ class Handler(FollowerInstall):
         if not self._leading(m, now):
             self._error(ident, req, RC.NOT_LEADER, m=m)
             return
-        while True:
-            if self.session_counter >= self.session_reserved and not self._reserve_session_ids():
+        step = self.leader.open_session()
+        while isinstance(step, ReserveIds):
+            if not self._reserve_session_ids(step.upto):
                 self._error(ident, req, RC.DISK_ERROR, f"cannot record session ids in {SESSION_FILE}", m=m)
                 return
-            self.session_counter += 1
-            if self.session_counter > MAX_SESSION_COUNTER:
-                self._error(ident, req, RC.SESSION_LIMIT, f"{MAX_SESSION_COUNTER} sessions opened in "
-                            f"term {self.leader_term}: retry after the next election", m=m)
-                return
-            sid = session_id(self.leader_term, self.session_counter)
-            if not self.sessions.holds(sid):
-                break
-        self.sessions.open(sid)
+            step = self.leader.reserved(step.upto)
+        if isinstance(step, Refuse):
+            self._error(ident, req, step.code, step.reason, m=m)
+            return
+        assert isinstance(step, SessionGranted)
         self._reply(ident, P.OpenSessionResponse(RC.SUCCESS, self.cfg.group, self.leader_term, self.cfg.id,
-                                                 sid, req.request_id))
-
-    def _session_admits(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest, session: int,
-                        seq: int, n: int, m: MemberView, now: int) -> bool:
-        """True when the request is new and must be written; otherwise it is answered here: a
-        retry with its original index (at once if committed, else when it commits), anything
-        else with a SESSION_* code naming the session's last seq."""
-        d = self.sessions.decide(session, seq, n)
-        if d.verdict is Verdict.APPEND:
-            return True
-        if d.verdict is Verdict.DUPLICATE:
-            self._answer_duplicate(ident, req, d.index, n, m, now)
-            return False
-        if d.verdict is Verdict.GAP and (refused := self._refuse_capacity(n, now)) is not None:
-            # Nothing of it is stored: the capacity refusal is as honest as the GAP and tells
-            # a pipelined writer on a full disk the reason at once, not after a resend.
-            self._error(ident, req, *refused, m=m)
-            return False
-        code = {Verdict.EXPIRED: RC.SESSION_EXPIRED, Verdict.GAP: RC.SESSION_SEQ_GAP,
-                Verdict.OVERLAP: RC.SESSION_SEQ_INVALID, Verdict.TOO_OLD: RC.SESSION_SEQ_TOO_OLD}[d.verdict]
-        reason = (f"session {session:#x} unknown to this leader" if d.verdict is Verdict.EXPIRED else
-                  f"session {session:#x}: seq {seq} x {n}, last seq {d.last_seq}")
-        self._error(ident, req, code, reason, m=m)
-        return False
-
-    def _session_admits_singles(self, ident: bytes, reqs: list[P.AppendRequest], m: MemberView,
-                                now: int) -> tuple[list[P.AppendRequest], list[P.AppendRequest]]:
-        """`_session_admits` over a MULTI's single appends. The table learns a request only
-        once it is written, after the whole frame is decided, so within the frame a session's
-        admitted seqs are tracked here: the next one (seq + 1) is admitted, one past it is a
-        GAP, and one the frame already admitted (a client sending one stamp twice) is returned
-        apart, to be answered after the writes as the resend it is — never written twice.
-        Returns (to write, repeats)."""
-        admitted: list[P.AppendRequest] = []
-        repeats: list[P.AppendRequest] = []
-        span: dict[int, tuple[int, int]] = {}  # session -> (first seq admitted here, next seq)
-        for r in reqs:
-            if not r.session:
-                admitted.append(r)
-                continue
-            got = span.get(r.session)
-            if got is None:
-                if self._session_admits(ident, r, r.session, r.seq, 1, m, now):
-                    span[r.session] = (r.seq, seq_add(r.seq, 1))
-                    admitted.append(r)
-                continue
-            first, nxt = got
-            if r.seq == nxt:
-                span[r.session] = (first, seq_add(nxt, 1))
-                admitted.append(r)
-            elif seq_after(nxt, r.seq) > 0:
-                self._error(ident, r, RC.SESSION_SEQ_GAP,
-                            f"session {r.session:#x}: seq {r.seq}, last seq {seq_add(nxt, -1)}", m=m)
-            elif seq_after(first, r.seq) >= 0:
-                repeats.append(r)
-            elif self._session_admits(ident, r, r.session, r.seq, 1, m, now):  # before the frame's
-                self._error(ident, r, RC.SESSION_SEQ_INVALID, f"session {r.session:#x}: seq {r.seq} "
-                            "out of order in one request", m=m)
-        return admitted, repeats
+                                                 step.session, req.request_id))
 
     def _answer_duplicate(self, ident: bytes, req: P.AppendRequest | P.BatchAppendRequest, first: int,
                           n: int, m: MemberView, now: int) -> None:
@@ -976,21 +928,21 @@ class Handler(FollowerInstall):
         p = Pending(ident, req.request_id, first, positions if batch else None, positions[0],
                     now + self.cfg.max_wait_ack_ms, entry_term=entry_term,
                     no_result=not batch and req.no_result)
-        if last <= self.store.committed_index:
+        placed = self.leader.place_duplicate(last, n, self.store.committed_index)
+        if placed is Placement.COMPLETE:
             self._complete(self.leader_term, last, p, RC.SUCCESS)
-        elif self.pending.full(n):  # retryable: the client resends it under the same stamp
+        elif placed is Placement.PENDING_FULL:  # retryable: the client resends it under the same stamp
             self._error(ident, req, RC.LEADER_PENDING_FULL, "", m=m)
         else:
             self.pending.register(self.leader_term, last, p)
 
-    def _reserve_session_ids(self) -> bool:
-        """Record, before handing them out, that ids up to counter + SESSION_ID_BLOCK of this
-        term may be in use. Why: a handler that crashes and restarts while its node still
+    def _reserve_session_ids(self, new: int) -> bool:
+        """Record, before handing them out, that ids up to counter `new` of this term may be
+        in use (`LeaderCore.open_session` says when and how far). Why: a handler that crashes and restarts while its node still
         leads the term starts counting again; ids it handed out whose sessions have not
         appended yet are in no log, so it would hand them out twice (the simulator found two
         writers sharing one session, one answered with the other's index). A process crash
         keeps the page cache, and a node restart starts a new term, so no fsync is needed."""
-        new = min(self.session_counter + SESSION_ID_BLOCK, MAX_SESSION_COUNTER)
         path = os.path.join(self.cfg.store_dir, SESSION_FILE)
         try:
             with open(path + ".tmp", "w") as f:
@@ -999,7 +951,6 @@ class Handler(FollowerInstall):
         except OSError as e:
             self.log.error("cannot record session ids in %s: %s", path, e)
             return False
-        self.session_reserved = new
         return True
 
     def _handed_out_session_ids(self) -> int:
@@ -1014,12 +965,13 @@ class Handler(FollowerInstall):
     def _rebuild_sessions(self) -> None:
         """A new leader's session table, from the newest `session_scan_entries` entries."""
         t0 = self.now()
+        table: SessionTable | None = self.sessions
         try:
-            self.sessions.rebuild(session_stamps(self.store, self.cfg.session_scan_entries))
+            table.rebuild(session_stamps(self.store, self.cfg.session_scan_entries))
         except (StoreError, OSError, struct.error) as e:  # retries then get SESSION_EXPIRED: indeterminate
             self.log.error("cannot rebuild the client sessions from the log: %s", e)
-            self.sessions = SessionTable(self.cfg.max_sessions, self.cfg.session_window)
-        self.session_counter = self.session_reserved = self._handed_out_session_ids()
+            table = None
+        self.leader.start_sessions(table, self._handed_out_session_ids())
         self.log.info("client sessions: %d known from the newest %d entries (%d ms)", len(self.sessions),
                       min(self.cfg.session_scan_entries, self.store.ledger_end_index + 1), self.now() - t0)
 
@@ -1242,16 +1194,14 @@ class Handler(FollowerInstall):
         """Leader side of one member snapshot: lose leadership (fail pending replies and parked
         reads), or take it by writing the term's NOOP (only while the lease holds, and not
         before the retry time after a failed NOOP)."""
-        if m.role == Role.LEADER and m.current_term == self.leader_term:
+        if self.leader.still_leads(m):
             return
         if self.leader_term != -1:
             self.log.debug("no longer leader of term %d", self.leader_term)
             self._fail_all_pending()
             self._fail_reads(RC.NOT_LEADER)
-            self.leader_term = -1
-            self.noop_index = -1
-        if m.role == Role.LEADER and now >= self.noop_retry_ms and holds_lease(
-                m.role, m.last_quorum_heartbeat_ms, now, self.lease):
+            self.leader.step_down()
+        if self.leader.may_take(m, now):
             self._become_leader(m.current_term, now)
 
     def sync_role(self) -> None:
@@ -1263,24 +1213,20 @@ class Handler(FollowerInstall):
         try:
             with self.lock:
                 m = self.state.read_member()
-                if m.current_term != term or not holds_lease(m.role, m.last_quorum_heartbeat_ms, now, self.lease):
+                if m.current_term != term or not self.leader.holds(m, now):
                     return
                 r = self.store.append_leader(b"", term, codec.MAGIC_NOOP)
                 self.publish_ledger()
         except (StoreError, OSError) as e:
             code = store_error_code(e)
-            self.noop_backoff_ms = min(max(2 * self.noop_backoff_ms, NOOP_RETRY_MIN_MS), NOOP_RETRY_MAX_MS)
-            self.noop_retry_ms = now + self.noop_backoff_ms
+            backoff = self.leader.noop_failed(now)
             self.log.error("cannot append the NOOP of term %d (%s), retrying in %d ms: %s", term, code,
-                           self.noop_backoff_ms, e)
+                           backoff, e)
             if code in DISK_CODES:
                 self._mark_unwritable(True)
             return
         self._mark_unwritable(False)
-        self.noop_backoff_ms = 0
-        self.noop_retry_ms = 0
-        self.leader_term = term
-        self.noop_index = r.index
+        self.leader.noop_written(term, r.index)
         self.log.info("leading term %d from index %d (NOOP)", term, r.index)
         self._rebuild_sessions()
         self._wake_dispatchers()
@@ -1487,8 +1433,8 @@ class Handler(FollowerInstall):
             due.append(d)
         if self.reads or len(self.early):
             due.append(now + READ_POLL_MS)
-        if self.noop_retry_ms > now:
-            due.append(self.noop_retry_ms)
+        if self.leader.noop_retry_ms > now:
+            due.append(self.leader.noop_retry_ms)
         if self._unchecked_published >= 0:
             due.append(self._next_scrub_ms)  # the scrub has work
         if self.unwritable:

@@ -182,9 +182,10 @@ def _vote_any_log() -> Callable[[], None]:
 @_mutation("t5-flag-leader")
 def _t5() -> Callable[[], None]:
     from ipc.codes import Role
+    from node.core.leader import LeaderCore
     from node.roles.handler import Handler
 
-    def leading(self: Handler, m: Any, now: int) -> bool:
+    def leading(self: LeaderCore, m: Any, now: int) -> bool:
         return m.role == Role.LEADER and m.current_term == self.leader_term
 
     orig_get = Handler.on_get
@@ -193,7 +194,7 @@ def _t5() -> Callable[[], None]:
         req.linearizable = False  # --linearizable parsed and ignored
         orig_get(self, ident, req)
 
-    undo = [_patch(Handler, "_leading", leading), _patch(Handler, "on_get", on_get)]
+    undo = [_patch(LeaderCore, "leading", leading), _patch(Handler, "on_get", on_get)]
     return lambda: [u() for u in undo] and None
 
 
@@ -464,33 +465,33 @@ def _session_start_any() -> Callable[[], None]:
     """The start invariant reverted: any unknown session of the leader's own term may start at
     seq 1 (an evicted one, or one a restarted handler's bounded rebuild missed: its seq-1
     resend is written a second time)."""
-    from node.roles.handler import Handler
+    from node.core.leader import ADMIT, LeaderCore
 
-    orig = Handler._session_admits
+    orig = LeaderCore.session_check
 
-    def admits(self: Handler, ident: bytes, req: Any, session: int, seq: int, n: int, m: Any, now: int) -> bool:
+    def check(self: LeaderCore, session: int, seq: int, n: int, now: int, disk_full: Any) -> Any:
         if (session not in self.sessions._sessions and seq == 1
                 and (session >> 16) == (self.leader_term & 0xFFFF)):
-            return True
-        return orig(self, ident, req, session, seq, n, m, now)
+            return ADMIT
+        return orig(self, session, seq, n, now, disk_full)
 
-    return _patch(Handler, "_session_admits", admits)
+    return _patch(LeaderCore, "session_check", check)
 
 
 @_mutation("capacity-before-session")
 def _capacity_before_session() -> Callable[[], None]:
     """The admission order reverted: the capacity refusals (pending full, DISK_FULL) run before
     the session check, so a resend of an entry the leader holds is refused DISK_FULL."""
-    from node.roles.handler import Handler
+    from node.core.leader import ADMIT, LeaderCore
 
-    orig = Handler._session_admits
+    orig = LeaderCore.session_check
 
-    def admits(self: Handler, ident: bytes, req: Any, session: int, seq: int, n: int, m: Any, now: int) -> bool:
-        if self._refuse_capacity(n, now) is not None:
-            return True  # "admitted": the capacity check that follows refuses it
-        return orig(self, ident, req, session, seq, n, m, now)
+    def check(self: LeaderCore, session: int, seq: int, n: int, now: int, disk_full: Any) -> Any:
+        if self.refuse_capacity(n, now, disk_full) is not None:
+            return ADMIT  # "admitted": the capacity check that follows refuses it
+        return orig(self, session, seq, n, now, disk_full)
 
-    return _patch(Handler, "_session_admits", admits)
+    return _patch(LeaderCore, "session_check", check)
 
 
 @_mutation("deleted-duplicate-error")
@@ -518,19 +519,18 @@ def _multi_repeat_admitted() -> Callable[[], None]:
     of its session (seq + 1) or when the table admits it, and the table learns the frame's
     requests only after the write: the same (session, seq) twice in a frame is written twice
     (fault bad-client)."""
+    from node.core.leader import ADMIT, Admit, LeaderCore
     from node.core.sessions import seq_add
-    from node.roles.handler import Handler
 
-    def admits_singles(self: Handler, ident: bytes, reqs: list, m: Any, now: int) -> tuple[list, list]:
-        admitted: list = []
-        follows: dict[int, int] = {}
-        for r in reqs:
-            if r.session and (follows.get(r.session) == r.seq
-                              or self._session_admits(ident, r, r.session, r.seq, 1, m, now)):
-                follows[r.session] = seq_add(r.seq, 1)
-            elif r.session:
-                continue
-            admitted.append(r)
-        return admitted, []
+    def admit_in_frame(self: LeaderCore, span: dict, session: int, seq: int, now: int, disk_full: Any) -> Any:
+        if not session:
+            return ADMIT
+        if span.get(session) == seq:  # "follows the frame's previous one": never a repeat
+            span[session] = seq_add(seq, 1)
+            return ADMIT
+        d = self.session_check(session, seq, 1, now, disk_full)
+        if isinstance(d, Admit):
+            span[session] = seq_add(seq, 1)
+        return d
 
-    return _patch(Handler, "_session_admits_singles", admits_singles)
+    return _patch(LeaderCore, "admit_in_frame", admit_in_frame)
