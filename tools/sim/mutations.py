@@ -108,23 +108,24 @@ def _t2c() -> Callable[[], None]:
 @_mutation("t3-two-reads")
 def _t3() -> Callable[[], None]:
     from ipc import protocol as P
-    from node.roles.handler import Handler
+    from node.roles.handling.pushes import FollowerPushes
 
-    def on_push(self: Handler, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
-        self.state.incr("push_requests")
-        first = self.state.read_member()
-        synced = self.follower.sync(first)  # (term, leader) key from the first read ...
-        m = self.state.read_member()  # ... the request validated against a second one
-        self.follower.sync = lambda view: []
+    def on_push(self: FollowerPushes, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
+        h = self.h
+        h.state.incr("push_requests")
+        first = h.state.read_member()
+        synced = h.follower.sync(first)  # (term, leader) key from the first read ...
+        m = h.state.read_member()  # ... the request validated against a second one
+        h.follower.sync = lambda view: []
         try:
-            effects = self.follower.on_push(ident, req, frame, m, self.now(), self.store)
+            effects = h.follower.on_push(ident, req, frame, m, h.now(), h.store)
         finally:
-            del self.follower.sync
-        self._execute(synced + effects, m)
+            del h.follower.sync
+        self.execute(synced + effects, m)
         if req.kind == P.PushKind.APPEND:
-            self._drain(m)
+            self.drain(m)
 
-    return _patch(Handler, "on_push", on_push)
+    return _patch(FollowerPushes, "on_push", on_push)
 
 
 @_mutation("quorum-max")
@@ -183,18 +184,18 @@ def _vote_any_log() -> Callable[[], None]:
 def _t5() -> Callable[[], None]:
     from ipc.codes import Role
     from node.core.leader import LeaderCore
-    from node.roles.handler import Handler
+    from node.roles.handling.reads import LeaderReads
 
     def leading(self: LeaderCore, m: Any, now: int) -> bool:
         return m.role == Role.LEADER and m.current_term == self.leader_term
 
-    orig_get = Handler.on_get
+    orig_get = LeaderReads.on_get
 
-    def on_get(self: Handler, ident: bytes, req: Any) -> None:
+    def on_get(self: LeaderReads, ident: bytes, req: Any) -> None:
         req.linearizable = False  # --linearizable parsed and ignored
         orig_get(self, ident, req)
 
-    undo = [_patch(LeaderCore, "leading", leading), _patch(Handler, "on_get", on_get)]
+    undo = [_patch(LeaderCore, "leading", leading), _patch(LeaderReads, "on_get", on_get)]
     return lambda: [u() for u in undo] and None
 
 
@@ -368,22 +369,22 @@ def _applier_keeps_deleted() -> Callable[[], None]:
 @_mutation("reset-before-restore")
 def _reset_before_restore() -> Callable[[], None]:
     from node.core.follower import StoreReset
-    from node.roles.handler_install import FollowerInstall
+    from node.roles.handling.install import FollowerInstall
     from node.statemachine.snapshot_meta import SnapshotError, SnapshotMeta
 
-    orig = FollowerInstall._forward_install
+    orig = FollowerInstall.forward
 
-    def _forward_install(self: Any, e: Any, m: Any) -> None:
+    def forward(self: Any, e: Any, m: Any) -> None:
         r = e.req
         try:
             meta = SnapshotMeta.from_json(bytes(r.meta), "install meta")
         except SnapshotError:
             meta = None
         if meta is not None and len(r.data) and r.offset + len(r.data) == meta.size:
-            self._execute([StoreReset(meta.last_index, meta.last_term)], m)  # "the last chunk is here"
+            self.h.pushes.execute([StoreReset(meta.last_index, meta.last_term)], m)  # "the last chunk is here"
         orig(self, e, m)
 
-    return _patch(FollowerInstall, "_forward_install", _forward_install)
+    return _patch(FollowerInstall, "forward", forward)
 
 
 @_mutation("install-keeps-conflicting-suffix")
@@ -500,17 +501,17 @@ def _deleted_duplicate_error() -> Callable[[], None]:
     read it), not with its index: a definite code for a committed entry (`--store segment`,
     fault retention)."""
     from ipc.codes import ResponseCode as RC
-    from node.roles.handler import Handler
+    from node.roles.handling.appends import LeaderAppends
 
-    orig = Handler._answer_duplicate
+    orig = LeaderAppends.answer_duplicate
 
-    def answer(self: Handler, ident: bytes, req: Any, first: int, n: int, m: Any, now: int) -> None:
-        if first < self.store.ledger_begin_index:
-            self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: deleted", m=m)
+    def answer(self: LeaderAppends, ident: bytes, req: Any, first: int, n: int, m: Any, now: int) -> None:
+        if first < self.h.store.ledger_begin_index:
+            self.h.replies.error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: deleted", m=m)
             return
         orig(self, ident, req, first, n, m, now)
 
-    return _patch(Handler, "_answer_duplicate", answer)
+    return _patch(LeaderAppends, "answer_duplicate", answer)
 
 
 @_mutation("multi-repeat-admitted")
