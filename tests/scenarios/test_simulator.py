@@ -230,3 +230,23 @@ def test_an_old_term_entry_committed_by_counting_is_caught() -> None:
     seed, error = _first_failure("old-term-commit", range(0, 12), **kw)  # seed 3 today
     assert seed >= 0, "old-term-commit was not caught in 12 seeds"
     assert "committed entry" in error, error
+
+
+def test_every_role_module_that_measures_the_disk_or_reads_the_clock_gets_the_simulated_one() -> None:
+    """A role module holding `disk_usage_ratio` or `monotonic_ms` must get the simulator's
+    (tools/sim/world.py `_install_clock`): a module the list misses measures the real disk or
+    clock, and segment-store seeds stop replaying the same trace (the handler's disk
+    measurement moved to node/roles/handling/ledger.py once and was missed)."""
+    import importlib
+    import pkgutil
+
+    import node.roles
+    from node import shared_state
+    from node.store import segment_store
+
+    for info in pkgutil.walk_packages(node.roles.__path__, "node.roles."):
+        mod = importlib.import_module(info.name)
+        ratio = getattr(mod, "disk_usage_ratio", None)
+        assert ratio is not segment_store.disk_usage_ratio, f"{info.name}: the real disk_usage_ratio"
+        if info.name != "node.roles.supervisor":  # the simulator models the supervisor itself
+            assert getattr(mod, "monotonic_ms", None) is not shared_state.monotonic_ms, f"{info.name}: the real clock"

@@ -186,7 +186,7 @@ def test_a_follower_read_passes_on_the_leaders_refusal_and_times_out(tmp_path: P
     assert wire.answer(1).code == RC.NOT_LEADER and not h.sm_link.queries
     clock.now += h.read_timeout_ms
     h.tick()
-    assert wire.answer(2).code == RC.TIMEOUT and h.follower_reads == {}
+    assert wire.answer(2).code == RC.TIMEOUT and h.applier.follower_reads == {}
 
 
 def test_the_leader_answers_a_read_index_once_a_round_confirmed_it(tmp_path: Path) -> None:

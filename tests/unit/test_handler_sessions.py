@@ -144,7 +144,7 @@ def test_a_resend_of_a_stored_append_is_answered_with_its_index_on_a_full_disk(t
     append(h, 10, s, 1, b"first")
     commit_all(h, state)
     first = wire.answer(10)
-    h.disk_full, h.next_disk_check = True, h.now() + 10**9
+    h.ledger.disk_full, h.ledger.next_disk_check = True, h.now() + 10**9
     append(h, 11, s, 1, b"first")
     again = wire.answer(11)
     assert (again.code, again.index) == (RC.SUCCESS, first.index)
@@ -293,7 +293,7 @@ def test_pipelined_appends_behind_a_refused_one_on_a_full_disk_all_get_disk_full
     not a session code that sends the client through a resend first."""
     h, wire, _state = leader_handler(tmp_path, Clock())
     s = open_session(h, wire, 1)
-    h.disk_full, h.next_disk_check = True, h.now() + 10**9
+    h.ledger.disk_full, h.ledger.next_disk_check = True, h.now() + 10**9
     for seq in (1, 2, 3):
         batch(h, 10 + seq, s, 1 + 2 * (seq - 1), [b"a", b"b"])
     assert [wire.answer(10 + seq).code for seq in (1, 2, 3)] == [RC.DISK_FULL] * 3

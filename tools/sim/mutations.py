@@ -110,23 +110,24 @@ def _t2c() -> Callable[[], None]:
 @_mutation("t3-two-reads")
 def _t3() -> Callable[[], None]:
     from ipc import protocol as P
-    from node.roles.handler import Handler
+    from node.roles.handling.pushes import FollowerPushes
 
-    def on_push(self: Handler, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
-        self.state.incr("push_requests")
-        first = self.state.read_member()
-        synced = self.follower.sync(first)  # (term, leader) key from the first read ...
-        m = self.state.read_member()  # ... the request validated against a second one
-        self.follower.sync = lambda view: []
+    def on_push(self: FollowerPushes, ident: bytes, req: P.PushRequest, frame: bytes) -> None:
+        h = self.h
+        h.state.incr("push_requests")
+        first = h.state.read_member()
+        synced = h.follower.sync(first)  # (term, leader) key from the first read ...
+        m = h.state.read_member()  # ... the request validated against a second one
+        h.follower.sync = lambda view: []
         try:
-            effects = self.follower.on_push(ident, req, frame, m, self.now(), self.store)
+            effects = h.follower.on_push(ident, req, frame, m, h.now(), h.store)
         finally:
-            del self.follower.sync
-        self._execute(synced + effects, m)
+            del h.follower.sync
+        self.execute(synced + effects, m)
         if req.kind == P.PushKind.APPEND:
-            self._drain(m)
+            self.drain(m)
 
-    return _patch(Handler, "on_push", on_push)
+    return _patch(FollowerPushes, "on_push", on_push)
 
 
 @_mutation("quorum-max")
@@ -184,18 +185,19 @@ def _vote_any_log() -> Callable[[], None]:
 @_mutation("t5-flag-leader")
 def _t5() -> Callable[[], None]:
     from ipc.codes import Role
-    from node.roles.handler import Handler
+    from node.core.leader import LeaderCore
+    from node.roles.handling.reads import LeaderReads
 
-    def leading(self: Handler, m: Any, now: int) -> bool:
+    def leading(self: LeaderCore, m: Any, now: int) -> bool:
         return m.role == Role.LEADER and m.current_term == self.leader_term
 
-    orig_get = Handler.on_get
+    orig_get = LeaderReads.on_get
 
-    def on_get(self: Handler, ident: bytes, req: Any) -> None:
+    def on_get(self: LeaderReads, ident: bytes, req: Any) -> None:
         req.linearizable = False  # --linearizable parsed and ignored
         orig_get(self, ident, req)
 
-    undo = [_patch(Handler, "_leading", leading), _patch(Handler, "on_get", on_get)]
+    undo = [_patch(LeaderCore, "leading", leading), _patch(LeaderReads, "on_get", on_get)]
     return lambda: [u() for u in undo] and None
 
 
@@ -369,22 +371,22 @@ def _applier_keeps_deleted() -> Callable[[], None]:
 @_mutation("reset-before-restore")
 def _reset_before_restore() -> Callable[[], None]:
     from node.core.follower import StoreReset
-    from node.roles.handler_install import FollowerInstall
+    from node.roles.handling.install import FollowerInstall
     from node.statemachine.snapshot_meta import SnapshotError, SnapshotMeta
 
-    orig = FollowerInstall._forward_install
+    orig = FollowerInstall.forward
 
-    def _forward_install(self: Any, e: Any, m: Any) -> None:
+    def forward(self: Any, e: Any, m: Any) -> None:
         r = e.req
         try:
             meta = SnapshotMeta.from_json(bytes(r.meta), "install meta")
         except SnapshotError:
             meta = None
         if meta is not None and len(r.data) and r.offset + len(r.data) == meta.size:
-            self._execute([StoreReset(meta.last_index, meta.last_term)], m)  # "the last chunk is here"
+            self.h.pushes.execute([StoreReset(meta.last_index, meta.last_term)], m)  # "the last chunk is here"
         orig(self, e, m)
 
-    return _patch(FollowerInstall, "_forward_install", _forward_install)
+    return _patch(FollowerInstall, "forward", forward)
 
 
 @_mutation("install-keeps-conflicting-suffix")
@@ -466,33 +468,33 @@ def _session_start_any() -> Callable[[], None]:
     """The start invariant reverted: any unknown session of the leader's own term may start at
     seq 1 (an evicted one, or one a restarted handler's bounded rebuild missed: its seq-1
     resend is written a second time)."""
-    from node.roles.handler import Handler
+    from node.core.leader import ADMIT, LeaderCore
 
-    orig = Handler._session_admits
+    orig = LeaderCore.session_check
 
-    def admits(self: Handler, ident: bytes, req: Any, session: int, seq: int, n: int, m: Any, now: int) -> bool:
+    def check(self: LeaderCore, session: int, seq: int, n: int, now: int, disk_full: Any) -> Any:
         if (session not in self.sessions._sessions and seq == 1
                 and (session >> 16) == (self.leader_term & 0xFFFF)):
-            return True
-        return orig(self, ident, req, session, seq, n, m, now)
+            return ADMIT
+        return orig(self, session, seq, n, now, disk_full)
 
-    return _patch(Handler, "_session_admits", admits)
+    return _patch(LeaderCore, "session_check", check)
 
 
 @_mutation("capacity-before-session")
 def _capacity_before_session() -> Callable[[], None]:
     """The admission order reverted: the capacity refusals (pending full, DISK_FULL) run before
     the session check, so a resend of an entry the leader holds is refused DISK_FULL."""
-    from node.roles.handler import Handler
+    from node.core.leader import ADMIT, LeaderCore
 
-    orig = Handler._session_admits
+    orig = LeaderCore.session_check
 
-    def admits(self: Handler, ident: bytes, req: Any, session: int, seq: int, n: int, m: Any, now: int) -> bool:
-        if self._refuse_capacity(n, now) is not None:
-            return True  # "admitted": the capacity check that follows refuses it
-        return orig(self, ident, req, session, seq, n, m, now)
+    def check(self: LeaderCore, session: int, seq: int, n: int, now: int, disk_full: Any) -> Any:
+        if self.refuse_capacity(n, now, disk_full) is not None:
+            return ADMIT  # "admitted": the capacity check that follows refuses it
+        return orig(self, session, seq, n, now, disk_full)
 
-    return _patch(Handler, "_session_admits", admits)
+    return _patch(LeaderCore, "session_check", check)
 
 
 @_mutation("deleted-duplicate-error")
@@ -501,17 +503,17 @@ def _deleted_duplicate_error() -> Callable[[], None]:
     read it), not with its index: a definite code for a committed entry (`--store segment`,
     fault retention)."""
     from ipc.codes import ResponseCode as RC
-    from node.roles.handler import Handler
+    from node.roles.handling.appends import LeaderAppends
 
-    orig = Handler._answer_duplicate
+    orig = LeaderAppends.answer_duplicate
 
-    def answer(self: Handler, ident: bytes, req: Any, first: int, n: int, m: Any, now: int) -> None:
-        if first < self.store.ledger_begin_index:
-            self._error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: deleted", m=m)
+    def answer(self: LeaderAppends, ident: bytes, req: Any, first: int, n: int, m: Any, now: int) -> None:
+        if first < self.h.store.ledger_begin_index:
+            self.h.replies.error(ident, req, RC.INTERNAL_ERROR, f"duplicate of entries {first}..: deleted", m=m)
             return
         orig(self, ident, req, first, n, m, now)
 
-    return _patch(Handler, "_answer_duplicate", answer)
+    return _patch(LeaderAppends, "answer_duplicate", answer)
 
 
 @_mutation("multi-repeat-admitted")
@@ -520,19 +522,18 @@ def _multi_repeat_admitted() -> Callable[[], None]:
     of its session (seq + 1) or when the table admits it, and the table learns the frame's
     requests only after the write: the same (session, seq) twice in a frame is written twice
     (fault bad-client)."""
+    from node.core.leader import ADMIT, Admit, LeaderCore
     from node.core.sessions import seq_add
-    from node.roles.handler import Handler
 
-    def admits_singles(self: Handler, ident: bytes, reqs: list, m: Any, now: int) -> tuple[list, list]:
-        admitted: list = []
-        follows: dict[int, int] = {}
-        for r in reqs:
-            if r.session and (follows.get(r.session) == r.seq
-                              or self._session_admits(ident, r, r.session, r.seq, 1, m, now)):
-                follows[r.session] = seq_add(r.seq, 1)
-            elif r.session:
-                continue
-            admitted.append(r)
-        return admitted, []
+    def admit_in_frame(self: LeaderCore, span: dict, session: int, seq: int, now: int, disk_full: Any) -> Any:
+        if not session:
+            return ADMIT
+        if span.get(session) == seq:  # "follows the frame's previous one": never a repeat
+            span[session] = seq_add(seq, 1)
+            return ADMIT
+        d = self.session_check(session, seq, 1, now, disk_full)
+        if isinstance(d, Admit):
+            span[session] = seq_add(seq, 1)
+        return d
 
-    return _patch(Handler, "_session_admits_singles", admits_singles)
+    return _patch(LeaderCore, "admit_in_frame", admit_in_frame)

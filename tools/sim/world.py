@@ -1830,7 +1830,7 @@ def _install_clock() -> None:
         s = _ACTIVE
         return s.clock_now() if s is not None else real_clock()
 
-    for name in ("handler", "dispatcher", "elector", "ack_checker", "runtime"):
+    for name in ("handler", "handling.ledger", "dispatcher", "elector", "ack_checker", "runtime"):
         try:
             mod = importlib.import_module(f"node.roles.{name}")
         except Exception:  # noqa: BLE001 - a role module mid-refactor: the run reports it

@@ -1,4 +1,4 @@
-"""The follower handler's half of install snapshot (issue 11 §4), as a mixin of `Handler`.
+"""The follower handler's half of install snapshot.
 
 A leader whose log no longer holds what this follower needs streams its newest snapshot in
 INSTALL chunks. The handler checks each one like a push (this term, this leader:
@@ -29,61 +29,64 @@ INSTALL_TIMEOUT_MS = 120_000  # the last chunk's answer waits for verify + resto
 
 
 class FollowerInstall:
-    """Mixin: INSTALL requests, the applier's answers to them, and the log reset."""
+    """INSTALL requests, the applier's answers to them, and the log reset."""
 
-    def on_install(self: Handler, ident: bytes, req: P.InstallRequest) -> None:
-        m = self.state.read_member()
-        if self.sm_link is None:
-            self._install_reply(InstallReply(ident, req, RC.UNSUPPORTED, m.current_term))
+    def __init__(self, h: Handler) -> None:
+        self.h = h
+
+    def on_install(self, ident: bytes, req: P.InstallRequest) -> None:
+        m = self.h.state.read_member()
+        if self.h.sm_link is None:
+            self.reply(InstallReply(ident, req, RC.UNSUPPORTED, m.current_term))
             return
-        self._execute(self.follower.on_install(ident, req, m), m)
+        self.h.pushes.execute(self.h.follower.on_install(ident, req, m), m)
 
-    def _install_reply(self: Handler, e: InstallReply) -> None:
-        key = self.follower.key
-        self._reply(e.ident, P.InstallResponse(e.code, self.cfg.group, e.term,
-                                               self._slot_id(key[1]) if key else "",
+    def reply(self, e: InstallReply) -> None:
+        key = self.h.follower.key
+        self.h.replies.send(e.ident, P.InstallResponse(e.code, self.h.cfg.group, e.term,
+                                               self.h.slot_id(key[1]) if key else "",
                                                e.received, e.installed, e.req.request_id))
 
-    def _forward_install(self: Handler, e: ForwardInstall, m: MemberView) -> None:
+    def forward(self, e: ForwardInstall, m: MemberView) -> None:
         r = e.req
-        self._to_applier(e.ident, r, channels.INSTALL_CHUNK,
+        self.h.applier.to_applier(e.ident, r, channels.INSTALL_CHUNK,
                          channels.encode_install_chunk(bytes(r.meta), r.offset, r.data),
                          INSTALL_TIMEOUT_MS, m)
 
-    def _on_install_progress(self: Handler, ident: bytes, req: P.InstallRequest, status: int,
+    def on_progress(self, ident: bytes, req: P.InstallRequest, status: int,
                              answer: bytes) -> None:
         """The applier's answer to a chunk: progress, a refusal (where to continue), or done."""
-        m = self.state.read_member()
+        m = self.h.state.read_member()
         if status in (channels.QUERY_OK, channels.QUERY_REFUSED) \
                 and len(answer) == channels.INSTALL_PROGRESS.size:
             received, installed, index, term = channels.INSTALL_PROGRESS.unpack(answer)
             if status == channels.QUERY_REFUSED:
-                self._install_reply(InstallReply(ident, req, RC.INCONSISTENT_STATE, m.current_term, received))
+                self.reply(InstallReply(ident, req, RC.INCONSISTENT_STATE, m.current_term, received))
             elif installed:
-                self._execute(self.follower.snapshot_installed(ident, req, index, term, m, self.store), m)
+                self.h.pushes.execute(self.h.follower.snapshot_installed(ident, req, index, term, m, self.h.store), m)
             else:
-                self._install_reply(InstallReply(ident, req, RC.SUCCESS, m.current_term, received))
+                self.reply(InstallReply(ident, req, RC.SUCCESS, m.current_term, received))
             return
         reason = answer.decode(errors="replace")[:200]
-        self.log.error("install from %s refused by the applier: %s", req.leader_id, reason)
-        self._error(ident, req, RC.STATE_MACHINE_ERROR, reason, m=m)
+        self.h.log.error("install from %s refused by the applier: %s", req.leader_id, reason)
+        self.h.replies.error(ident, req, RC.STATE_MACHINE_ERROR, reason, m=m)
 
-    def _store_reset(self: Handler, e: StoreReset, view: MemberView) -> bool:
+    def store_reset(self, e: StoreReset, view: MemberView) -> bool:
         """Reset the log to begin after the installed snapshot (under the member lock). False:
         it failed (the caller answers an error instead of `installed`; the leader retries)."""
         try:
-            with self.lock:
-                fresh = self.state.read_member()
-                if e.index <= self.store.committed_index:
+            with self.h.lock:
+                fresh = self.h.state.read_member()
+                if e.index <= self.h.store.committed_index:
                     return True  # committed meanwhile: the log already holds that prefix
-                self.log.info("log reset to begin after the installed snapshot %d/%d (it held "
-                              "%d..%d, committed %d)", e.index, e.term, self.store.ledger_begin_index,
-                              self.store.ledger_end_index, self.store.committed_index)
-                self.store.reset_to(e.index, e.term)
-                self.publish_ledger()
+                self.h.log.info("log reset to begin after the installed snapshot %d/%d (it held "
+                              "%d..%d, committed %d)", e.index, e.term, self.h.store.ledger_begin_index,
+                              self.h.store.ledger_end_index, self.h.store.committed_index)
+                self.h.store.reset_to(e.index, e.term)
+                self.h.ledger.publish()
         except Exception as err:  # noqa: BLE001 - StoreError/OSError: any failure is answered
-            self.log.error("log reset to snapshot %d/%d failed: %s", e.index, e.term, err)
-            self._execute(self.follower.write_failed(view), view)
+            self.h.log.error("log reset to snapshot %d/%d failed: %s", e.index, e.term, err)
+            self.h.pushes.execute(self.h.follower.write_failed(view), view)
             return False
-        self._execute(self.follower.reset_done(e.index, fresh), fresh)
+        self.h.pushes.execute(self.h.follower.reset_done(e.index, fresh), fresh)
         return True

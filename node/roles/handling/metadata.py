@@ -1,0 +1,42 @@
+"""METADATA: who this node is, what it holds, who leads (and, asked, its status)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
+from ipc.codes import Role
+from node.core.lease import holds_lease
+from node.status import node_status
+
+if TYPE_CHECKING:
+    from node.roles.handler import Handler
+
+
+class Metadata:
+    """Answers METADATA."""
+
+    def __init__(self, h: Handler) -> None:
+        self.h = h
+
+    def on_metadata(self, ident: bytes, req: P.MetadataRequest) -> None:
+        """A LEADER whose lease lapsed reports itself as CANDIDATE without a leader: it is not
+        sure it leads any more (a paused or cut-off elector), and clients must not be sent to it."""
+        m = self.h.state.read_member()
+        led = self.h.state.read_ledger()
+        role, leader = Role(m.role), self.h.slot_id(m.leader_slot)
+        if role == Role.LEADER and not holds_lease(m.role, m.last_quorum_heartbeat_ms, self.h.now(), self.h.lease):
+            role, leader = Role.CANDIDATE, ""
+        peers = []
+        for slot, pid in enumerate(self.h.peer_ids):
+            host, port = self.h.peer_map[pid]
+            match = led.ledger_end_index if pid == self.h.cfg.id else self.h.state.read_peer(slot).match_index
+            peers.append(P.PeerInfo(pid, f"{host}:{port}", match))
+        if req.want_status:
+            self.h.ledger.check_disk(self.h.now())
+        self.h.replies.send(ident, P.MetadataResponse(
+            RC.SUCCESS, self.h.cfg.group, m.current_term, leader, self.h.cfg.id,
+            role, led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
+            req.request_id,
+            node_status(self.h.state, self.h.cfg.store_dir, self.h.ledger.disk_ratio) if req.want_status else None))
