@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 from tools.sim.world import ALL_FAULTS, OPT_IN_FAULTS, Result, SimConfig, _tmp_root, run_seed
 
@@ -65,7 +64,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _config(a: argparse.Namespace, seed: int) -> SimConfig:
     return SimConfig(seed=seed, nodes=a.nodes, faults=a.fault_list, steps=a.steps, store=a.store,
                      trace_len=a.trace_len, sessions=a.sessions, state_machine=a.state_machine,
-                     installs=not a.no_installs)
+                     installs=not a.no_installs, tmp_root=getattr(a, "tmp_root", None))
 
 
 # Counters summed over a run's seeds and printed with its summary line (when non-zero): what
@@ -100,20 +99,6 @@ def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result],
     return ran, fails, time.perf_counter() - t0, stats
 
 
-def _remove_leftovers(since: float, lo: int, hi: int) -> None:
-    """Workers stopped by `terminate()` (the first failure ends the run) cannot remove the
-    temporary directory of the seed they were in: remove this run's ones (seed in range,
-    made after it started), so /dev/shm does not fill up over many runs."""
-    root = Path(_tmp_root() or tempfile.gettempdir())
-    for p in root.glob("dlsim-*-*"):
-        try:
-            seed = int(p.name.split("-")[1])
-            if lo <= seed < hi and p.stat().st_mtime >= since - 1:
-                shutil.rmtree(p, ignore_errors=True)
-        except (ValueError, IndexError, OSError):
-            continue
-
-
 def _report(r: Result, a: argparse.Namespace) -> None:
     print(f"\nFAILED seed {r.seed} after {r.steps} steps, {r.virtual_ms} virtual ms: {r.error}")
     print(f"--- last events (time ms, actor, event) ---\n{r.trace}\n---")
@@ -143,6 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "tools.simulate",
                                   *(sys.argv[1:] if argv is None else argv)])
     a = _parse(argv)
+    # Every seed of this run makes its stores under one directory of the run's own, removed at
+    # the end: workers stopped by `terminate()` (the first failure ends the run) cannot remove
+    # the seed they were in, and matching leftovers by name and time would also take the
+    # directories of another run going on beside this one.
+    a.tmp_root = tempfile.mkdtemp(prefix=f"dlsim-run{os.getpid()}-", dir=_tmp_root())
+    try:
+        return _run(a)
+    finally:
+        shutil.rmtree(a.tmp_root, ignore_errors=True)
+
+
+def _run(a: argparse.Namespace) -> int:
     if a.seed is not None:
         a.trace_len = max(a.trace_len, 60)
         ran, fails, dt, stats = _chunk((a, a.seed, a.seed + 1))
@@ -152,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {a.seed}: ok ({dt * 1000:.0f} ms){_fmt_stats(stats)}")
         return 0
     lo, hi = a.first, a.first + a.seeds
-    t0, wall0 = time.perf_counter(), time.time()
+    t0 = time.perf_counter()
     if a.jobs <= 1:
         ran, fails, _dt, stats = _chunk((a, lo, hi))
     else:
@@ -166,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
                 stats.update(st)
                 if fails and not a.keep_going:
                     pool.terminate()
-                    _remove_leftovers(wall0, lo, hi)
                     break
     dt = time.perf_counter() - t0
     for r in sorted(fails, key=lambda r: r.seed)[:3]:

@@ -159,21 +159,33 @@ def test_a_second_leadership_of_one_term_is_caught(mutation: str) -> None:
 
 def test_a_run_stopped_by_a_failure_leaves_no_temporary_directories() -> None:
     """The first failure terminates the worker pool mid-seed; the run removes what the
-    killed workers left (one per worker seen before the fix, in /dev/shm)."""
+    killed workers left (one per worker seen before the fix, in /dev/shm), and only that: a
+    seed directory of another run going on beside it (same seed range, made meanwhile) stays."""
+    import os
+    import shutil
     import subprocess
     import sys
+    import tempfile
     import time
     from pathlib import Path
 
     from tools.sim.world import _tmp_root
 
     root = Path(_tmp_root() or "/tmp")
-    t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "tools.simulate", "--seeds", "400", "--jobs", "2",
-                        "--mutate", "quorum-max"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1, r.stdout[-500:]
-    left = [p for p in root.glob("dlsim-*-*") if p.stat().st_mtime >= t0 - 1]
-    assert not left, left
+    other = Path(tempfile.mkdtemp(prefix="dlsim-5-", dir=root))  # another run's seed 5
+    try:
+        (other / "checkpoint").write_bytes(b"in use")
+        later = time.time() + 600  # made while this run goes on
+        os.utime(other, (later, later))
+        t0 = time.time()
+        r = subprocess.run([sys.executable, "-m", "tools.simulate", "--seeds", "400", "--jobs", "2",
+                            "--mutate", "quorum-max"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, r.stdout[-500:]
+        assert (other / "checkpoint").read_bytes() == b"in use", "another run's directory was removed"
+        left = [p for p in root.glob("dlsim-*") if p != other and p.stat().st_mtime >= t0 - 1]
+        assert not left, left
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
 
 
 # Client-session faults (opt-in; tools/sim/world.py SESSION_FAULTS): tiny session tables and
