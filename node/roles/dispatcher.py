@@ -30,7 +30,6 @@ slow follower cannot starve the others or the leader's own work.
 from __future__ import annotations
 
 import collections
-from typing import Protocol
 
 import zmq
 
@@ -52,6 +51,7 @@ from node.core.replication import (
     Truncate,
 )
 from node.role_metrics import histogram, set_peer_word
+from node.roles.dispatcher_transport import DispatcherTransport, ZmqDispatcherTransport
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import LedgerView, MemberView
 from node.statemachine.snapshot_meta import Snapshot, SnapshotError
@@ -67,33 +67,6 @@ DAMAGED_RETRY_MS = 1000  # a run read to push failed its checks: not pushed; the
 
 _KIND = {P.PushKind.APPEND: "APPEND", P.PushKind.COMMIT: "COMMIT", P.PushKind.COMPARE: "COMPARE",
          P.PushKind.TRUNCATE: "TRUNCATE"}
-
-
-class DispatcherTransport(Protocol):
-    def send(self, frame: bytes) -> bool: ...
-    def ack(self, slot: int, match_index: int) -> None: ...
-
-
-class ZmqDispatcherTransport:
-    """The real sockets: a DEALER to the follower's data port and the PUSH to the ack checker."""
-
-    def __init__(self, sock: zmq.Socket, ack: zmq.Socket, peer: str) -> None:
-        self.sock, self.ack_sock, self.peer = sock, ack, peer
-
-    def send(self, frame: bytes) -> bool:
-        if P.faults.drop_push() or P.faults.blocked(self.peer):
-            return True  # lost on the wire: the core's timeouts resend
-        try:
-            self.sock.send(frame, zmq.NOBLOCK)
-        except zmq.Again:  # follower unreachable (IMMEDIATE)
-            return False
-        return True
-
-    def ack(self, slot: int, match_index: int) -> None:
-        try:
-            self.ack_sock.send(channels.ACK_MSG.pack(slot, match_index), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
 
 
 class Dispatcher:
@@ -325,7 +298,7 @@ class Dispatcher:
                                                 action.max_count if self.max_batch > 1 else 1,
                                                 self.max_batch)
             if (action.first_index <= self.state.get("unchecked_end_index")
-                    and not self._check_unchecked(blob, recs, n, action.first_index, led)):
+                    and not check_unchecked_run(self, blob, recs, n, action.first_index, led)):
                 self.core.not_before_ms = now + DAMAGED_RETRY_MS  # nothing pushed: the scrub acts
                 return None
             # Raft's AppendEntries check rides along: the entry before the batch and its
@@ -347,28 +320,6 @@ class Dispatcher:
                                 **{**base, "commit_index": ci})
             return P.encode(msg), "COMMIT", ci, 0, 0
         return None
-
-    def _check_unchecked(self, blob: memoryview, recs: memoryview, n: int, first: int,
-                         led: LedgerView) -> bool:
-        """Entries the handler's recovery left unchecked (at or below `unchecked_end_index`,
-        until its scrub has been past them) are checked before they are pushed: every header
-        against its index record and every body CRC (push_check.check_run, the follower's own
-        check). The run CRC alone would not do: it is computed here, over whatever the files
-        hold. A failure is damage only if the store generation did not move meanwhile (else it
-        is a read racing a truncation: StaleRead). Damage is never pushed: False, and the run
-        is tried again after DAMAGED_RETRY_MS. The dispatcher cannot act on it (the handler is
-        the store's one writer): the handler's scrub, which walks every unchecked entry, finds
-        the same entry and starts the repair (Handler.store_damaged, docs/store.md)."""
-        from node.store import push_check  # numpy: only a dispatcher pushing old entries pays it
-
-        try:
-            push_check.check_run(blob, recs, n, verify_bodies=True)
-        except StoreError as e:
-            self.reader.validate(led.store_generation)
-            self.log.error("%s", committed_damage(self.cfg.store_dir, first, led.committed_index,
-                                                  f"read to push to {self.peer}: {e}; not pushed"))
-            return False
-        return True
 
     def _term_of(self, index: int, led: LedgerView, known: tuple[int, int] | None) -> int:
         """The term of `index` from the log, or from a snapshot position when the log no longer
@@ -497,6 +448,29 @@ class Dispatcher:
                 rc.beat()
         finally:
             self.close()
+
+
+def check_unchecked_run(d: Dispatcher, blob: memoryview, recs: memoryview, n: int, first: int,
+                        led: LedgerView) -> bool:
+    """Entries the handler's recovery left unchecked (at or below `unchecked_end_index`,
+    until its scrub has been past them) are checked before they are pushed: every header
+    against its index record and every body CRC (push_check.check_run, the follower's own
+    check). The run CRC alone would not do: it is computed here, over whatever the files
+    hold. A failure is damage only if the store generation did not move meanwhile (else it
+    is a read racing a truncation: StaleRead). Damage is never pushed: False, and the run
+    is tried again after DAMAGED_RETRY_MS. The dispatcher cannot act on it (the handler is
+    the store's one writer): the handler's scrub, which walks every unchecked entry, finds
+    the same entry and starts the repair (node/roles/handling/damage.py, docs/store.md)."""
+    from node.store import push_check  # numpy: only a dispatcher pushing old entries pays it
+
+    try:
+        push_check.check_run(blob, recs, n, verify_bodies=True)
+    except StoreError as e:
+        d.reader.validate(led.store_generation)
+        d.log.error("%s", committed_damage(d.cfg.store_dir, first, led.committed_index,
+                                              f"read to push to {d.peer}: {e}; not pushed"))
+        return False
+    return True
 
 
 def main() -> int:

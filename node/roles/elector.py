@@ -36,14 +36,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
 from ipc.sockets import (
-    data_address,
-    dealer,
-    elector_address,
-    from_source,
-    pub,
     recv_routed,
-    router,
-    send_routed,
 )
 from node import channels
 from node.core.election import (
@@ -56,7 +49,6 @@ from node.core.election import (
     Send,
     Step,
 )
-from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -68,28 +60,23 @@ from node.core.transfer import (
     TransferView,
 )
 from node.member_lock import MemberLock
+from node.roles.elector_transport import MAX_ELECTOR_FRAME, ZmqElectorTransport
+from node.roles.group_term import (
+    NOT_VOTING_CATCH_UP,
+    NOT_VOTING_REPAIR,
+    NOT_VOTING_TERM_LOST,
+    NOT_VOTING_WHY,
+    learn_group_term,
+    needs_group_term,
+)
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT
 from node.store.base import StoreError
 from node.store.layout import LOCK_FILE, TERM_FILE, LayoutError
-from node.store.term_vote import LOST_VOTE, TermVoteFile
+from node.store.term_vote import TermVoteFile
 
-MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
 MAX_WAIT_MS = 1000  # the loop beats at least this often
 
-# Why a node does not vote (the block's `not_voting`, metric dledger_not_voting).
-NOT_VOTING_REPAIR = 1
-NOT_VOTING_TERM_LOST = 2
-NOT_VOTING_CATCH_UP = 3
-NOT_VOTING_WHY = {
-    NOT_VOTING_REPAIR: "its store is fetching a damaged committed range again (repair_index "
-                       "in the block, repairIndex in the checkpoint)",
-    NOT_VOTING_TERM_LOST: "its term/vote state is lost; asking the other members for the "
-                          "group's term",
-    NOT_VOTING_CATCH_UP: "it lost its disk and has not yet caught up to what the group had "
-                         "(catchUpIndex in currterm)",
-}
-LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
 
 
 def damaged_term_file(path: Path, e: Exception) -> str:
@@ -105,45 +92,6 @@ def damaged_term_file(path: Path, e: Exception) -> str:
     if isinstance(e, LayoutError):  # the store's own words: they already say it is damaged
         return f"{path}: {text}"
     return f"{path}: damaged term/vote file: {text}"
-
-
-class ZmqElectorTransport:
-    """The elector's sockets: ROUTER on the elector port, one IMMEDIATE DEALER per peer, the
-    role PUB and the control ROUTER (node.channels)."""
-
-    def __init__(self, rc: RoleContext, peers: list[str]) -> None:
-        cfg = rc.cfg
-        host, port = cfg.address
-        self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
-        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
-        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
-        self.dealers: dict[str, zmq.Socket] = {}
-        source = host if cfg.connect_from_own_host else None
-        for peer in peers:
-            h, p = cfg.peer_map[peer]
-            self.dealers[peer] = dealer(rc.zctx, from_source(elector_address(h, p), source))
-
-    def send(self, peer: str, frame: bytes) -> bool:
-        """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
-        if P.faults.blocked(peer):
-            return True  # test-only partition: the message is lost on the way
-        try:
-            self.dealers[peer].send(frame, zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-
-    def reply(self, ident: bytes, frame: bytes) -> None:
-        send_routed(self.router, ident, frame)
-
-    def role_changed(self, frame: bytes) -> None:
-        try:
-            self.pub.send(frame, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # a hint only: subscribers also re-read the block on their own timeouts
-
-    def control_reply(self, ident: bytes, frame: bytes) -> None:
-        send_routed(self.ctl, ident, frame)
 
 
 class Elector:
@@ -215,78 +163,12 @@ class Elector:
         return 0
 
     def _learn_group_term(self) -> bool:
-        """The term/vote file is damaged or absent: before the core starts, ask the other
-        members' handlers for their term (METADATA) until `decide_lost_state` can decide, then
-        record it (node/core/lost_state.py says why this is safe). Meanwhile nothing is
-        voted or answered (the role is still the block's initial one: no leader, term 0, so
-        the handler refuses pushes too). False when the node is stopping."""
-        tv = self.termvote
-        led = self.state.read_ledger()
-        local_empty = led.ledger_end_index < 0 and led.ledger_begin_index < 0
-        n = len(self.peer_ids)
-        if n == 1 and tv.absent and local_empty:
-            return True
-        if tv.damaged is None and not tv.absent:
-            return True
-        self._not_voting = NOT_VOTING_TERM_LOST
-        self.state.set("not_voting", NOT_VOTING_TERM_LOST)
-        what = tv.damaged or ("no term/vote file and an empty store (a new member, or a lost disk)"
-                              if local_empty else "no term/vote file, but a log")
-        self.log.warning("%s: %s; not voting until %d other member(s) told their term",
-                         self.cfg.id, what, answers_needed(n))
-        answers: dict[str, PeerTerm] = {}
-        socks: dict[str, zmq.Socket] = {}
-        host = self.cfg.address[0]
-        source = host if self.cfg.connect_from_own_host else None
-        for peer in self.others:
-            h, p = self.cfg.peer_map[peer]
-            socks[peer] = dealer(self.rc.zctx, from_source(data_address(h, p), source))
-        poller = zmq.Poller()
-        for sk in socks.values():
-            poller.register(sk, zmq.POLLIN)
-        asked: dict[str, int] = {}
-        try:
-            while not self.rc.should_stop():
-                decision = decide_lost_state(n, list(answers.values()), file_absent=tv.absent,
-                                             local_empty=local_empty,
-                                             local_end_term=led.ledger_end_term)
-                if decision is not None:
-                    break
-                now = self.now()
-                for peer, sk in socks.items():
-                    if peer not in answers and now - asked.get(peer, -LOST_STATE_ASK_MS) >= LOST_STATE_ASK_MS:
-                        asked[peer] = now
-                        try:
-                            sk.send(P.encode(P.MetadataRequest(self.cfg.group, peer, request_id=now)),
-                                    zmq.NOBLOCK)
-                        except zmq.Again:
-                            pass
-                for sk, _ in poller.poll(100):
-                    peer = next(q for q, x in socks.items() if x is sk)
-                    try:
-                        msg = P.decode(sk.recv(zmq.NOBLOCK))
-                    except (zmq.Again, P.ProtocolError):
-                        continue
-                    if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
-                            and msg.group == self.cfg.group and msg.self_id == peer):
-                        answers[peer] = PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
-                self.rc.beat()
-            else:
-                return False
-        finally:
-            for sk in socks.values():
-                sk.close(linger=0)
-        if decision.new_group:
-            self.log.info("%s: a new group (every member that answered is in term 0 with an "
-                          "empty log): voting from the start", self.cfg.id)
-            return True
-        tv.save(decision.term, LOST_VOTE, catch_up=decision.catch_up)
-        self.log.warning("%s: the group is in term %d (answers: %s); recorded term %d with no "
-                         "vote to give in it: votes from term %d on%s", self.cfg.id, decision.term,
-                         ", ".join(f"{a.peer}={a.term}" for a in answers.values()), decision.term,
-                         decision.term + 1,
-                         f", once entries up to {decision.catch_up} are committed here"
-                         if decision.catch_up >= 0 else "")
+        """The term/vote file is damaged or absent: learn the group's term before the core
+        starts (node/roles/group_term.py). False when the node is stopping."""
+        if needs_group_term(self.cfg, self.termvote, self.state.read_ledger()):
+            self._not_voting = NOT_VOTING_TERM_LOST
+            self.state.set("not_voting", NOT_VOTING_TERM_LOST)
+            return learn_group_term(self.rc, self.termvote, self.now)
         return True
 
     def _transfer_view(self) -> TransferView:

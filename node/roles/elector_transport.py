@@ -1,0 +1,52 @@
+"""The elector's ZeroMQ transport: the sockets `Elector.run` gives the role (the simulator
+gives it its own transport with the same four methods, docs/contracts.md C7)."""
+
+from __future__ import annotations
+
+import zmq
+
+from ipc import protocol as P
+from ipc.sockets import dealer, elector_address, from_source, pub, router, send_routed
+from node import channels
+from node.roles.runtime import RoleContext
+
+MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
+
+
+class ZmqElectorTransport:
+    """The elector's sockets: ROUTER on the elector port, one IMMEDIATE DEALER per peer, the
+    role PUB and the control ROUTER (node.channels)."""
+
+    def __init__(self, rc: RoleContext, peers: list[str]) -> None:
+        cfg = rc.cfg
+        host, port = cfg.address
+        self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
+        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
+        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
+        self.dealers: dict[str, zmq.Socket] = {}
+        source = host if cfg.connect_from_own_host else None
+        for peer in peers:
+            h, p = cfg.peer_map[peer]
+            self.dealers[peer] = dealer(rc.zctx, from_source(elector_address(h, p), source))
+
+    def send(self, peer: str, frame: bytes) -> bool:
+        """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
+        if P.faults.blocked(peer):
+            return True  # test-only partition: the message is lost on the way
+        try:
+            self.dealers[peer].send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        send_routed(self.router, ident, frame)
+
+    def role_changed(self, frame: bytes) -> None:
+        try:
+            self.pub.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a hint only: subscribers also re-read the block on their own timeouts
+
+    def control_reply(self, ident: bytes, frame: bytes) -> None:
+        send_routed(self.ctl, ident, frame)

@@ -1,0 +1,112 @@
+"""Why a node does not vote, and how it learns the group's term when its own is lost.
+
+A node whose term/vote file is damaged or absent may already have voted in some term of the
+group: voting again there could elect two leaders in one term. So before its elector starts,
+it asks the other members' handlers for their term (METADATA) until
+`node/core/lost_state.py:decide_lost_state` can decide, and records that term with no vote to
+give in it (docs/contracts.md C15). Meanwhile nothing is voted or answered: the role is still
+the block's initial one (no leader, term 0), so the handler refuses pushes too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import zmq
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode
+from ipc.sockets import data_address, dealer, from_source
+from node.config import NodeConfig
+from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
+from node.roles.runtime import RoleContext
+from node.shared_state import LedgerView
+from node.store.term_vote import LOST_VOTE, TermVoteFile
+
+# Why a node does not vote (the block's `not_voting`, metric dledger_not_voting).
+NOT_VOTING_REPAIR = 1
+NOT_VOTING_TERM_LOST = 2
+NOT_VOTING_CATCH_UP = 3
+NOT_VOTING_WHY = {
+    NOT_VOTING_REPAIR: "its store is fetching a damaged committed range again (repair_index "
+                       "in the block, repairIndex in the checkpoint)",
+    NOT_VOTING_TERM_LOST: "its term/vote state is lost; asking the other members for the "
+                          "group's term",
+    NOT_VOTING_CATCH_UP: "it lost its disk and has not yet caught up to what the group had "
+                         "(catchUpIndex in currterm)",
+}
+LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
+
+
+def needs_group_term(cfg: NodeConfig, termvote: TermVoteFile, led: LedgerView) -> bool:
+    """True when the term/vote state cannot be trusted and the group must be asked. A single
+    member with no file and no log is a new one-node group: nobody to ask, nothing voted."""
+    if termvote.damaged is None and not termvote.absent:
+        return False
+    local_empty = led.ledger_end_index < 0 and led.ledger_begin_index < 0
+    return not (len(cfg.peer_ids) == 1 and termvote.absent and local_empty)
+
+
+def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], int]) -> bool:
+    """Ask the other members for their term until the decision can be made, then record it
+    (with a catch-up index after a lost disk). False when the node is stopping."""
+    cfg, log = rc.cfg, rc.log
+    led = rc.state.read_ledger()
+    local_empty = led.ledger_end_index < 0 and led.ledger_begin_index < 0
+    n = len(cfg.peer_ids)
+    what = termvote.damaged or ("no term/vote file and an empty store (a new member, or a lost disk)"
+                                if local_empty else "no term/vote file, but a log")
+    log.warning("%s: %s; not voting until %d other member(s) told their term",
+                cfg.id, what, answers_needed(n))
+    answers: dict[str, PeerTerm] = {}
+    socks: dict[str, zmq.Socket] = {}
+    source = cfg.address[0] if cfg.connect_from_own_host else None
+    for peer in cfg.peer_ids:
+        if peer != cfg.id:
+            h, p = cfg.peer_map[peer]
+            socks[peer] = dealer(rc.zctx, from_source(data_address(h, p), source))
+    poller = zmq.Poller()
+    for sk in socks.values():
+        poller.register(sk, zmq.POLLIN)
+    asked: dict[str, int] = {}
+    try:
+        while not rc.should_stop():
+            decision = decide_lost_state(n, list(answers.values()), file_absent=termvote.absent,
+                                         local_empty=local_empty, local_end_term=led.ledger_end_term)
+            if decision is not None:
+                break
+            t = now()
+            for peer, sk in socks.items():
+                if peer not in answers and t - asked.get(peer, -LOST_STATE_ASK_MS) >= LOST_STATE_ASK_MS:
+                    asked[peer] = t
+                    try:
+                        sk.send(P.encode(P.MetadataRequest(cfg.group, peer, request_id=t)), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
+            for sk, _ in poller.poll(100):
+                peer = next(q for q, x in socks.items() if x is sk)
+                try:
+                    msg = P.decode(sk.recv(zmq.NOBLOCK))
+                except (zmq.Again, P.ProtocolError):
+                    continue
+                if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
+                        and msg.group == cfg.group and msg.self_id == peer):
+                    answers[peer] = PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
+            rc.beat()
+        else:
+            return False
+    finally:
+        for sk in socks.values():
+            sk.close(linger=0)
+    if decision.new_group:
+        log.info("%s: a new group (every member that answered is in term 0 with an empty log): "
+                 "voting from the start", cfg.id)
+        return True
+    termvote.save(decision.term, LOST_VOTE, catch_up=decision.catch_up)
+    log.warning("%s: the group is in term %d (answers: %s); recorded term %d with no vote to give "
+                "in it: votes from term %d on%s", cfg.id, decision.term,
+                ", ".join(f"{a.peer}={a.term}" for a in answers.values()), decision.term,
+                decision.term + 1,
+                f", once entries up to {decision.catch_up} are committed here"
+                if decision.catch_up >= 0 else "")
+    return True
