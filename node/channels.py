@@ -11,7 +11,7 @@ duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 |---|---|---|---|---|
 | data port | tcp host:port | handler (ROUTER) | clients, peers' dispatchers (DEALER) | `ipc.protocol` frames |
 | elector port | tcp host:port+1 | elector (ROUTER) | peers' electors (DEALER) | `ipc.protocol` VOTE / HEARTBEAT / TAKE_LEADERSHIP |
-| role | ipc elector.pub | elector (PUB) | every role (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
+| role | ipc elector.pub | elector (PUB) | handler, dispatchers, ack checker, `node.listeners` (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
 | control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (answered with `LEADERSHIP_CONFIRMED` once a quorum round that started after it landed: a wake-up; the block's quorum-heartbeat time is the answer) |
 | appended | ipc appended.pub | handler (PUB) | dispatchers, ack checker (SUB, conflated) | ASCII ledger end index |
 | ack | ipc ack.pull | ack checker (PULL) | dispatchers (PUSH) | `ACK_MSG`: peer slot, match index |
@@ -29,34 +29,73 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import zmq
+
+from ipc import sockets
 from ipc.codes import Role
 from ipc.sockets import ipc_path
 
 
 @dataclass(frozen=True, slots=True)
 class Channel:
-    """One in-node channel: `name` is its ipc:// socket file under the run directory."""
+    """One in-node channel: `name` is its ipc:// socket file under the run directory.
+
+    `binder` binds a `bind_type` socket; each role in `connectors` connects a `connect_type`
+    socket (`open_channel` holds every role to this). `conflate`: the connectors keep only the
+    newest message (a "latest value" hint, never something that must be counted)."""
 
     name: str
     binder: str
     bind_type: str
     connect_type: str
+    connectors: tuple[str, ...] = ()
+    conflate: bool = False
 
 
-ROLE = Channel("elector.pub", "elector", "PUB", "SUB")
-CONTROL = Channel("elector.ctl", "elector", "ROUTER", "DEALER")
-APPENDED = Channel("appended.pub", "handler", "PUB", "SUB")
-ACK = Channel("ack.pull", "ack_checker", "PULL", "PUSH")
-COMMIT = Channel("commit.pull", "handler", "PULL", "PUSH")
-APPLY = Channel("apply.pull", "applier", "PULL", "PUSH")
-RESULTS = Channel("results.pull", "handler", "PULL", "PUSH")
-QUERY = Channel("query.router", "applier", "ROUTER", "DEALER")
+ROLE = Channel("elector.pub", "elector", "PUB", "SUB",
+               ("handler", "dispatcher", "ack_checker", "listener"))
+CONTROL = Channel("elector.ctl", "elector", "ROUTER", "DEALER", ("handler",))
+APPENDED = Channel("appended.pub", "handler", "PUB", "SUB", ("dispatcher", "ack_checker"),
+                   conflate=True)
+ACK = Channel("ack.pull", "ack_checker", "PULL", "PUSH", ("dispatcher",))
+COMMIT = Channel("commit.pull", "handler", "PULL", "PUSH", ("ack_checker",))
+APPLY = Channel("apply.pull", "applier", "PULL", "PUSH", ("handler",))
+RESULTS = Channel("results.pull", "handler", "PULL", "PUSH", ("applier",))
+QUERY = Channel("query.router", "applier", "ROUTER", "DEALER", ("handler",))
 ALL = (ROLE, CONTROL, APPENDED, ACK, COMMIT, APPLY, RESULTS, QUERY)
 
 
 def endpoint(run_dir: str | Path, channel: Channel) -> str:
     """The ipc:// address of `channel` for the node whose run directory is `run_dir`."""
     return ipc_path(run_dir, channel.name)
+
+
+def role_kind(role: str) -> str:
+    """"dispatcher[2]" -> "dispatcher": the name a channel declaration uses for a role."""
+    return role.split("[", 1)[0]
+
+
+def open_channel(ctx: zmq.Context, run_dir: str | Path, channel: Channel, role: str) -> zmq.Socket:
+    """Open `role`'s end of `channel` as declared: the binder binds a `bind_type` socket, a
+    connector connects a `connect_type` one, with the `ipc.sockets` options of that type.
+
+    Why one function: the table above is then what the roles do, not a comment beside it; a
+    role that is neither the binder nor a declared connector is a wiring mistake, refused with
+    ValueError before any socket exists."""
+    kind = role_kind(role)
+    addr = endpoint(run_dir, channel)
+    if kind == channel.binder:
+        return _BIND[channel.bind_type](ctx, addr)
+    if kind in channel.connectors:
+        if channel.connect_type == "SUB":
+            return sockets.sub(ctx, addr, conflate=channel.conflate)
+        return _CONNECT[channel.connect_type](ctx, addr)
+    raise ValueError(f"role {role!r} has no end of channel {channel.name!r} "
+                     f"(binder {channel.binder}, connectors {', '.join(channel.connectors)})")
+
+
+_BIND = {"PUB": sockets.pub, "PULL": sockets.pull, "ROUTER": sockets.router}
+_CONNECT = {"PUSH": sockets.push, "DEALER": sockets.dealer}
 
 
 # ---- role ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import zmq
 
-from ipc.sockets import drain, pull, push, recv_routed, router, send_routed
+from ipc.sockets import drain, recv_routed, send_routed
 from node import channels
 from node.core.apply import (
     ParkedQuery,
@@ -377,9 +377,9 @@ class Applier:
 
     def run(self) -> None:
         rc = self.rc
-        hints = pull(rc.zctx, rc.channel(channels.APPLY))
-        query_sock = router(rc.zctx, rc.channel(channels.QUERY))
-        self.transport = ZmqApplierTransport(push(rc.zctx, rc.channel(channels.RESULTS)), query_sock)
+        hints = rc.open(channels.APPLY)
+        query_sock = rc.open(channels.QUERY)
+        self.transport = ZmqApplierTransport(rc.open(channels.RESULTS), query_sock)
         poller = zmq.Poller()
         for s in (hints, query_sock, rc.wake_fd):
             poller.register(s, zmq.POLLIN)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import zmq
 
 from ipc import protocol as P
-from ipc.sockets import dealer, elector_address, from_source, pub, router, send_routed
+from ipc.sockets import dealer, elector_address, from_source, router, send_routed
 from node import channels
 from node.roles.runtime import RoleContext
 
@@ -21,8 +21,8 @@ class ZmqElectorTransport:
         cfg = rc.cfg
         host, port = cfg.address
         self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
-        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
-        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
+        self.pub = rc.open(channels.ROLE)
+        self.ctl = rc.open(channels.CONTROL)
         self.dealers: dict[str, zmq.Socket] = {}
         source = host if cfg.connect_from_own_host else None
         for peer in peers:

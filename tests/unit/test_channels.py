@@ -1,0 +1,100 @@
+"""node/channels.py: the declared in-node channels are what the roles open.
+
+Every role opens its end of a node-internal channel through `open_channel` (via
+`RoleContext.open`), so these tests open each declared end with the real function and check
+the socket ZeroMQ made, then pass a message through it; a scan of the role modules keeps
+anyone from opening a declared channel by hand again.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import zmq
+
+from node import channels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    try:
+        yield c
+    finally:
+        c.destroy(linger=0)
+
+
+@pytest.mark.parametrize("ch", channels.ALL, ids=lambda c: c.name)
+def test_each_declared_end_has_the_declared_socket_type(ctx, tmp_path, ch):
+    bound = channels.open_channel(ctx, tmp_path, ch, ch.binder)
+    assert bound.type == getattr(zmq, ch.bind_type)
+    assert bound.getsockopt(zmq.LAST_ENDPOINT).decode() == channels.endpoint(tmp_path, ch)
+    assert ch.connectors, f"{ch.name}: nobody connects"
+    for role in ch.connectors:
+        s = channels.open_channel(ctx, tmp_path, ch, f"{role}[1]" if role == "dispatcher" else role)
+        assert s.type == getattr(zmq, ch.connect_type)
+        s.close(linger=0)
+    bound.close(linger=0)
+
+
+def _send_until_received(sender: zmq.Socket, receiver: zmq.Socket, frame: bytes) -> list[bytes]:
+    """PUB/SUB drops what is sent before the subscription arrived: resend, bounded by count."""
+    for _ in range(200):
+        sender.send(frame)
+        if receiver.poll(50):
+            return receiver.recv_multipart()
+    raise AssertionError("nothing arrived")
+
+
+@pytest.mark.parametrize("ch", channels.ALL, ids=lambda c: c.name)
+def test_a_message_crosses_each_declared_channel(ctx, tmp_path, ch):
+    bound = channels.open_channel(ctx, tmp_path, ch, ch.binder)
+    other = channels.open_channel(ctx, tmp_path, ch, ch.connectors[0])
+    try:
+        # who sends: PUB -> SUB, PUSH -> PULL, DEALER -> ROUTER
+        sender, receiver = (bound, other) if ch.bind_type == "PUB" else (other, bound)
+        got = _send_until_received(sender, receiver, channels.ROLE_TOPIC + b"-hint")
+        assert got[-1] == channels.ROLE_TOPIC + b"-hint"
+    finally:
+        other.close(linger=0)
+        bound.close(linger=0)
+
+
+def test_appended_subscribers_keep_only_the_newest_hint(ctx, tmp_path):
+    pub = channels.open_channel(ctx, tmp_path, channels.APPENDED, "handler")
+    sub = channels.open_channel(ctx, tmp_path, channels.APPENDED, "ack_checker")
+    try:
+        _send_until_received(pub, sub, channels.encode_appended(1))
+        for i in range(2, 50):
+            pub.send(channels.encode_appended(i))
+        assert sub.poll(2000)
+        assert sub.recv() == channels.encode_appended(49)  # conflated: 2..48 are gone
+        assert not sub.poll(0)
+    finally:
+        sub.close(linger=0)
+        pub.close(linger=0)
+
+
+@pytest.mark.parametrize("ch,role", [(channels.QUERY, "dispatcher[0]"), (channels.ACK, "handler"),
+                                     (channels.ROLE, "applier")])
+def test_a_role_without_an_end_is_refused_before_any_socket(ctx, tmp_path, ch, role):
+    with pytest.raises(ValueError, match=f"has no end of channel '{re.escape(ch.name)}'"):
+        channels.open_channel(ctx, tmp_path, ch, role)
+    assert not list(tmp_path.iterdir())  # nothing bound
+
+
+_BY_HAND = re.compile(r"\b(?:sub|pub|push|pull|router|dealer)\([^()]*(?:\.channel\(|endpoint\(|ipc_path\()")
+
+
+def test_no_module_opens_a_declared_channel_by_hand():
+    """The roles open in-node channels with RoleContext.open / open_channel only."""
+    offenders = []
+    for path in sorted([*(ROOT / "node").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        offenders += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in _BY_HAND.finditer(text)]
+    assert offenders == []
+
