@@ -18,7 +18,7 @@ duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 | commit | ipc commit.pull | handler (PULL) | ack checker (PUSH) | `COMMIT_MSG` |
 | apply | ipc apply.pull | applier (PULL) | handler (PUSH) | `APPLY_MSG`: the committed index moved |
 | results | ipc results.pull | handler (PULL) | applier (PUSH) | `encode_results`: what `apply` returned for a run of indexes |
-| query | ipc query.router | applier (ROUTER) | handler (DEALER) | `encode_query` / `encode_query_reply`: a read of the state machine at a read index |
+| query | ipc query.router | applier (ROUTER) | handler (DEALER) | `encode_query` / `encode_query_reply`: a `QueryKind` byte first: a read of the state machine at a read index, a snapshot now, or a chunk of a snapshot to install |
 
 The last three exist only on a node with a state machine (docs/statemachine.md).
 """
@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
+from typing import NamedTuple
 
 import zmq
 
@@ -175,17 +177,35 @@ def decode_results(frame: bytes) -> tuple[int, list[bytes | None]] | None:
     return (first, out) if off == len(frame) else None
 
 
-_QUERY = struct.Struct(">Qq")  # tag, read index
+class QueryKind(IntEnum):
+    """The first byte of every frame the handler sends the applier on the query channel: what
+    the frame asks for. One explicit tag per kind, decoded in `decode_query` only, so no read
+    index value doubles as a message type."""
+
+    READ = 1
+    """A read of the state machine at `read_index`: answered once the applier applied it."""
+    SNAPSHOT = 2
+    """Take a snapshot now (`dledger snapshot`); no read index. The reply's answer is
+    `SNAPSHOT_POSITION` (last index, last term) of the snapshot on disk."""
+    INSTALL = 3
+    """A chunk of a leader's snapshot for the applier to install (docs/snapshots.md "Install,
+    end to end"); no read index. The request is `encode_install_chunk`; the reply's answer is
+    `INSTALL_PROGRESS`: (received, installed, last index, last term); status QUERY_REFUSED means
+    the chunk was not the next one (received says where to continue)."""
+
+
+class Query(NamedTuple):
+    """A decoded query frame (`decode_query`)."""
+
+    tag: int
+    read_index: int  # 0 for SNAPSHOT and INSTALL
+    request: bytes
+    kind: QueryKind = QueryKind.READ
+
+
+_QUERY = struct.Struct(">BQq")  # kind, tag, read index
 _QUERY_REPLY = struct.Struct(">QBq")  # tag, status, applied index the answer reflects
-SNAPSHOT_NOW = -2
-"""A query frame with this read index is not a read: take a snapshot now (`dledger snapshot`);
-the reply's answer is `SNAPSHOT_POSITION` (last index, last term) of the snapshot on disk."""
 SNAPSHOT_POSITION = struct.Struct(">qq")
-INSTALL_CHUNK = -3
-"""A query frame with this read index is a chunk of a leader's snapshot for the applier to
-install (docs/snapshots.md "Install, end to end"): the request is `encode_install_chunk`; the
-reply's answer is `INSTALL_PROGRESS`: (received, installed, last index, last term); status
-QUERY_REFUSED means the chunk was not the next one (received says where to continue)."""
 INSTALL_PROGRESS = struct.Struct(">qBqq")
 _INSTALL_CHUNK = struct.Struct(">IQ")  # meta length, offset
 
@@ -212,15 +232,19 @@ QUERY_FAILED = 2  # query() raised: the answer is the one-line reason
 QUERY_REFUSED = 3  # an install chunk that is not the next one (INSTALL_PROGRESS says where)
 
 
-def encode_query(tag: int, read_index: int, request: bytes) -> bytes:
-    return _QUERY.pack(tag, read_index) + request
+def encode_query(tag: int, read_index: int, request: bytes, kind: QueryKind = QueryKind.READ) -> bytes:
+    return _QUERY.pack(kind, tag, read_index) + request
 
 
-def decode_query(frame: bytes) -> tuple[int, int, bytes] | None:
+def decode_query(frame: bytes) -> Query | None:
+    """The query in `frame`, or None for a frame too short or of an unknown kind."""
     if len(frame) < _QUERY.size:
         return None
-    tag, read_index = _QUERY.unpack_from(frame, 0)
-    return tag, read_index, bytes(frame[_QUERY.size:])
+    kind, tag, read_index = _QUERY.unpack_from(frame, 0)
+    try:
+        return Query(tag, read_index, bytes(frame[_QUERY.size:]), QueryKind(kind))
+    except ValueError:
+        return None
 
 
 def encode_query_reply(tag: int, status: int, applied_index: int, answer: bytes) -> bytes:

@@ -229,14 +229,12 @@ class Applier:
         if q is None:
             self.log.warning("malformed query frame (%d bytes) ignored", len(frame))
             return
-        tag, read_index, request = q
-        if read_index == channels.SNAPSHOT_NOW:
-            self.snapshot_now(ident, tag)
-            return
-        if read_index == channels.INSTALL_CHUNK:
-            self.on_install_chunk(ident, tag, request)
-            return
-        self.parked.append(ParkedQuery(tag, read_index, request, ident))
+        if q.kind == channels.QueryKind.SNAPSHOT:
+            self.snapshot_now(ident, q.tag)
+        elif q.kind == channels.QueryKind.INSTALL:
+            self.on_install_chunk(ident, q.tag, q.request)
+        else:
+            self.parked.append(ParkedQuery(q.tag, q.read_index, q.request, ident))
 
     def snapshot_now(self, ident: bytes, tag: int) -> None:
         """`dledger snapshot`: everything applied so far (catch up first), snapshotted now."""

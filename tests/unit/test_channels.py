@@ -98,3 +98,27 @@ def test_no_module_opens_a_declared_channel_by_hand():
         offenders += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in _BY_HAND.finditer(text)]
     assert offenders == []
 
+
+# ---- query channel: a kind byte per frame ---------------------------------------------------
+
+@pytest.mark.parametrize("kind", list(channels.QueryKind))
+def test_query_frames_carry_their_kind_and_round_trip(kind):
+    frame = channels.encode_query(7, 41 if kind == channels.QueryKind.READ else 0, b"body", kind)
+    assert frame[0] == kind  # the kind byte comes first
+    got = channels.decode_query(frame)
+    assert got == channels.Query(7, 41 if kind == channels.QueryKind.READ else 0, b"body", kind)
+    assert got.kind is kind
+
+
+def test_query_kind_is_explicit_not_a_read_index_value():
+    # a read at any index, negative ones included, stays a read: no index value means "snapshot"
+    for read_index in (-3, -2, -1, 0, 2**62):
+        assert channels.decode_query(channels.encode_query(1, read_index, b"")).kind \
+            == channels.QueryKind.READ
+    assert channels.encode_query(1, 5, b"x") == channels.encode_query(1, 5, b"x", channels.QueryKind.READ)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x01" + b"\x00" * 15, b"\x00" + b"\x00" * 16,
+                                   b"\x09" + b"\x00" * 16 + b"req"])
+def test_query_frames_too_short_or_of_an_unknown_kind_are_refused(frame):
+    assert channels.decode_query(frame) is None
