@@ -552,6 +552,30 @@ class ErrorResponse:
 
 
 @dataclass(slots=True)
+class ReadIndexRequest:
+    """A follower's handler asks the leader for a read index on behalf of a client's read."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX
+    group: str
+    remote_id: str
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class ReadIndexResponse:
+    """The leader's committed index once a heartbeat round that started after the request
+    arrived confirmed it (or under its lease, with `read_lease`): a linearizable read point."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    read_index: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
 class Multi:
     """Several complete frames in one: what a pipelining client sends when many requests are
     queued at once, and what a node answers them with.
@@ -575,11 +599,11 @@ class Multi:
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
            | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest
-           | InstallRequest)
+           | InstallRequest | ReadIndexRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
             | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | SnapshotResponse
-            | InstallResponse | ErrorResponse)
+            | InstallResponse | ReadIndexResponse | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -758,6 +782,14 @@ def _enc_meta_resp(m: MetadataResponse) -> bytes:
     return b"".join(parts)
 
 
+def _enc_read_index(m: ReadIndexRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
+
+
+def _enc_read_index_resp(m: ReadIndexResponse) -> bytes:
+    return _resp(m) + _TERM.pack(m.read_index)
+
+
 def _enc_push_resp(m: PushResponse) -> bytes:
     return _resp(m) + _PUSH_RESP.pack(m.index, m.begin_index, m.end_index, m.x_term, m.x_index)
 
@@ -801,6 +833,8 @@ _ENCODERS = {
     SnapshotResponse: _enc_snapshot_resp,
     InstallRequest: _enc_install,
     InstallResponse: _enc_install_resp,
+    ReadIndexRequest: _enc_read_index,
+    ReadIndexResponse: _enc_read_index_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -1177,6 +1211,21 @@ def _dec_meta_resp(mv: memoryview, off: int, rid: int, max_body: int) -> Metadat
                             committed, peers, rid, status)
 
 
+def _dec_read_index(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _end(mv, off)
+    return ReadIndexRequest(group, remote, rid)
+
+
+def _dec_read_index_resp(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 8, "read index")
+    (read_index,) = _TERM.unpack_from(mv, off)
+    _end(mv, off + 8)
+    return ReadIndexResponse(code, group, term, leader, read_index, rid)
+
+
 def _dec_push_resp(mv: memoryview, off: int, rid: int, max_body: int) -> PushResponse:
     code, term, group, leader, off = _dec_resp_common(mv, off)
     _need(mv, off, _PUSH_RESP.size, "PUSH response fields")
@@ -1235,6 +1284,8 @@ _DECODERS = {
     MsgType.SNAPSHOT_RESPONSE: _dec_snapshot_resp,
     MsgType.INSTALL: _dec_install,
     MsgType.INSTALL_RESPONSE: _dec_install_resp,
+    MsgType.READ_INDEX: _dec_read_index,
+    MsgType.READ_INDEX_RESPONSE: _dec_read_index_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,
@@ -1340,8 +1391,7 @@ def is_response(msg: Message) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Header flags and the read-index messages (follower reads and puts answered at commit:
-# docs/statemachine.md)
+# Header flags (follower reads and puts answered at commit: docs/statemachine.md)
 # ---------------------------------------------------------------------------------------------
 FLAG_NO_RESULT = 0x01
 """APPEND: the client wants no state-machine result (a KV put: its revision is its index), so
@@ -1353,30 +1403,6 @@ waits until its own state machine applied it, and answers from it (linearizable,
 leader). Without the flag a follower answers NOT_LEADER."""
 
 
-@dataclass(slots=True)
-class ReadIndexRequest:
-    """A follower's handler asks the leader for a read index on behalf of a client's read."""
-
-    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX
-    group: str
-    remote_id: str
-    request_id: int = 0
-
-
-@dataclass(slots=True)
-class ReadIndexResponse:
-    """The leader's committed index once a heartbeat round that started after the request
-    arrived confirmed it (or under its lease, with `read_lease`): a linearizable read point."""
-
-    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX_RESPONSE
-    code: int
-    group: str
-    term: int
-    leader_id: str = ""
-    read_index: int = -1
-    request_id: int = 0
-
-
 def _apply_flags(msg: Message, flags: int) -> None:
     """The header flags this module knows, onto the decoded message; unknown bits and flags
     on other types are ignored (older nodes ignored them all)."""
@@ -1385,36 +1411,6 @@ def _apply_flags(msg: Message, flags: int) -> None:
         msg.no_result = bool(flags & FLAG_NO_RESULT)
     elif t is QueryRequest:
         msg.any_member = bool(flags & FLAG_ANY_MEMBER)
-
-
-def _enc_read_index(m: ReadIndexRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
-
-
-def _enc_read_index_resp(m: ReadIndexResponse) -> bytes:
-    return _resp(m) + _TERM.pack(m.read_index)
-
-
-def _dec_read_index(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexRequest:
-    group, off = _str(mv, off)
-    remote, off = _str(mv, off)
-    _end(mv, off)
-    return ReadIndexRequest(group, remote, rid)
-
-
-def _dec_read_index_resp(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexResponse:
-    code, term, group, leader, off = _dec_resp_common(mv, off)
-    _need(mv, off, 8, "read index")
-    (read_index,) = _TERM.unpack_from(mv, off)
-    _end(mv, off + 8)
-    return ReadIndexResponse(code, group, term, leader, read_index, rid)
-
-
-_ENCODERS[ReadIndexRequest] = _enc_read_index
-_ENCODERS[ReadIndexResponse] = _enc_read_index_resp
-for _t, _d in ((MsgType.READ_INDEX, _dec_read_index), (MsgType.READ_INDEX_RESPONSE, _dec_read_index_resp)):
-    _DECODERS[_t] = _d
-    _DECODERS_BY_INT[int(_t)] = _d
 
 
 # ---------------------------------------------------------------------------------------------
