@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import zmq
 
-from ipc import protocol as P
 from ipc.sockets import dealer, elector_address, from_source, router, send_routed
-from node import channels
+from node import channels, fault_hooks
 from node.roles.runtime import RoleContext
 
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
@@ -31,7 +30,7 @@ class ZmqElectorTransport:
 
     def send(self, peer: str, frame: bytes) -> bool:
         """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
-        if P.faults.blocked(peer):
+        if fault_hooks.faults.blocked(peer):
             return True  # test-only partition: the message is lost on the way
         try:
             self.dealers[peer].send(frame, zmq.NOBLOCK)

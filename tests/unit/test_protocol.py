@@ -293,27 +293,6 @@ def test_fuzz_mutations_and_truncations_of_valid_frames():
     assert decoded_ok > 100  # many byte flips land in values: still decodable, as they should
 
 
-# ------------------------------------------------------------------------- test-only faults
-
-def test_fault_hook_drops_every_nth_push_only_when_enabled():
-    assert not p.FaultHook.from_env({}).enabled
-    off = p.FaultHook.from_env({})
-    assert [off.drop_push() for _ in range(6)] == [False] * 6
-    hook = p.FaultHook.from_env({"DLEDGER_TEST_DROP_PUSH_EVERY": "3"})
-    assert hook.enabled
-    assert [hook.drop_push() for _ in range(6)] == [False, False, True, False, False, True]
-    assert not p.FaultHook.from_env({"DLEDGER_TEST_DROP_PUSH_EVERY": "x"}).enabled
-
-
-def test_fault_hook_partition_file(tmp_path):
-    path = tmp_path / "cut"
-    hook = p.FaultHook(partition_file=str(path))
-    assert not hook.blocked("n1")  # missing file: healed
-    path.write_text("n1 n2\n")
-    hook._checked = -1.0  # skip the 50 ms re-check throttle
-    assert hook.blocked("n1") and hook.blocked("n2") and not hook.blocked("n0")
-
-
 # ------------------------------------------------------------------------- ipc.sockets conventions
 
 def test_parse_peers_dledger_format():
