@@ -73,7 +73,7 @@ def endpoint(run_dir: str | Path, channel: Channel) -> str:
 
 
 def role_kind(role: str) -> str:
-    """"dispatcher[2]" -> "dispatcher": the name a channel declaration uses for a role."""
+    """The name a channel declaration uses for a role: "dispatcher[2]" is a "dispatcher"."""
     return role.split("[", 1)[0]
 
 
@@ -195,7 +195,8 @@ class QueryKind(IntEnum):
 
 
 class Query(NamedTuple):
-    """A decoded query frame (`decode_query`)."""
+    """A decoded query frame (`decode_query`). `kind` comes last so that readers of the
+    (tag, read index, request) positions, such as the simulator's trace, keep working."""
 
     tag: int
     read_index: int  # 0 for SNAPSHOT and INSTALL
