@@ -64,19 +64,20 @@ def test_a_message_crosses_each_declared_channel(ctx, tmp_path, ch):
         bound.close(linger=0)
 
 
-def test_appended_subscribers_keep_only_the_newest_hint(ctx, tmp_path):
-    pub = channels.open_channel(ctx, tmp_path, channels.APPENDED, "handler")
-    sub = channels.open_channel(ctx, tmp_path, channels.APPENDED, "ack_checker")
-    try:
-        _send_until_received(pub, sub, channels.encode_appended(1))
-        for i in range(2, 50):
-            pub.send(channels.encode_appended(i))
-        assert sub.poll(2000)
-        assert sub.recv() == channels.encode_appended(49)  # conflated: 2..48 are gone
-        assert not sub.poll(0)
-    finally:
-        sub.close(linger=0)
-        pub.close(linger=0)
+@pytest.mark.parametrize("ch", channels.ALL, ids=lambda c: c.name)
+def test_subscribers_conflate_exactly_where_declared(ctx, tmp_path, ch):
+    """APPENDED is a "latest value" hint (conflated); the role channel is counted (every role
+    change matters), so its subscribers must keep them all."""
+    for role in ch.connectors:
+        s = channels.open_channel(ctx, tmp_path, ch, role)
+        try:
+            if ch.connect_type == "SUB":
+                assert s.getsockopt(zmq.CONFLATE) == (1 if ch.conflate else 0)
+            else:
+                assert not ch.conflate, f"{ch.name}: conflate is for SUB ends only"
+        finally:
+            s.close(linger=0)
+    assert channels.APPENDED.conflate and not channels.ROLE.conflate
 
 
 @pytest.mark.parametrize("ch,role", [(channels.QUERY, "dispatcher[0]"), (channels.ACK, "handler"),
