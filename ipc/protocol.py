@@ -81,10 +81,8 @@ alive while you use them, or ``bytes()`` them. They compare equal to ``bytes``.
 from __future__ import annotations
 
 import functools
-import os
 import struct
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
@@ -552,6 +550,30 @@ class ErrorResponse:
 
 
 @dataclass(slots=True)
+class ReadIndexRequest:
+    """A follower's handler asks the leader for a read index on behalf of a client's read."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX
+    group: str
+    remote_id: str
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class ReadIndexResponse:
+    """The leader's committed index once a heartbeat round that started after the request
+    arrived confirmed it (or under its lease, with `read_lease`): a linearizable read point."""
+
+    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    read_index: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
 class Multi:
     """Several complete frames in one: what a pipelining client sends when many requests are
     queued at once, and what a node answers them with.
@@ -575,11 +597,11 @@ class Multi:
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
            | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest
-           | InstallRequest)
+           | InstallRequest | ReadIndexRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
             | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | SnapshotResponse
-            | InstallResponse | ErrorResponse)
+            | InstallResponse | ReadIndexResponse | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -758,6 +780,14 @@ def _enc_meta_resp(m: MetadataResponse) -> bytes:
     return b"".join(parts)
 
 
+def _enc_read_index(m: ReadIndexRequest) -> bytes:
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
+
+
+def _enc_read_index_resp(m: ReadIndexResponse) -> bytes:
+    return _resp(m) + _TERM.pack(m.read_index)
+
+
 def _enc_push_resp(m: PushResponse) -> bytes:
     return _resp(m) + _PUSH_RESP.pack(m.index, m.begin_index, m.end_index, m.x_term, m.x_index)
 
@@ -801,6 +831,8 @@ _ENCODERS = {
     SnapshotResponse: _enc_snapshot_resp,
     InstallRequest: _enc_install,
     InstallResponse: _enc_install_resp,
+    ReadIndexRequest: _enc_read_index,
+    ReadIndexResponse: _enc_read_index_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -1177,6 +1209,21 @@ def _dec_meta_resp(mv: memoryview, off: int, rid: int, max_body: int) -> Metadat
                             committed, peers, rid, status)
 
 
+def _dec_read_index(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _end(mv, off)
+    return ReadIndexRequest(group, remote, rid)
+
+
+def _dec_read_index_resp(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, 8, "read index")
+    (read_index,) = _TERM.unpack_from(mv, off)
+    _end(mv, off + 8)
+    return ReadIndexResponse(code, group, term, leader, read_index, rid)
+
+
 def _dec_push_resp(mv: memoryview, off: int, rid: int, max_body: int) -> PushResponse:
     code, term, group, leader, off = _dec_resp_common(mv, off)
     _need(mv, off, _PUSH_RESP.size, "PUSH response fields")
@@ -1235,6 +1282,8 @@ _DECODERS = {
     MsgType.SNAPSHOT_RESPONSE: _dec_snapshot_resp,
     MsgType.INSTALL: _dec_install,
     MsgType.INSTALL_RESPONSE: _dec_install_resp,
+    MsgType.READ_INDEX: _dec_read_index,
+    MsgType.READ_INDEX_RESPONSE: _dec_read_index_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,
@@ -1340,8 +1389,7 @@ def is_response(msg: Message) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Header flags and the read-index messages (follower reads and puts answered at commit:
-# docs/statemachine.md)
+# Header flags (follower reads and puts answered at commit: docs/statemachine.md)
 # ---------------------------------------------------------------------------------------------
 FLAG_NO_RESULT = 0x01
 """APPEND: the client wants no state-machine result (a KV put: its revision is its index), so
@@ -1353,30 +1401,6 @@ waits until its own state machine applied it, and answers from it (linearizable,
 leader). Without the flag a follower answers NOT_LEADER."""
 
 
-@dataclass(slots=True)
-class ReadIndexRequest:
-    """A follower's handler asks the leader for a read index on behalf of a client's read."""
-
-    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX
-    group: str
-    remote_id: str
-    request_id: int = 0
-
-
-@dataclass(slots=True)
-class ReadIndexResponse:
-    """The leader's committed index once a heartbeat round that started after the request
-    arrived confirmed it (or under its lease, with `read_lease`): a linearizable read point."""
-
-    TYPE: ClassVar[MsgType] = MsgType.READ_INDEX_RESPONSE
-    code: int
-    group: str
-    term: int
-    leader_id: str = ""
-    read_index: int = -1
-    request_id: int = 0
-
-
 def _apply_flags(msg: Message, flags: int) -> None:
     """The header flags this module knows, onto the decoded message; unknown bits and flags
     on other types are ignored (older nodes ignored them all)."""
@@ -1385,106 +1409,3 @@ def _apply_flags(msg: Message, flags: int) -> None:
         msg.no_result = bool(flags & FLAG_NO_RESULT)
     elif t is QueryRequest:
         msg.any_member = bool(flags & FLAG_ANY_MEMBER)
-
-
-def _enc_read_index(m: ReadIndexRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id)))
-
-
-def _enc_read_index_resp(m: ReadIndexResponse) -> bytes:
-    return _resp(m) + _TERM.pack(m.read_index)
-
-
-def _dec_read_index(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexRequest:
-    group, off = _str(mv, off)
-    remote, off = _str(mv, off)
-    _end(mv, off)
-    return ReadIndexRequest(group, remote, rid)
-
-
-def _dec_read_index_resp(mv: memoryview, off: int, rid: int, max_body: int) -> ReadIndexResponse:
-    code, term, group, leader, off = _dec_resp_common(mv, off)
-    _need(mv, off, 8, "read index")
-    (read_index,) = _TERM.unpack_from(mv, off)
-    _end(mv, off + 8)
-    return ReadIndexResponse(code, group, term, leader, read_index, rid)
-
-
-_ENCODERS[ReadIndexRequest] = _enc_read_index
-_ENCODERS[ReadIndexResponse] = _enc_read_index_resp
-for _t, _d in ((MsgType.READ_INDEX, _dec_read_index), (MsgType.READ_INDEX_RESPONSE, _dec_read_index_resp)):
-    _DECODERS[_t] = _d
-    _DECODERS_BY_INT[int(_t)] = _d
-
-
-# ---------------------------------------------------------------------------------------------
-# TEST-ONLY fault injection. Off unless an environment variable turns it on; production never
-# sets these. Kept here (not in the roles) so every process reads the same switches.
-# ---------------------------------------------------------------------------------------------
-
-
-class FaultHook:
-    """Test-only switches for the integration tests' faults, so a fault runs through the real code
-    paths of real processes. Does nothing by default.
-
-    - ``DLEDGER_TEST_DROP_PUSH_EVERY=N``: the dispatcher calls `drop_push()` before sending each
-      push; every N-th call returns True and the push is silently not sent (a lost message).
-    - ``DLEDGER_TEST_PARTITION_FILE=PATH``: a file listing peer ids (whitespace separated) this
-      process must not send to; `blocked(peer)` re-reads it when its mtime changes (checked at
-      most every 50 ms). Write both sides' files to cut a link in both directions; delete or
-      empty them to heal.
-    """
-
-    __slots__ = ("drop_push_every", "partition_file", "_pushes", "_blocked", "_mtime", "_checked")
-
-    def __init__(self, drop_push_every: int = 0, partition_file: str | None = None) -> None:
-        self.drop_push_every = max(0, drop_push_every)
-        self.partition_file = partition_file or None
-        self._pushes = 0
-        self._blocked: frozenset[str] = frozenset()
-        self._mtime: float | None = None
-        self._checked = -1.0
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> FaultHook:
-        raw = environ.get("DLEDGER_TEST_DROP_PUSH_EVERY", "").strip()
-        try:
-            every = int(raw) if raw else 0
-        except ValueError:
-            every = 0
-        return cls(every, environ.get("DLEDGER_TEST_PARTITION_FILE"))
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.drop_push_every or self.partition_file)
-
-    def drop_push(self) -> bool:
-        """Call once per push about to be sent; True means: pretend it was lost."""
-        if not self.drop_push_every:
-            return False
-        self._pushes += 1
-        return self._pushes % self.drop_push_every == 0
-
-    def blocked(self, peer_id: str) -> bool:
-        """True if the partition file currently cuts this process off from `peer_id`."""
-        if self.partition_file is None:
-            return False
-        now = time.monotonic()
-        if now - self._checked >= 0.05:
-            self._checked = now
-            try:
-                mtime = os.stat(self.partition_file).st_mtime_ns
-            except OSError:
-                mtime = None
-            if mtime != self._mtime:
-                self._mtime = mtime
-                try:
-                    with open(self.partition_file, encoding="utf-8") as f:
-                        self._blocked = frozenset(f.read().split())
-                except OSError:
-                    self._blocked = frozenset()
-        return peer_id in self._blocked
-
-
-faults = FaultHook.from_env()
-"""The process-wide test-only fault hook (inert unless DLEDGER_TEST_* variables are set)."""

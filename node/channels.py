@@ -11,14 +11,14 @@ duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 |---|---|---|---|---|
 | data port | tcp host:port | handler (ROUTER) | clients, peers' dispatchers (DEALER) | `ipc.protocol` frames |
 | elector port | tcp host:port+1 | elector (ROUTER) | peers' electors (DEALER) | `ipc.protocol` VOTE / HEARTBEAT / TAKE_LEADERSHIP |
-| role | ipc elector.pub | elector (PUB) | every role (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
+| role | ipc elector.pub | elector (PUB) | handler, dispatchers, ack checker, `node.listeners` (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
 | control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (answered with `LEADERSHIP_CONFIRMED` once a quorum round that started after it landed: a wake-up; the block's quorum-heartbeat time is the answer) |
 | appended | ipc appended.pub | handler (PUB) | dispatchers, ack checker (SUB, conflated) | ASCII ledger end index |
 | ack | ipc ack.pull | ack checker (PULL) | dispatchers (PUSH) | `ACK_MSG`: peer slot, match index |
 | commit | ipc commit.pull | handler (PULL) | ack checker (PUSH) | `COMMIT_MSG` |
 | apply | ipc apply.pull | applier (PULL) | handler (PUSH) | `APPLY_MSG`: the committed index moved |
 | results | ipc results.pull | handler (PULL) | applier (PUSH) | `encode_results`: what `apply` returned for a run of indexes |
-| query | ipc query.router | applier (ROUTER) | handler (DEALER) | `encode_query` / `encode_query_reply`: a read of the state machine at a read index |
+| query | ipc query.router | applier (ROUTER) | handler (DEALER) | `encode_query` / `encode_query_reply`: a `QueryKind` byte first: a read of the state machine at a read index, a snapshot now, or a chunk of a snapshot to install |
 
 The last three exist only on a node with a state machine (docs/statemachine.md).
 """
@@ -27,36 +27,77 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
+from typing import NamedTuple
 
+import zmq
+
+from ipc import sockets
 from ipc.codes import Role
 from ipc.sockets import ipc_path
 
 
 @dataclass(frozen=True, slots=True)
 class Channel:
-    """One in-node channel: `name` is its ipc:// socket file under the run directory."""
+    """One in-node channel: `name` is its ipc:// socket file under the run directory.
+
+    `binder` binds a `bind_type` socket; each role in `connectors` connects a `connect_type`
+    socket (`open_channel` holds every role to this). `conflate`: the connectors keep only the
+    newest message (a "latest value" hint, never something that must be counted)."""
 
     name: str
     binder: str
     bind_type: str
     connect_type: str
+    connectors: tuple[str, ...] = ()
+    conflate: bool = False
 
 
-ROLE = Channel("elector.pub", "elector", "PUB", "SUB")
-CONTROL = Channel("elector.ctl", "elector", "ROUTER", "DEALER")
-APPENDED = Channel("appended.pub", "handler", "PUB", "SUB")
-ACK = Channel("ack.pull", "ack_checker", "PULL", "PUSH")
-COMMIT = Channel("commit.pull", "handler", "PULL", "PUSH")
-APPLY = Channel("apply.pull", "applier", "PULL", "PUSH")
-RESULTS = Channel("results.pull", "handler", "PULL", "PUSH")
-QUERY = Channel("query.router", "applier", "ROUTER", "DEALER")
+ROLE = Channel("elector.pub", "elector", "PUB", "SUB",
+               ("handler", "dispatcher", "ack_checker", "listener"))
+CONTROL = Channel("elector.ctl", "elector", "ROUTER", "DEALER", ("handler",))
+APPENDED = Channel("appended.pub", "handler", "PUB", "SUB", ("dispatcher", "ack_checker"),
+                   conflate=True)
+ACK = Channel("ack.pull", "ack_checker", "PULL", "PUSH", ("dispatcher",))
+COMMIT = Channel("commit.pull", "handler", "PULL", "PUSH", ("ack_checker",))
+APPLY = Channel("apply.pull", "applier", "PULL", "PUSH", ("handler",))
+RESULTS = Channel("results.pull", "handler", "PULL", "PUSH", ("applier",))
+QUERY = Channel("query.router", "applier", "ROUTER", "DEALER", ("handler",))
 ALL = (ROLE, CONTROL, APPENDED, ACK, COMMIT, APPLY, RESULTS, QUERY)
 
 
 def endpoint(run_dir: str | Path, channel: Channel) -> str:
     """The ipc:// address of `channel` for the node whose run directory is `run_dir`."""
     return ipc_path(run_dir, channel.name)
+
+
+def role_kind(role: str) -> str:
+    """The name a channel declaration uses for a role: "dispatcher[2]" is a "dispatcher"."""
+    return role.split("[", 1)[0]
+
+
+def open_channel(ctx: zmq.Context, run_dir: str | Path, channel: Channel, role: str) -> zmq.Socket:
+    """Open `role`'s end of `channel` as declared: the binder binds a `bind_type` socket, a
+    connector connects a `connect_type` one, with the `ipc.sockets` options of that type.
+
+    Why one function: the table above is then what the roles do, not a comment beside it; a
+    role that is neither the binder nor a declared connector is a wiring mistake, refused with
+    ValueError before any socket exists."""
+    kind = role_kind(role)
+    addr = endpoint(run_dir, channel)
+    if kind == channel.binder:
+        return _BIND[channel.bind_type](ctx, addr)
+    if kind in channel.connectors:
+        if channel.connect_type == "SUB":
+            return sockets.sub(ctx, addr, conflate=channel.conflate)
+        return _CONNECT[channel.connect_type](ctx, addr)
+    raise ValueError(f"role {role!r} has no end of channel {channel.name!r} "
+                     f"(binder {channel.binder}, connectors {', '.join(channel.connectors)})")
+
+
+_BIND = {"PUB": sockets.pub, "PULL": sockets.pull, "ROUTER": sockets.router}
+_CONNECT = {"PUSH": sockets.push, "DEALER": sockets.dealer}
 
 
 # ---- role ------------------------------------------------------------------------------------
@@ -136,17 +177,36 @@ def decode_results(frame: bytes) -> tuple[int, list[bytes | None]] | None:
     return (first, out) if off == len(frame) else None
 
 
-_QUERY = struct.Struct(">Qq")  # tag, read index
+class QueryKind(IntEnum):
+    """The first byte of every frame the handler sends the applier on the query channel: what
+    the frame asks for. One explicit tag per kind, decoded in `decode_query` only, so no read
+    index value doubles as a message type."""
+
+    READ = 1
+    """A read of the state machine at `read_index`: answered once the applier applied it."""
+    SNAPSHOT = 2
+    """Take a snapshot now (`dledger snapshot`); no read index. The reply's answer is
+    `SNAPSHOT_POSITION` (last index, last term) of the snapshot on disk."""
+    INSTALL = 3
+    """A chunk of a leader's snapshot for the applier to install (docs/snapshots.md "Install,
+    end to end"); no read index. The request is `encode_install_chunk`; the reply's answer is
+    `INSTALL_PROGRESS`: (received, installed, last index, last term); status QUERY_REFUSED means
+    the chunk was not the next one (received says where to continue)."""
+
+
+class Query(NamedTuple):
+    """A decoded query frame (`decode_query`). `kind` comes last so that readers of the
+    (tag, read index, request) positions, such as the simulator's trace, keep working."""
+
+    tag: int
+    read_index: int  # 0 for SNAPSHOT and INSTALL
+    request: bytes
+    kind: QueryKind = QueryKind.READ
+
+
+_QUERY = struct.Struct(">BQq")  # kind, tag, read index
 _QUERY_REPLY = struct.Struct(">QBq")  # tag, status, applied index the answer reflects
-SNAPSHOT_NOW = -2
-"""A query frame with this read index is not a read: take a snapshot now (`dledger snapshot`);
-the reply's answer is `SNAPSHOT_POSITION` (last index, last term) of the snapshot on disk."""
 SNAPSHOT_POSITION = struct.Struct(">qq")
-INSTALL_CHUNK = -3
-"""A query frame with this read index is a chunk of a leader's snapshot for the applier to
-install (docs/snapshots.md "Install, end to end"): the request is `encode_install_chunk`; the
-reply's answer is `INSTALL_PROGRESS`: (received, installed, last index, last term); status
-QUERY_REFUSED means the chunk was not the next one (received says where to continue)."""
 INSTALL_PROGRESS = struct.Struct(">qBqq")
 _INSTALL_CHUNK = struct.Struct(">IQ")  # meta length, offset
 
@@ -173,15 +233,19 @@ QUERY_FAILED = 2  # query() raised: the answer is the one-line reason
 QUERY_REFUSED = 3  # an install chunk that is not the next one (INSTALL_PROGRESS says where)
 
 
-def encode_query(tag: int, read_index: int, request: bytes) -> bytes:
-    return _QUERY.pack(tag, read_index) + request
+def encode_query(tag: int, read_index: int, request: bytes, kind: QueryKind = QueryKind.READ) -> bytes:
+    return _QUERY.pack(kind, tag, read_index) + request
 
 
-def decode_query(frame: bytes) -> tuple[int, int, bytes] | None:
+def decode_query(frame: bytes) -> Query | None:
+    """The query in `frame`, or None for a frame too short or of an unknown kind."""
     if len(frame) < _QUERY.size:
         return None
-    tag, read_index = _QUERY.unpack_from(frame, 0)
-    return tag, read_index, bytes(frame[_QUERY.size:])
+    kind, tag, read_index = _QUERY.unpack_from(frame, 0)
+    try:
+        return Query(tag, read_index, bytes(frame[_QUERY.size:]), QueryKind(kind))
+    except ValueError:
+        return None
 
 
 def encode_query_reply(tag: int, status: int, applied_index: int, answer: bytes) -> bytes:

@@ -22,8 +22,7 @@ from pathlib import Path
 import zmq
 
 from ipc.codes import Role
-from ipc.sockets import sub
-from node.channels import ROLE, decode_role_msg, endpoint
+from node.channels import ROLE, decode_role_msg, open_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ class RoleChangeListener:
         info = json.loads((Path(store_dir) / "run.json").read_text(encoding="utf-8"))
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
-        self.sock = sub(self.ctx, endpoint(info["run_dir"], ROLE))
+        self.sock = open_channel(self.ctx, info["run_dir"], ROLE, "listener")
 
     def events(self, timeout_s: float | None = None) -> Iterator[RoleChange]:
         """Yield role changes as they happen; stop after `timeout_s` without one (None: never)."""

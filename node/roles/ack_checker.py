@@ -25,7 +25,7 @@ from typing import Protocol
 import zmq
 
 from ipc.codes import Role
-from ipc.sockets import drain, pull, push, sub
+from ipc.sockets import drain
 from node import channels
 from node.core.lease import holds_lease, lease_ms
 from node.core.replication import current_term_watermarks, quorum_advance
@@ -112,10 +112,10 @@ class AckChecker:
 
     def run(self) -> None:
         rc = self.rc
-        acks = pull(rc.zctx, rc.channel(channels.ACK))
-        roles = sub(rc.zctx, rc.channel(channels.ROLE))
-        appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)  # a 1-node group's own end
-        self.transport = ZmqAckTransport(push(rc.zctx, rc.channel(channels.COMMIT)))
+        acks = rc.open(channels.ACK)
+        roles = rc.open(channels.ROLE)
+        appended = rc.open(channels.APPENDED)  # a 1-node group's own end
+        self.transport = ZmqAckTransport(rc.open(channels.COMMIT))
         poller = zmq.Poller()
         for s in (acks, roles, appended, rc.wake_fd):
             poller.register(s, zmq.POLLIN)

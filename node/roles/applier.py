@@ -29,7 +29,7 @@ from typing import Protocol
 
 import zmq
 
-from ipc.sockets import drain, pull, push, recv_routed, router, send_routed
+from ipc.sockets import drain, recv_routed, send_routed
 from node import channels
 from node.core.apply import (
     ParkedQuery,
@@ -229,14 +229,12 @@ class Applier:
         if q is None:
             self.log.warning("malformed query frame (%d bytes) ignored", len(frame))
             return
-        tag, read_index, request = q
-        if read_index == channels.SNAPSHOT_NOW:
-            self.snapshot_now(ident, tag)
-            return
-        if read_index == channels.INSTALL_CHUNK:
-            self.on_install_chunk(ident, tag, request)
-            return
-        self.parked.append(ParkedQuery(tag, read_index, request, ident))
+        if q.kind == channels.QueryKind.SNAPSHOT:
+            self.snapshot_now(ident, q.tag)
+        elif q.kind == channels.QueryKind.INSTALL:
+            self.on_install_chunk(ident, q.tag, q.request)
+        else:
+            self.parked.append(ParkedQuery(q.tag, q.read_index, q.request, ident))
 
     def snapshot_now(self, ident: bytes, tag: int) -> None:
         """`dledger snapshot`: everything applied so far (catch up first), snapshotted now."""
@@ -377,9 +375,9 @@ class Applier:
 
     def run(self) -> None:
         rc = self.rc
-        hints = pull(rc.zctx, rc.channel(channels.APPLY))
-        query_sock = router(rc.zctx, rc.channel(channels.QUERY))
-        self.transport = ZmqApplierTransport(push(rc.zctx, rc.channel(channels.RESULTS)), query_sock)
+        hints = rc.open(channels.APPLY)
+        query_sock = rc.open(channels.QUERY)
+        self.transport = ZmqApplierTransport(rc.open(channels.RESULTS), query_sock)
         poller = zmq.Poller()
         for s in (hints, query_sock, rc.wake_fd):
             poller.register(s, zmq.POLLIN)

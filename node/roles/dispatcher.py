@@ -36,7 +36,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, dealer, drain, from_source, push, sub
+from ipc.sockets import data_address, dealer, drain, from_source
 from node import channels
 from node.core.lease import holds_lease, lease_ms
 from node.core.replication import (
@@ -420,9 +420,9 @@ class Dispatcher:
         source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
         sock = dealer(rc.zctx, from_source(data_address(host, port), source))
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
-        roles = sub(rc.zctx, rc.channel(channels.ROLE))
-        appended = sub(rc.zctx, rc.channel(channels.APPENDED), conflate=True)
-        ack = push(rc.zctx, rc.channel(channels.ACK))
+        roles = rc.open(channels.ROLE)
+        appended = rc.open(channels.APPENDED)
+        ack = rc.open(channels.ACK)
         self.transport = ZmqDispatcherTransport(sock, ack, self.peer)
         poller = zmq.Poller()
         for s in (sock, roles, appended, rc.wake_fd):

@@ -7,8 +7,7 @@ from typing import Protocol
 
 import zmq
 
-from ipc import protocol as P
-from node import channels
+from node import channels, fault_hooks
 
 
 class DispatcherTransport(Protocol):
@@ -23,7 +22,7 @@ class ZmqDispatcherTransport:
         self.sock, self.ack_sock, self.peer = sock, ack, peer
 
     def send(self, frame: bytes) -> bool:
-        if P.faults.drop_push() or P.faults.blocked(self.peer):
+        if fault_hooks.faults.drop_push() or fault_hooks.faults.blocked(self.peer):
             return True  # lost on the wire: the core's timeouts resend
         try:
             self.sock.send(frame, zmq.NOBLOCK)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import zmq
 
-from ipc import protocol as P
-from ipc.sockets import dealer, elector_address, from_source, pub, router, send_routed
-from node import channels
+from ipc.sockets import dealer, elector_address, from_source, router, send_routed
+from node import channels, fault_hooks
 from node.roles.runtime import RoleContext
 
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
@@ -21,8 +20,8 @@ class ZmqElectorTransport:
         cfg = rc.cfg
         host, port = cfg.address
         self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
-        self.pub = pub(rc.zctx, rc.channel(channels.ROLE))
-        self.ctl = router(rc.zctx, rc.channel(channels.CONTROL))
+        self.pub = rc.open(channels.ROLE)
+        self.ctl = rc.open(channels.CONTROL)
         self.dealers: dict[str, zmq.Socket] = {}
         source = host if cfg.connect_from_own_host else None
         for peer in peers:
@@ -31,7 +30,7 @@ class ZmqElectorTransport:
 
     def send(self, peer: str, frame: bytes) -> bool:
         """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
-        if P.faults.blocked(peer):
+        if fault_hooks.faults.blocked(peer):
             return True  # test-only partition: the message is lost on the way
         try:
             self.dealers[peer].send(frame, zmq.NOBLOCK)

@@ -53,13 +53,9 @@ from ipc.sockets import (
     dealer,
     drain,
     from_source,
-    pub,
-    pull,
-    push,
     recv_routed,
     router,
     send_routed,
-    sub,
 )
 from node import channels
 from node.core.follower import FollowerCore
@@ -421,17 +417,16 @@ class Handler:
         try:
             host, port = self.cfg.address
             sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
-            appended_pub = pub(rc.zctx, rc.channel(channels.APPENDED))
-            roles = sub(rc.zctx, rc.channel(channels.ROLE))
-            commits = pull(rc.zctx, rc.channel(channels.COMMIT))
-            ctl = dealer(rc.zctx, rc.channel(channels.CONTROL))
+            appended_pub = rc.open(channels.APPENDED)
+            roles = rc.open(channels.ROLE)
+            commits = rc.open(channels.COMMIT)
+            ctl = rc.open(channels.CONTROL)
             peers = self._peer_sockets() if self.cfg.state_machine else {}
             self.transport = ZmqHandlerTransport(sock, appended_pub, ctl, peers)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
-                self.sm_link = StateMachineLink(push(rc.zctx, rc.channel(channels.APPLY)),
-                                                pull(rc.zctx, rc.channel(channels.RESULTS)),
-                                                dealer(rc.zctx, rc.channel(channels.QUERY)))
+                self.sm_link = StateMachineLink(rc.open(channels.APPLY), rc.open(channels.RESULTS),
+                                                rc.open(channels.QUERY))
                 sm_in = [self.sm_link.results, self.sm_link.query]
                 self.publish_ledger()  # the applier's first wake-up
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting

@@ -109,6 +109,10 @@ class RoleContext:
         """The ipc:// endpoint of one of the node's declared channels (node.channels)."""
         return channels.endpoint(self.run_dir, ch)
 
+    def open(self, ch: channels.Channel) -> zmq.Socket:
+        """This role's end of a declared channel, opened as node.channels declares it."""
+        return channels.open_channel(self.zctx, self.run_dir, ch, self.role)
+
     def should_stop(self) -> bool:
         """True once SIGTERM/SIGINT arrived or the supervisor is gone."""
         return self.stopping or os.getppid() != self.parent_pid

@@ -94,7 +94,8 @@ def test_in_node_frames_round_trip_and_reject_junk():
     assert channels.decode_results(f) == (7, [None, b"", b"xyz"])
     assert channels.decode_results(f + b"!") is None and channels.decode_results(f[:-1]) is None
     q = channels.encode_query(9, 41, b"req")
-    assert channels.decode_query(q) == (9, 41, b"req") and channels.decode_query(b"12") is None
+    assert channels.decode_query(q) == (9, 41, b"req", channels.QueryKind.READ)
+    assert channels.decode_query(b"12") is None
     r = channels.encode_query_reply(9, channels.QUERY_OK, 41, b"ans")
     assert channels.decode_query_reply(r) == (9, channels.QUERY_OK, 41, b"ans")
 
@@ -107,7 +108,8 @@ class FakeLink:
         self.hints += 1
 
     def send_query(self, frame: bytes) -> bool:
-        self.queries.append(channels.decode_query(frame))
+        q = channels.decode_query(frame)  # a read as (tag, read index, request); others whole
+        self.queries.append(q[:3] if q is not None and q.kind == channels.QueryKind.READ else q)
         return True
 
 

@@ -87,7 +87,7 @@ class ApplierLink:
         if self.h.sm_link is None:
             self.h.replies.error(ident, req, RC.UNSUPPORTED, "this group has no state machine")
             return
-        self.to_applier(ident, req, channels.SNAPSHOT_NOW, b"", SNAPSHOT_TIMEOUT_MS)
+        self.to_applier(ident, req, 0, b"", SNAPSHOT_TIMEOUT_MS, kind=channels.QueryKind.SNAPSHOT)
 
     def _ask_read_index(self, ident: bytes, req: P.QueryRequest, m: MemberView, now: int) -> bool:
         """Follower read (FLAG_ANY_MEMBER): ask the leader the block names for a
@@ -131,12 +131,13 @@ class ApplierLink:
         self.to_applier(ident, req, self.h.store.committed_index, bytes(req.request), QUERY_TIMEOUT_MS, m)
 
     def to_applier(self, ident: bytes, req: P.QueryRequest | P.SnapshotRequest, read_index: int,
-                    request: bytes, timeout_ms: int, m: MemberView | None = None) -> int | None:
+                    request: bytes, timeout_ms: int, m: MemberView | None = None,
+                    kind: channels.QueryKind = channels.QueryKind.READ) -> int | None:
         """Send a request to the applier under a fresh tag (returned; None: refused, and the
         client answered); its reply (`on_query_reply`) or `timeout_ms` answers the client."""
         tag = self.next_query_tag
         self.next_query_tag += 1
-        if not self.h.sm_link.send_query(channels.encode_query(tag, read_index, request)):
+        if not self.h.sm_link.send_query(channels.encode_query(tag, read_index, request, kind)):
             self.h.replies.error(ident, req, RC.LEADER_PENDING_FULL, "the applier is not taking requests", m=m)
             return None
         self.queries[tag] = (ident, req, self.h.now() + timeout_ms)

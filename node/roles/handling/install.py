@@ -49,9 +49,9 @@ class FollowerInstall:
 
     def forward(self, e: ForwardInstall, m: MemberView) -> None:
         r = e.req
-        self.h.applier.to_applier(e.ident, r, channels.INSTALL_CHUNK,
+        self.h.applier.to_applier(e.ident, r, 0,
                          channels.encode_install_chunk(bytes(r.meta), r.offset, r.data),
-                         INSTALL_TIMEOUT_MS, m)
+                         INSTALL_TIMEOUT_MS, m, kind=channels.QueryKind.INSTALL)
 
     def on_progress(self, ident: bytes, req: P.InstallRequest, status: int,
                              answer: bytes) -> None:
