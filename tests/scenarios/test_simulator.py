@@ -188,7 +188,7 @@ def test_a_run_stopped_by_a_failure_leaves_no_temporary_directories() -> None:
         shutil.rmtree(other, ignore_errors=True)
 
 
-# Client-session faults (opt-in; tools/sim/world.py SESSION_FAULTS): tiny session tables and
+# Client-session faults (opt-in; tools/sim/config.py SESSION_FAULTS): tiny session tables and
 # short sessions, a leader's handler killed right after a stamped append, a disk probe reading
 # full while answers are lost, retention under resends (segment store), a writer sending
 # malformed and duplicated stamps in MULTI frames.

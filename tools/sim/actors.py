@@ -25,7 +25,8 @@ from node.store.segment_store import SegmentStore
 from tools.sim.state import MemReader, SimState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tools.sim.world import Node, Sim
+    from tools.sim.config import Node
+    from tools.sim.world import Sim
 
 
 class SimCrash(BaseException):  # noqa: N818 - a control-flow signal, not an error

@@ -22,7 +22,9 @@ from node.store.base import StoreError
 from node.store.reader import StaleRead
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tools.sim.world import Actor, Node, Sim
+    from tools.sim.actors import Actor
+    from tools.sim.config import Node
+    from tools.sim.world import Sim
 
 
 def _defaults(cls: type, **given: Any) -> dict[str, Any]:
