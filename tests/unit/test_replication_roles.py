@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +31,7 @@ from node.shared_state import NO_SLOT, LedgerView, MemberView, PeerView, QuorumV
 from node.store import codec
 from node.store.base import StoreConfig, StoreCorruptError, StoreError
 from node.store.memory_store import MemoryStore
-from node.store.segment_store import SegmentStore
+from node.store.segment_store import SegmentStore, disk_usage_ratio
 
 PEERS = ["n0", "n1", "n2"]
 PEER_SPEC = ";".join(f"{p}-127.0.0.1:{20000 + i}" for i, p in enumerate(PEERS))
@@ -134,6 +135,7 @@ def make_rc(tmp_path: Path, node: str, state: FakeState, clock: Clock, peer: str
         raise Fatal(message)
 
     return SimpleNamespace(cfg=c, log=logging.getLogger(f"test.{node}"), state=state, clock=clock,
+                           wall_clock=time.time, disk_usage=disk_usage_ratio,  # RoleContext's defaults
                            peer_id=peer, fatal=fatal, fatal_calls=fatal_calls)
 
 

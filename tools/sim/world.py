@@ -166,8 +166,6 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
         self.repeats: collections.Counter = collections.Counter()  # bodies sent more than once (KV deletes)
         self.actors: list[A.Actor] = []
         self.slots: dict[str, int] = {}
-        global _ACTIVE
-        _ACTIVE = self
         self._log_undo = capture_logs(self)
         for n in self.nodes:
             self._start_node(n)
@@ -189,6 +187,12 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
             if n.probe_full_until > self.now and (p == n.dir or p.startswith(n.dir + "/")):
                 return 0.97
         return self.disk_ratio
+
+    def wall_clock(self) -> float:
+        """Every role's wall clock (`RoleContext.wall_clock`): the virtual time, in seconds since
+        the epoch, so a snapshot's `created` (it travels in every install chunk's meta) is the
+        same in every replay."""
+        return self.now / 1000
 
     def retention_floor(self) -> int:
         """Fault retention without a state machine (no snapshot to install): the highest index
@@ -249,7 +253,6 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
             self.close()
 
     def close(self) -> None:
-        global _ACTIVE
         for a in self.actors:
             if a.alive:
                 a.kill()
@@ -259,85 +262,12 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
                 with contextlib.suppress(Exception):
                     s.data.close()
                     s.index.close()
-        if _ACTIVE is self:
-            _ACTIVE = None
         self._log_undo()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _tmp_root() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-# ---------------------------------------------------------------------------------------------
-# the role modules read this clock (before C7 they call monotonic_ms() directly)
-# ---------------------------------------------------------------------------------------------
-_ACTIVE: Sim | None = None
-
-
-def _install_clock() -> None:
-    """Roles read `rc.clock` (C7); what still calls the module-level clock or measures the disk
-    gets the virtual clock / the simulated disk (`Sim.disk_ratio`: empty unless retention is
-    modelled) while a Sim runs, and the real ones otherwise."""
-    import importlib
-
-    from node import shared_state
-
-    real_clock = shared_state.monotonic_ms
-
-    def clock() -> int:
-        s = _ACTIVE
-        return s.clock_now() if s is not None else real_clock()
-
-    for name in ("handler", "handling.ledger", "dispatcher", "elector", "ack_checker", "runtime"):
-        try:
-            mod = importlib.import_module(f"node.roles.{name}")
-        except Exception:  # noqa: BLE001 - a role module mid-refactor: the run reports it
-            continue
-        if getattr(mod, "monotonic_ms", None) is real_clock:
-            mod.monotonic_ms = clock
-        real_ratio = getattr(mod, "disk_usage_ratio", None)
-        if real_ratio is not None and not getattr(real_ratio, "_sim", False):
-            def ratio(path: Any, _real: Any = real_ratio) -> float:
-                return _ACTIVE.disk_ratio_at(path) if _ACTIVE is not None else _real(path)
-            ratio._sim = True  # type: ignore[attr-defined]
-            mod.disk_usage_ratio = ratio
-    from node.statemachine import snapshot_take
-
-    real_utc_now = snapshot_take.utc_now
-    if not getattr(real_utc_now, "_sim", False):
-        def utc_now() -> str:
-            """A snapshot's `created` (informational) on the virtual clock: it travels in every
-            install chunk's meta, so a wall-clock one would make traces differ between replays."""
-            s = _ACTIVE
-            if s is None:
-                return real_utc_now()
-            from datetime import UTC, datetime
-            t = datetime.fromtimestamp(s.now / 1000, UTC)
-            return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        utc_now._sim = True  # type: ignore[attr-defined]
-        snapshot_take.utc_now = utc_now
-    from node.roles import retention
-
-    if not isinstance(retention.time, _RetentionTime):
-        retention.time = _RetentionTime(retention.time)  # type: ignore[assignment]
-
-
-class _RetentionTime:
-    """node.roles.retention's `time` while a Sim runs: every file is old (the simulated nodes
-    keep no file for `file_reserved_hours`) and durations are virtual, so a seed replays."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-
-    def time(self) -> float:
-        return 1e12 if _ACTIVE is not None else self.real.time()
-
-    def perf_counter(self) -> float:
-        return _ACTIVE.now / 1000 if _ACTIVE is not None else self.real.perf_counter()
-
-
-_install_clock()
 
 
 @dataclass
