@@ -12,6 +12,7 @@ import errno
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,6 +43,17 @@ PEER_SPEC = ";".join(f"{p}-127.0.0.1:{20000 + i}" for i, p in enumerate(PEERS))
 # ------------------------------------------------------------------------------------------
 def member(role: Role, term: int, leader: int, quorum_ms: int = 0) -> MemberView:
     return MemberView(role, term, leader, NO_SLOT, NO_SLOT, 0, 0, quorum_ms)
+
+
+class Unobserved:
+    """A histogram observer or request counter of a fake block: metrics decide nothing, and
+    this block has no arrays for them."""
+
+    def observe(self, value: int) -> None:
+        pass
+
+    def count_reply(self, msg: object) -> None:
+        pass
 
 
 class FakeState:
@@ -96,6 +108,22 @@ class FakeState:
 
     def beat(self, role: str, now_ms: int | None = None) -> None:
         pass
+
+    # ---- metrics (the SharedState methods node/role_metrics.py calls) -------------------
+    def word_writer(self, name: str) -> Callable[[int], None]:
+        return lambda value: self.set(name, value)
+
+    def set_peer(self, slot: int, name: str, value: int) -> None:
+        self.words[f"peer{slot}.{name}"] = value
+
+    def histogram_writer(self, name: str) -> Unobserved:
+        return Unobserved()
+
+    def peer_histogram_writer(self, slot: int, name: str) -> Unobserved:
+        return Unobserved()
+
+    def request_counter(self) -> Unobserved:
+        return Unobserved()
 
 
 class ScriptedState(FakeState):
