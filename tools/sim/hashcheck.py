@@ -1,6 +1,6 @@
 """Record or compare the trace hashes of a fixed set of seeds (a refactoring check).
 
-    python -m tools.sim.hashcheck record FILE    # run the set, write seed -> (hash, steps, virtual ms)
+    python -m tools.sim.hashcheck record FILE    # run the set, write seed -> (hash, ok, steps, virtual ms)
     python -m tools.sim.hashcheck check FILE     # run the set again, exit 1 on any difference
 
 Why: a change to the simulator's structure (modules moved, clocks injected instead of patched)
@@ -15,15 +15,12 @@ import json
 import os
 import sys
 
-from tools.sim.world import ALL_FAULTS, OPT_IN_FAULTS, SimConfig, run_seed
-
-SESSION = ("session-evict", "handler-restart", "disk-probe", "retention", "bad-client")
-assert all(f in OPT_IN_FAULTS for f in SESSION)
+from tools.sim.world import ALL_FAULTS, SESSION_FAULTS, SimConfig, run_seed
 
 CASES: list[tuple[str, dict]] = (
     [(f"memory-{s}", dict(seed=s)) for s in range(10)]
     + [(f"segment-{s}", dict(seed=s, store="segment")) for s in range(5)]
-    + [(f"sessions-{s}", dict(seed=s, store="segment", sessions=True, faults=ALL_FAULTS + SESSION))
+    + [(f"sessions-{s}", dict(seed=s, store="segment", sessions=True, faults=ALL_FAULTS + SESSION_FAULTS))
        for s in range(5)]
     + [(f"kv-{s}", dict(seed=s, store="segment", state_machine="kv")) for s in range(3)]
 )
@@ -41,8 +38,15 @@ def run_all() -> dict[str, list]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ("record", "check"):
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        print("usage:\n" + "\n".join(__doc__.strip().splitlines()[2:4]), file=sys.stderr)
         return 2
+    if argv[0] == "check":
+        try:
+            with open(argv[1]) as f:
+                want = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"hashcheck: cannot read recorded hashes {argv[1]}: {e}", file=sys.stderr)
+            return 2
     if os.environ.get("PYTHONHASHSEED") != "0":  # str hashes are salted per process
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable, "-m", "tools.sim.hashcheck", *argv])
@@ -51,8 +55,6 @@ def main(argv: list[str]) -> int:
         with open(argv[1], "w") as f:
             json.dump(got, f, indent=1, sort_keys=True)
         return 0
-    with open(argv[1]) as f:
-        want = json.load(f)
     bad = [k for k in want if want[k] != got.get(k)]
     for k in bad:
         print(f"DIFFERS {k}: recorded {want[k]} now {got.get(k)}")

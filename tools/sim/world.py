@@ -17,7 +17,6 @@ network.py, faults.py, invariants.py, trace.py and clients.py; `Sim` composes th
 See docs/testing.md for the fault model, the invariants and how to read a trace.
 """
 
-
 from __future__ import annotations
 
 import collections
