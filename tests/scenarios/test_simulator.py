@@ -287,3 +287,27 @@ def test_no_role_reads_the_clock_or_the_disk_but_through_its_context() -> None:
     assert any(p.name == "retention.py" for p in files) and any(p.parent.name == "handling" for p in files)
     bad = {str(p.relative_to(root)): c for p in files if (c := direct_clock_and_disk_calls(p.read_text()))}
     assert not bad, bad
+
+
+def test_the_simulators_role_context_offers_every_field_of_the_real_one() -> None:
+    """A role reads what its `RoleContext` offers; the simulator's (`SimRC`) must offer the
+    same, or a field added for a role (as `wall_clock` and `disk_usage` were) fails only
+    inside the simulator, or worse is read from a real default there. `parent_pid` is the
+    process's own: `SimRC.should_stop` answers without it."""
+    import dataclasses
+
+    from node.roles.runtime import RoleContext
+    from tools.sim.world import Sim
+
+    sim = Sim(SimConfig(seed=1, faults=()))
+    try:
+        rcs = [a.rc for a in sim.actors if hasattr(a, "rc")]
+        assert len(rcs) >= 3 * 4, len(rcs)  # per node: handler, elector, dispatchers, ack checker
+        for rc in rcs:
+            missing = [f.name for f in dataclasses.fields(RoleContext)
+                       if f.name != "parent_pid" and not hasattr(rc, f.name)]
+            assert not missing, (rc.role, missing)
+        h = sim.nodes[0].roles["handler"].rc
+        assert h.wall_clock() == sim.now / 1000 and h.disk_usage(h.cfg.store_dir) == sim.disk_ratio_at(h.cfg.store_dir)
+    finally:
+        sim.close()
