@@ -3,50 +3,34 @@
 Why a module of its own: the roles' hot paths should gain one call each, not the details of
 which block words a metric uses. Everything here writes the shared block only (lock-free
 words with this process as their one writer, docs/shared_state.md): nothing is sent, nothing
-is locked, and the process that serves /metrics reads the words at scrape time.
+is locked, and the process that serves /metrics reads the words at scrape time. The
+simulator's and the unit tests' blocks implement the same methods (their observers record
+nothing): metrics take part in no decision.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from node.core.pending import Pending
+from node.histogram import HistogramWriter
 from node.shared_state import SharedState
+from node.store.base import LogStore
 
 
-class _NoOp:
-    """Stands in for the block's observers on a state without metrics arrays (the simulator's
-    and the unit tests' fake blocks): metrics take part in no decision."""
-
-    def observe(self, value: int) -> None:
-        pass
-
-    def count_reply(self, msg: object) -> None:
-        pass
+def histogram(state: SharedState, name: str, slot: int | None = None) -> HistogramWriter:
+    """The observer of histogram `name` (peer `slot`'s when given)."""
+    return state.histogram_writer(name) if slot is None else state.peer_histogram_writer(slot, name)
 
 
-def histogram(state: Any, name: str, slot: int | None = None) -> Any:
-    """The observer of histogram `name` (peer `slot`'s when given), or a no-op on a fake."""
-    if slot is None:
-        fn = getattr(state, "histogram_writer", None)
-        return fn(name) if fn is not None else _NoOp()
-    fn = getattr(state, "peer_histogram_writer", None)
-    return fn(slot, name) if fn is not None else _NoOp()
+def set_peer_word(state: SharedState, slot: int, name: str, value: int) -> None:
+    """Peer `slot`'s lock-free word `name`."""
+    state.set_peer(slot, name, value)
 
 
-def set_peer_word(state: Any, slot: int, name: str, value: int) -> None:
-    """Peer `slot`'s lock-free word `name` (a fake block without it is left alone)."""
-    fn = getattr(state, "set_peer", None)
-    if fn is not None:
-        fn(slot, name, value)
-
-
-def store_end_pos(store: Any) -> int:
-    """The store's data write position (bytes ever written, minus truncations), 0 if unknown
-    (a memory fake has no data file)."""
-    data = getattr(store, "data", None)
-    return int(getattr(data, "wrote_position", 0) or 0)
+def store_end_pos(store: LogStore) -> int:
+    """The store's data write position (bytes ever written, minus truncations)."""
+    return store.data_end_pos
 
 
 class HandlerMetrics:
@@ -59,17 +43,13 @@ class HandlerMetrics:
         self.latency = histogram(state, "append_latency_ms")
         self.batch = histogram(state, "append_batch_entries")
         self.fsync = histogram(state, "fsync_us")
-        rc = getattr(state, "request_counter", None)
-        self.requests = rc() if rc is not None else _NoOp()
-        ww = getattr(state, "word_writer", None)
-        self._set_end_pos = ww("ledger_end_pos") if ww else (lambda v: state.set("ledger_end_pos", v))
-        self._set_pending = ww("pending_appends") if ww else (lambda v: state.set("pending_appends", v))
+        self.requests = state.request_counter()
+        self._set_end_pos = state.word_writer("ledger_end_pos")
+        self._set_pending = state.word_writer("pending_appends")
 
-    def watch_store(self, store: Any) -> None:
-        """Have the store time its fdatasyncs into `fsync_us` (a store without the hook, such as
-        the memory fake, is left alone)."""
-        if hasattr(store, "flush_observer"):
-            store.flush_observer = self.fsync.observe
+    def watch_store(self, store: LogStore) -> None:
+        """Have the store time its fdatasyncs into `fsync_us`."""
+        store.flush_observer = self.fsync.observe
 
     def completed(self, now_ms: int, due: Iterable[tuple[int, int, Pending]]) -> None:
         """Replies answered SUCCESS at `now_ms`: each one's received -> committed time. The

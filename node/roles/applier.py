@@ -97,7 +97,8 @@ class Applier:
         except StateMachineSpecError as e:
             rc.fatal(str(e))
         try:
-            self.snaps = SnapshotStore(self.cfg.store_dir, max_snapshots_kept=self.cfg.max_snapshots_kept)
+            self.snaps = SnapshotStore(self.cfg.store_dir, max_snapshots_kept=self.cfg.max_snapshots_kept,
+                                       wall_clock=rc.wall_clock)
         except SnapshotError as e:
             rc.fatal(f"snapshots: {e}")
         self.reader = StoreReader(self.cfg.store_dir)

@@ -161,7 +161,7 @@ class Handler:
         self.leader = LeaderCore(self.lease, self.read_timeout_ms, self.cfg.read_lease,
                                  self.cfg.max_pending_requests, self.cfg.max_sessions, self.cfg.session_window)
         self.follower = FollowerCore(self.peer_ids, self.cfg.max_pending_pushes, self.cfg.max_push_timeout_ms)
-        self.retention = RetentionService(self.cfg, self.store, self.state, self.log)
+        self.retention = RetentionService(self.cfg, self.store, self.state, self.log, rc.wall_clock, rc.clock)
         self.metrics = HandlerMetrics(self.state, self.cfg.max_wait_ack_ms)  # /metrics words
         self._view: MemberView | None = None  # the member snapshot of the last tick
         self.scrub_delay_ms = SCRUB_DELAY_MS  # from open to the scrub's first step (a simulator sets 0)

@@ -11,7 +11,7 @@ unmap what was deleted, which is when the kernel gives the space back.
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
 
 from node.config import NodeConfig
 from node.core.apply import compaction_floor
@@ -24,9 +24,13 @@ BUSY_RETRY_MS = 20
 
 
 class RetentionService:
-    def __init__(self, cfg: NodeConfig, store: SegmentStore, state: SharedState,
-                 log: logging.Logger) -> None:
+    def __init__(self, cfg: NodeConfig, store: SegmentStore, state: SharedState, log: logging.Logger,
+                 wall_clock: Callable[[], float], clock_ms: Callable[[], int]) -> None:
+        """`wall_clock` (seconds since the epoch) dates the files for `file_reserved_hours`;
+        `clock_ms` (monotonic ms) times a deletion for the log. Both come from the role's
+        context, so a simulated handler runs on the simulator's time."""
         self.cfg, self.store, self.state, self.log = cfg, store, state, log
+        self.wall_clock, self.clock_ms = wall_clock, clock_ms
         self.policy = RetentionPolicy(cfg.file_reserved_hours, cfg.disk_space_ratio_to_clean,
                                       cfg.disk_full_ratio)
         self.next_check_ms = 0
@@ -54,7 +58,7 @@ class RetentionService:
         floor = None
         if self.cfg.state_machine:  # entries after the newest snapshot are the state machine's state
             floor = compaction_floor(self.state.read_snapshot().snapshot_index)
-        plan = plan_retention(files, now_s=time.time(), disk_usage_ratio=ratio,
+        plan = plan_retention(files, now_s=self.wall_clock(), disk_usage_ratio=ratio,
                               committed_index=self.store.committed_index, peer_next_index=peers,
                               policy=self.policy, compaction_floor=floor)
         if plan.held_by_snapshot and not self._held_by_snapshot:
@@ -69,14 +73,14 @@ class RetentionService:
         if plan.files == 0:
             return plan
         begin = self.store.ledger_begin_index
-        t0 = time.perf_counter()
+        t0 = self.clock_ms()
         deleted = self.store.delete_before(plan.delete_before, wait=False)
         if deleted is None:  # the flush service is syncing: try again soon, never wait for it
             self.next_check_ms = now_ms + BUSY_RETRY_MS
             return RetentionPlan()
         self.state.incr("retention_files_deleted", deleted)
         self.log.info("retention: disk %.0f%% full; deleted %d data file(s) in %.1f ms, ledger "
-                      "begin %d -> %d%s", ratio * 100, deleted, (time.perf_counter() - t0) * 1e3,
+                      "begin %d -> %d%s", ratio * 100, deleted, float(self.clock_ms() - t0),
                       begin, self.store.ledger_begin_index,
                       " (forced: the disk is at the full ratio)" if plan.forced else "")
         if plan.strands:

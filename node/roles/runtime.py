@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from ipc.sockets import ipc_path, make_context
 from node import channels
 from node.config import NodeConfig, configure_logging
 from node.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
+from node.store.segment_store import disk_usage_ratio
 
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3
@@ -101,6 +103,12 @@ class RoleContext:
     parent_pid: int = field(default_factory=os.getppid)
     stopping: bool = False
     clock: Callable[[], int] = monotonic_ms  # ms; the simulator passes its virtual clock
+    # Seconds since the epoch: a data file's age (retention) and a snapshot's `created`. The
+    # simulator passes its virtual time, so its traces never hold a wall-clock value.
+    wall_clock: Callable[[], float] = time.time
+    # How full the disk under a path is (0..1): the handler's DISK_FULL and retention input.
+    # The simulator passes its model of the disk (full while a fault says so).
+    disk_usage: Callable[[str], float] = disk_usage_ratio
 
     def ipc(self, name: str) -> str:
         return ipc_path(self.run_dir, name)

@@ -117,9 +117,10 @@ def parse_dir_name(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def utc_now() -> str:
-    """Creation time as ISO 8601 UTC: for operators only, nothing decides by it."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def utc_iso(epoch_s: float) -> str:
+    """A creation time (seconds since the epoch) as ISO 8601 UTC: for operators only, nothing
+    decides by it."""
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)

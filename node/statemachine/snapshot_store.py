@@ -29,6 +29,8 @@ import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -85,13 +87,16 @@ class SnapshotStore:
 
     def __init__(self, store_dir: str | os.PathLike[str], *,
                  max_snapshots_kept: int = DEFAULT_MAX_SNAPSHOTS_KEPT,
-                 writable: bool = True) -> None:
+                 writable: bool = True, wall_clock: Callable[[], float] = time.time) -> None:
+        """`wall_clock` (seconds since the epoch) dates the snapshots it takes (`created`); the
+        applier passes its role context's, so a simulated node's snapshots carry virtual time."""
         if not isinstance(max_snapshots_kept, int) or max_snapshots_kept < 1:
             raise SnapshotError(f"max_snapshots_kept must be an integer >= 1, "
                                 f"not {max_snapshots_kept!r}")
         self.dir = Path(store_dir) / SNAPSHOTS_DIR
         self.max_snapshots_kept = max_snapshots_kept
         self.writable = writable
+        self.wall_clock = wall_clock
         self._lock_fd = -1
         self._receiver: SnapshotReceiver | None = None  # the install in progress, if any
         if writable:

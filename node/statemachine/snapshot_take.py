@@ -25,7 +25,7 @@ from node.statemachine.snapshot_meta import (
     SnapshotError,
     SnapshotMeta,
     io_error,
-    utc_now,
+    utc_iso,
 )
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class PendingSnapshot:
                 raise self._raw.failed
             os.fsync(self._fd)
             meta = SnapshotMeta(self.last_index, self.last_term, self._raw.size, self._raw.crc,
-                                self._meta.state_machine, utc_now())
+                                self._meta.state_machine, utc_iso(self._store.wall_clock()))
             write_file_durably(self.path / META_FILE, meta.to_json())
             fsync_dir(self.path)
             self._close()

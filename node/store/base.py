@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -182,6 +183,15 @@ class LogStore(Protocol):
         """(index, term, data position) of the snapshot the log begins after, while it still
         begins right after it (`node.store.layout.LogBase`); None otherwise."""
         ...
+
+    @property
+    def data_end_pos(self) -> int:
+        """Bytes ever written to the data files, minus truncations: the ledger end's data
+        position (/metrics: a follower's lag in bytes, bytes appended)."""
+        ...
+
+    # Called with each fdatasync's duration in µs (/metrics `fsync_us`); None: not timed.
+    flush_observer: Callable[[int], None] | None
 
     def set_committed_index(self, index: int) -> None: ...
     def flush(self) -> None: ...

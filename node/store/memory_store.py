@@ -5,6 +5,8 @@ Entries are kept encoded exactly as on disk, so raw reads and follower appends b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from node.core.sessions import entry_seqs
 from node.store import codec, push_check
 from node.store.base import (
@@ -27,6 +29,7 @@ class MemoryStore:
         self.ledger_end_index = -1
         self.ledger_end_term = -1
         self.committed_index = -1
+        self.flush_observer: Callable[[int], None] | None = None  # never called: nothing to fsync
         # Same contract as SegmentStore.generation: even, and moved (by 2) whenever a
         # truncation drops entries or a reset replaces the log, so code that publishes/checks
         # it runs unchanged here.
@@ -224,4 +227,9 @@ class MemoryStore:
 
     @property
     def size_bytes(self) -> int:
+        return self._pos
+
+    @property
+    def data_end_pos(self) -> int:
+        """The encoded bytes held, as a data file's write position would count them."""
         return self._pos

@@ -229,6 +229,11 @@ class SegmentStore:
             self._close_files()
             self._opened = False
 
+    @property
+    def data_end_pos(self) -> int:
+        """Bytes ever written to the data files, minus truncations (LogStore.data_end_pos)."""
+        return self.data.wrote_position
+
     # ------------------------------------------------------------------ generation fence
     @property
     def generation(self) -> int:

@@ -195,7 +195,7 @@ def test_a_run_stopped_by_a_failure_leaves_no_temporary_directories() -> None:
         shutil.rmtree(other, ignore_errors=True)
 
 
-# Client-session faults (opt-in; tools/sim/world.py SESSION_FAULTS): tiny session tables and
+# Client-session faults (opt-in; tools/sim/config.py SESSION_FAULTS): tiny session tables and
 # short sessions, a leader's handler killed right after a stamped append, a disk probe reading
 # full while answers are lost, retention under resends (segment store), a writer sending
 # malformed and duplicated stamps in MULTI frames.
@@ -251,21 +251,70 @@ def test_an_old_term_entry_committed_by_counting_is_caught() -> None:
     assert "committed entry" in error, error
 
 
-def test_every_role_module_that_measures_the_disk_or_reads_the_clock_gets_the_simulated_one() -> None:
-    """A role module holding `disk_usage_ratio` or `monotonic_ms` must get the simulator's
-    (tools/sim/world.py `_install_clock`): a module the list misses measures the real disk or
-    clock, and segment-store seeds stop replaying the same trace (the handler's disk
-    measurement moved to node/roles/handling/ledger.py once and was missed)."""
-    import importlib
-    import pkgutil
+# What a role may not call itself: the time and the disk reach roles through their context
+# (RoleContext.clock, .wall_clock, .disk_usage), which the simulator fills with its own.
+_DIRECT = {"monotonic_ms", "disk_usage_ratio", "utc_now", "time.time", "time.perf_counter", "time.monotonic",
+           "time.monotonic_ns", "time.time_ns", "datetime.now", "datetime.utcnow"}
 
-    import node.roles
-    from node import shared_state
-    from node.store import segment_store
 
-    for info in pkgutil.walk_packages(node.roles.__path__, "node.roles."):
-        mod = importlib.import_module(info.name)
-        ratio = getattr(mod, "disk_usage_ratio", None)
-        assert ratio is not segment_store.disk_usage_ratio, f"{info.name}: the real disk_usage_ratio"
-        if info.name != "node.roles.supervisor":  # the simulator models the supervisor itself
-            assert getattr(mod, "monotonic_ms", None) is not shared_state.monotonic_ms, f"{info.name}: the real clock"
+def direct_clock_and_disk_calls(source: str) -> list[str]:
+    """The calls in `source` that read the clock or measure the disk themselves."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else (
+                f"{f.value.id}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else "")
+            if name in _DIRECT:
+                found.append(f"{name}() at line {node.lineno}")
+    return found
+
+
+def test_the_check_for_direct_calls_finds_them() -> None:
+    src = "import time\ndef f(rc):\n    a = time.time()\n    b = disk_usage_ratio('/')\n    return rc.clock(), a, b\n"
+    assert direct_clock_and_disk_calls(src) == ["time.time() at line 3", "disk_usage_ratio() at line 4"]
+
+
+def test_no_role_reads_the_clock_or_the_disk_but_through_its_context() -> None:
+    """Every role reads the time and the disk through its `RoleContext` (`clock`, `wall_clock`,
+    `disk_usage`), which the simulator builds with its virtual time and modelled disk; a role
+    that called `time.time()` or measured the disk itself would run on the real ones inside
+    the simulator, and seeds would stop replaying the same trace (the handler's disk
+    measurement and retention's file ages did, before they came through the context).
+    The supervisor is outside the simulator; runtime.py holds the production defaults."""
+    from pathlib import Path
+
+    import node
+
+    root = Path(node.__file__).parent
+    files = [p for p in sorted((root / "roles").rglob("*.py")) if p.name not in ("supervisor.py", "runtime.py")]
+    files += [root / "statemachine" / "snapshot_take.py", root / "statemachine" / "snapshot_store.py"]
+    assert any(p.name == "retention.py" for p in files) and any(p.parent.name == "handling" for p in files)
+    bad = {str(p.relative_to(root)): c for p in files if (c := direct_clock_and_disk_calls(p.read_text()))}
+    assert not bad, bad
+
+
+def test_the_simulators_role_context_offers_every_field_of_the_real_one() -> None:
+    """A role reads what its `RoleContext` offers; the simulator's (`SimRC`) must offer the
+    same, or a field added for a role (as `wall_clock` and `disk_usage` were) fails only
+    inside the simulator, or worse is read from a real default there. `parent_pid` is the
+    process's own: `SimRC.should_stop` answers without it."""
+    import dataclasses
+
+    from node.roles.runtime import RoleContext
+    from tools.sim.world import Sim
+
+    sim = Sim(SimConfig(seed=1, faults=()))
+    try:
+        rcs = [a.rc for a in sim.actors if hasattr(a, "rc")]
+        assert len(rcs) >= 3 * 4, len(rcs)  # per node: handler, elector, dispatchers, ack checker
+        for rc in rcs:
+            missing = [f.name for f in dataclasses.fields(RoleContext)
+                       if f.name != "parent_pid" and not hasattr(rc, f.name)]
+            assert not missing, (rc.role, missing)
+        h = sim.nodes[0].roles["handler"].rc
+        assert h.wall_clock() == sim.now / 1000 and h.disk_usage(h.cfg.store_dir) == sim.disk_ratio_at(h.cfg.store_dir)
+    finally:
+        sim.close()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +32,7 @@ from node.shared_state import NO_SLOT, LedgerView, MemberView, PeerView, QuorumV
 from node.store import codec
 from node.store.base import StoreConfig, StoreCorruptError, StoreError
 from node.store.memory_store import MemoryStore
-from node.store.segment_store import SegmentStore
+from node.store.segment_store import SegmentStore, disk_usage_ratio
 
 PEERS = ["n0", "n1", "n2"]
 PEER_SPEC = ";".join(f"{p}-127.0.0.1:{20000 + i}" for i, p in enumerate(PEERS))
@@ -41,6 +43,17 @@ PEER_SPEC = ";".join(f"{p}-127.0.0.1:{20000 + i}" for i, p in enumerate(PEERS))
 # ------------------------------------------------------------------------------------------
 def member(role: Role, term: int, leader: int, quorum_ms: int = 0) -> MemberView:
     return MemberView(role, term, leader, NO_SLOT, NO_SLOT, 0, 0, quorum_ms)
+
+
+class Unobserved:
+    """A histogram observer or request counter of a fake block: metrics decide nothing, and
+    this block has no arrays for them."""
+
+    def observe(self, value: int) -> None:
+        pass
+
+    def count_reply(self, msg: object) -> None:
+        pass
 
 
 class FakeState:
@@ -96,6 +109,22 @@ class FakeState:
     def beat(self, role: str, now_ms: int | None = None) -> None:
         pass
 
+    # ---- metrics (the SharedState methods node/role_metrics.py calls) -------------------
+    def word_writer(self, name: str) -> Callable[[int], None]:
+        return lambda value: self.set(name, value)
+
+    def set_peer(self, slot: int, name: str, value: int) -> None:
+        self.words[f"peer{slot}.{name}"] = value
+
+    def histogram_writer(self, name: str) -> Unobserved:
+        return Unobserved()
+
+    def peer_histogram_writer(self, slot: int, name: str) -> Unobserved:
+        return Unobserved()
+
+    def request_counter(self) -> Unobserved:
+        return Unobserved()
+
 
 class ScriptedState(FakeState):
     """A block whose member group changes between two reads: `script` is consumed one view per
@@ -134,6 +163,7 @@ def make_rc(tmp_path: Path, node: str, state: FakeState, clock: Clock, peer: str
         raise Fatal(message)
 
     return SimpleNamespace(cfg=c, log=logging.getLogger(f"test.{node}"), state=state, clock=clock,
+                           wall_clock=time.time, disk_usage=disk_usage_ratio,  # RoleContext's defaults
                            peer_id=peer, fatal=fatal, fatal_calls=fatal_calls)
 
 

@@ -25,7 +25,8 @@ from node.store.segment_store import SegmentStore
 from tools.sim.state import MemReader, SimState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tools.sim.world import Node, Sim
+    from tools.sim.config import Node
+    from tools.sim.world import Sim
 
 
 class SimCrash(BaseException):  # noqa: N818 - a control-flow signal, not an error
@@ -78,6 +79,8 @@ class SimRC:
         self.peer_id = peer_id
         self.run_dir = node.dir
         self.clock = node.clock
+        self.wall_clock = sim.wall_clock  # virtual: nothing in a trace reads the real time
+        self.disk_usage = sim.disk_ratio_at  # the modelled disk (retention, fault disk-probe)
         self.stopping = False
         self.wake_fd = -1
         self.zctx = None
@@ -180,7 +183,9 @@ class SimSegmentStore(_DiskFullable, SegmentStore):
         retention deleted is sent the leader's snapshot (install). With `SimConfig.installs`
         off, only files every replica has committed (plus the next one, which the decision
         never deletes), the simulator's behaviour before installs existed (old seeds)."""
-        files = super().data_file_ranges(limit)
+        # Every file is old: the simulated nodes reserve no file for `file_reserved_hours`
+        # (their files carry real modification times, their clock is virtual).
+        files = [(first, last, float("-inf")) for first, last, _mtime in super().data_file_ranges(limit)]
         if self.retention_floor is None:
             return files
         floor, out = self.retention_floor(), []

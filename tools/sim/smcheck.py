@@ -17,7 +17,7 @@ Installs (`--store segment`; docs/testing.md "Installs"). Retention deletes what
 snapshots cover whatever a lagging follower still needs, so the leader's dispatcher streams that
 follower its newest snapshot (node/core/install.py) in chunks of a size drawn per seed, through
 every network and process fault plus faults aimed at the install in progress
-(world.Sim._install_frame) and the lagging-follower shape (world.Sim._lagging_install_shape).
+(faults.py `Sim._install_frame`) and the lagging-follower shape (`Sim._lagging_install_shape`).
 What is checked here besides the state itself (`on_reset`, `on_restore_installed`,
 `on_install_done`, `_check_matches`):
 - the snapshot a follower's applier installs, and the one its handler resets the log to, is a
@@ -57,7 +57,8 @@ from node.store.base import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from tools.sim.actors import ApplierActor
-    from tools.sim.world import Node, Sim
+    from tools.sim.config import Node
+    from tools.sim.world import Sim
 
 SPECS = {"kv": "kv", "chain": "tools.sim.chain:ChainStateMachine"}
 KEYS = 8  # the writers' KV keyspace: small, so that CAS and DELETE meet existing keys

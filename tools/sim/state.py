@@ -13,6 +13,7 @@ it, only actors that never take it (dispatchers, ack checker) may run nested.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ipc.codes import Role
@@ -22,7 +23,9 @@ from node.store.base import StoreError
 from node.store.reader import StaleRead
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tools.sim.world import Actor, Node, Sim
+    from tools.sim.actors import Actor
+    from tools.sim.config import Node
+    from tools.sim.world import Sim
 
 
 def _defaults(cls: type, **given: Any) -> dict[str, Any]:
@@ -58,6 +61,17 @@ class NodeBlock:
         self.snapshot = SnapshotView(-1, -1)  # the applier's newest snapshot (--state-machine)
         self.peers = [PeerView(p, -1, -1, False, 0, 0, 0, 0, 0) for p in range(n_peers)]
         self.words: dict[str, int] = {"repair_index": -1}  # as SharedState.create initialises it
+
+
+class Unobserved:
+    """A histogram observer or request counter of a fake block: metrics decide nothing, and
+    this block has no arrays for them."""
+
+    def observe(self, value: int) -> None:
+        pass
+
+    def count_reply(self, msg: object) -> None:
+        pass
 
 
 class SimState:
@@ -163,6 +177,22 @@ class SimState:
 
     def set(self, name: str, value: int) -> None:
         self.block.words[name] = value
+
+    # ---- metrics (the SharedState methods node/role_metrics.py calls) -------------------
+    def word_writer(self, name: str) -> Callable[[int], None]:
+        return lambda value: self.set(name, value)
+
+    def set_peer(self, slot: int, name: str, value: int) -> None:
+        self.set(f"peer{slot}.{name}", value)
+
+    def histogram_writer(self, name: str) -> Unobserved:
+        return Unobserved()
+
+    def peer_histogram_writer(self, slot: int, name: str) -> Unobserved:
+        return Unobserved()
+
+    def request_counter(self) -> Unobserved:
+        return Unobserved()
 
     def incr(self, name: str, delta: int = 1) -> int:
         w = self.block.words

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from node.role_metrics import store_end_pos
 from node.store.base import StoreError
-from node.store.segment_store import disk_usage_ratio
 
 if TYPE_CHECKING:
     from node.roles.handler import Handler
@@ -110,7 +109,7 @@ class LedgerPublisher:
         if now >= self.next_disk_check:
             self.next_disk_check = now + DISK_CHECK_MS
             try:
-                self.disk_ratio = disk_usage_ratio(self.h.cfg.store_dir)
+                self.disk_ratio = self.h.rc.disk_usage(self.h.cfg.store_dir)
             except OSError:
                 self.disk_ratio = 0.0
             self.disk_full = self.disk_ratio > self.h.cfg.disk_full_ratio
