@@ -201,11 +201,12 @@ def _cpu_of(pid: int) -> float:
 
 
 def test_idle_group_uses_little_cpu(make_cluster):
-    """Event-driven loops, no spinning: in an idle 3-node group no process uses more than 3%
-    of one core and all of them together under 10% (CPU time, so a busy CI machine inflates
-    it only by the dearer wake-ups). A role that polls every millisecond costs 20-100% of a
-    core; the busiest idle role, the leader's elector with its heartbeats, about 1.5%
-    (docs/performance.md "Idle cost" has the figures)."""
+    """Event-driven loops, no spinning: in an idle 3-node group no process uses 10% of one
+    core, and all of them together less than 30% (CPU time over a 5 s window). A role that
+    polls every millisecond costs 20-100% of a core; the busiest idle role, the leader's
+    elector with its heartbeats, costs about 1.5% on a quiet machine and 2.5-4% on a busy one
+    (the same wake-ups cost more there). What idle costs is measured by a benchmark
+    (tools/bench/idle_cpu.py, docs/performance.md "Idle cost"), not asserted here."""
     c = make_cluster(3)
     c.wait_leader(timeout=15)
     c.wait_converged(timeout=10)  # the NOOP is committed everywhere: nothing left to do
@@ -220,8 +221,8 @@ def test_idle_group_uses_little_cpu(make_cluster):
     wall = time.monotonic() - t0
     pct = {k: (_cpu_of(pid) - cpu0[k]) / wall * 100 for k, pid in procs.items()}
     busiest = max(pct, key=pct.get)
-    assert pct[busiest] < 3.0, f"{busiest} used {pct[busiest]:.1f}% of one core while idle: {pct}"
-    assert sum(pct.values()) < 10.0, f"idle group used {sum(pct.values()):.1f}% of one core: {pct}"
+    assert pct[busiest] < 10.0, f"{busiest} used {pct[busiest]:.1f}% of one core while idle: {pct}"
+    assert sum(pct.values()) < 30.0, f"idle group used {sum(pct.values()):.1f}% of one core: {pct}"
 
 
 def test_no_leader_change_while_busy(make_cluster):
