@@ -3,20 +3,9 @@
 Everything here is pure (bytes in, values out) so the store, the dispatchers, `dledger dump`
 and the Spark decoder all agree on one definition. Layouts are DLedger's (docs/store.md), big-endian:
 
-Data entry, 48-byte header + body (defined in ipc/entry_codec.py, which the client shares;
-re-exported here)::
-
-    off  len  field      notes
-      0    4  magic      NORMAL = 1, NOOP = 2, BLANK = -1 (file-end padding, see below)
-      4    4  size       header + body
-      8    8  index      0-based log index
-     16    8  term       term of the leader that wrote it
-     24    8  pos        physical offset of the entry in the data list
-     32    4  channel    client session id (u32), 0 = none (node/core/sessions.py)
-     36    4  chainCrc   the entry's sequence number in that session (u32), 0 without one
-     40    4  bodyCrc    CRC-32 of the body (crcmod "crc-32" == zlib.crc32)
-     44    4  bodySize   body length
-     48    n  body
+Data entry: a 48-byte header and the body. Its format is defined once, with its field table,
+in ipc/entry_codec.py (the client decodes entries too), and re-exported here; the store adds
+magic BLANK = -1, the file-end padding below.
 
 BLANK record: ``[int -1][int remaining]`` filling a data file's unused tail, so an entry never
 spans two files. Index record, 32 bytes: magic(4) pos(8) size(4) index(8) term(8); entry ``i``
