@@ -157,20 +157,6 @@ class Node:
                 out[mod] = int(k)
         return out
 
-    def cpu_seconds(self) -> float:
-        """utime + stime of the supervisor and every descendant (role processes)."""
-        total, todo = 0.0, [self.proc.pid] if self.proc else []
-        tick = os.sysconf("SC_CLK_TCK")
-        while todo:
-            pid = todo.pop()
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick
-                todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-            except (OSError, IndexError, ValueError):
-                pass
-        return total
-
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -179,6 +165,15 @@ class Node:
 
     def shm_name(self) -> str:
         return segment_name(self.cluster.group, self.id, os.path.abspath(self.store_dir))
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, in seconds (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Cluster:

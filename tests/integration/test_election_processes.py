@@ -5,11 +5,10 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import zmq
-from cluster import wait_for
+from cluster import process_cpu_seconds, wait_for
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role
@@ -191,15 +190,6 @@ def test_garbage_on_both_ports_leaves_every_node_up(make_cluster):
     c.wait_leader(timeout=10)
 
 
-def _cpu_of(pid: int) -> float:
-    """utime + stime of one process, in seconds (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_idle_group_uses_little_cpu(make_cluster):
     """Event-driven loops, no spinning: in an idle 3-node group no process uses 10% of one
     core, and all of them together less than 30% (CPU time over a 5 s window). A role that
@@ -216,10 +206,10 @@ def test_idle_group_uses_little_cpu(make_cluster):
     # measures the idle loops, not interpreters starting.
     wait_for(lambda: all(n.log_text().count(" started ") >= 5 for n in nodes), 30, "every role started")
     procs = {f"{n.id} {role}": pid for n in nodes for role, pid in {**n.role_pids(), "supervisor": n.proc.pid}.items()}
-    cpu0, t0 = {k: _cpu_of(pid) for k, pid in procs.items()}, time.monotonic()
+    cpu0, t0 = {k: process_cpu_seconds(pid) for k, pid in procs.items()}, time.monotonic()
     wait_for(lambda: time.monotonic() - t0 >= 5, 10, "a 5 s idle window")
     wall = time.monotonic() - t0
-    pct = {k: (_cpu_of(pid) - cpu0[k]) / wall * 100 for k, pid in procs.items()}
+    pct = {k: (process_cpu_seconds(pid) - cpu0[k]) / wall * 100 for k, pid in procs.items()}
     busiest = max(pct, key=pct.get)
     assert pct[busiest] < 10.0, f"{busiest} used {pct[busiest]:.1f}% of one core while idle: {pct}"
     assert sum(pct.values()) < 30.0, f"idle group used {sum(pct.values()):.1f}% of one core: {pct}"
