@@ -43,6 +43,9 @@ QUERY (12)             group, remote_id, u32 n, request: a read of the group's s
                        (docs/statemachine.md), answered at a read index (linearizable)
 SNAPSHOT (13)          group, remote_id: the node takes a snapshot of its state machine now
 READ_INDEX (14)        group, remote_id: a follower asks the leader for a read index
+FETCH (15)             group, remote_id, i64 index, u32 max_entries, u32 max_bytes, u32 wait_ms:
+                       committed entries from `index`, from any member that has them committed;
+                       the member holds the request up to wait_ms for the first one (long poll)
 INSTALL (20)           group, remote_id, leader_id, i64 term, u32 n, meta (the snapshot's
                        meta.json), i64 offset, u32 m, chunk: one chunk of the leader's
                        snapshot for a follower that needs entries the leader no longer has
@@ -67,6 +70,8 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
   OPEN_SESSION (0x8B)    u32 session
   QUERY (0x8C)           i64 applied_index (the state the answer reflects), u32 n, answer
   SNAPSHOT (0x8D)        i64 last_index, i64 last_term (the snapshot now on disk)
+  FETCH (0x8F)           i64 begin (the answering member's ledger begin), i64 committed (its
+                         committed index), u32 n, entries blob (store format; committed only)
   READ_INDEX (0x8E)      i64 read_index (the leader's committed index, leadership confirmed
                          after the request arrived)
   INSTALL (0x94)         i64 received (bytes in place: where the next chunk must start),
@@ -108,6 +113,8 @@ HEADER_SIZE = HEADER.size  # 12
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
 _GET = struct.Struct(">qIB")
+_FETCH = struct.Struct(">qIII")
+_FETCH_RESP = struct.Struct(">qq")
 _TERM = struct.Struct(">q")
 _PUSH = struct.Struct(">qBqqIqqI")
 _VOTE = struct.Struct(">qqq")
@@ -142,6 +149,7 @@ class MsgType(IntEnum):
     QUERY = 12
     SNAPSHOT = 13
     READ_INDEX = 14
+    FETCH = 15
     INSTALL = 20
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82
@@ -157,6 +165,7 @@ class MsgType(IntEnum):
     QUERY_RESPONSE = 0x8C
     SNAPSHOT_RESPONSE = 0x8D
     READ_INDEX_RESPONSE = 0x8E
+    FETCH_RESPONSE = 0x8F
     INSTALL_RESPONSE = 0x94
     ERROR_RESPONSE = 0xFF
 
@@ -574,6 +583,38 @@ class ReadIndexResponse:
 
 
 @dataclass(slots=True)
+class FetchRequest:
+    """A long-poll read of committed entries (docs/client.md "Following the log"): any member
+    answers from its own log up to the committed index it knows, holding the request up to
+    `wait_ms` when it has nothing from `index` yet."""
+
+    TYPE: ClassVar[MsgType] = MsgType.FETCH
+    group: str
+    remote_id: str
+    index: int
+    max_entries: int = 1000
+    max_bytes: int = 1 << 20
+    wait_ms: int = 0
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class FetchResponse:
+    """Committed entries from the requested index (possibly none), with the answering member's
+    ledger begin and committed index so a reader knows where the log stands there."""
+
+    TYPE: ClassVar[MsgType] = MsgType.FETCH_RESPONSE
+    code: int
+    group: str
+    term: int
+    leader_id: str = ""
+    begin_index: int = -1
+    committed_index: int = -1
+    entries: Buffer = b""
+    request_id: int = 0
+
+
+@dataclass(slots=True)
 class Multi:
     """Several complete frames in one: what a pipelining client sends when many requests are
     queued at once, and what a node answers them with.
@@ -597,11 +638,11 @@ class Multi:
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
            | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest
-           | InstallRequest | ReadIndexRequest)
+           | InstallRequest | ReadIndexRequest | FetchRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
             | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | SnapshotResponse
-            | InstallResponse | ReadIndexResponse | ErrorResponse)
+            | InstallResponse | ReadIndexResponse | FetchResponse | ErrorResponse)
 Message = Request | Response | Multi
 
 # ---------------------------------------------------------------------------------------------
@@ -788,6 +829,19 @@ def _enc_read_index_resp(m: ReadIndexResponse) -> bytes:
     return _resp(m) + _TERM.pack(m.read_index)
 
 
+def _enc_fetch(m: FetchRequest) -> bytes:
+    try:
+        return b"".join((_hdr(m), _s(m.group), _s(m.remote_id),
+                         _FETCH.pack(m.index, m.max_entries, m.max_bytes, m.wait_ms)))
+    except struct.error as e:
+        raise ProtocolError(f"cannot encode FetchRequest: {e}") from None
+
+
+def _enc_fetch_resp(m: FetchResponse) -> bytes:
+    return b"".join((_resp(m), _FETCH_RESP.pack(m.begin_index, m.committed_index),
+                     _U32.pack(len(m.entries)), m.entries))
+
+
 def _enc_push_resp(m: PushResponse) -> bytes:
     return _resp(m) + _PUSH_RESP.pack(m.index, m.begin_index, m.end_index, m.x_term, m.x_index)
 
@@ -833,6 +887,8 @@ _ENCODERS = {
     InstallResponse: _enc_install_resp,
     ReadIndexRequest: _enc_read_index,
     ReadIndexResponse: _enc_read_index_resp,
+    FetchRequest: _enc_fetch,
+    FetchResponse: _enc_fetch_resp,
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
@@ -1224,6 +1280,24 @@ def _dec_read_index_resp(mv: memoryview, off: int, rid: int, max_body: int) -> R
     return ReadIndexResponse(code, group, term, leader, read_index, rid)
 
 
+def _dec_fetch(mv: memoryview, off: int, rid: int, max_body: int) -> FetchRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _need(mv, off, _FETCH.size, "FETCH fields")
+    index, max_entries, max_bytes, wait_ms = _FETCH.unpack_from(mv, off)
+    _end(mv, off + _FETCH.size)
+    return FetchRequest(group, remote, index, max_entries, max_bytes, wait_ms, rid)
+
+
+def _dec_fetch_resp(mv: memoryview, off: int, rid: int, max_body: int) -> FetchResponse:
+    code, term, group, leader, off = _dec_resp_common(mv, off)
+    _need(mv, off, _FETCH_RESP.size, "FETCH response fields")
+    begin, committed = _FETCH_RESP.unpack_from(mv, off)
+    blob, off = _blob(mv, off + _FETCH_RESP.size, len(mv), "entries blob")
+    _end(mv, off)
+    return FetchResponse(code, group, term, leader, begin, committed, blob, rid)
+
+
 def _dec_push_resp(mv: memoryview, off: int, rid: int, max_body: int) -> PushResponse:
     code, term, group, leader, off = _dec_resp_common(mv, off)
     _need(mv, off, _PUSH_RESP.size, "PUSH response fields")
@@ -1284,6 +1358,8 @@ _DECODERS = {
     MsgType.INSTALL_RESPONSE: _dec_install_resp,
     MsgType.READ_INDEX: _dec_read_index,
     MsgType.READ_INDEX_RESPONSE: _dec_read_index_resp,
+    MsgType.FETCH: _dec_fetch,
+    MsgType.FETCH_RESPONSE: _dec_fetch_resp,
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,

@@ -54,6 +54,8 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("bytes_appended", "appended_bytes", "data-file bytes written as leader"),
     ("append_errors", "append_errors", "appends refused after admission or timed out"),
     ("gets", "get_requests", "GET requests served"),
+    ("fetches", "fetch_requests", "FETCH (follow) requests answered, by any role"),
+    ("fetched_entries", "fetched_entries", "entries sent in FETCH answers"),
     ("push_requests", "push_requests", "pushes received as follower"),
     ("bad_frames", "bad_frames", "malformed or misdirected frames on the data port"),
     ("commits_published", "commit_advances", "times the committed index moved"),

@@ -321,7 +321,7 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         ("handler_beat_ms", "appends", "append_errors", "gets", "push_requests", "bad_frames",
          "entries_appended", "commits_published", "store_unwritable_ms", "pending_appends",
          "bytes_appended", "ledger_end_pos", "retention_files_deleted", "repair_index",
-         "unchecked_end_index"), None,
+         "unchecked_end_index", "fetches", "fetched_entries"), None,
     )
     out += f
     # ack checker: quorum index+term are a pair, so they get a seqlock too

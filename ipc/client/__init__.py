@@ -43,6 +43,7 @@ from ipc.client.api import (
     DLedgerClient,
 )
 from ipc.client.calls import BACKOFF_BASE, BACKOFF_MAX
+from ipc.client.follow import FetchResult
 from ipc.client.results import (
     AppendResult,
     ClientClosedError,
@@ -77,6 +78,7 @@ __all__ = [
     "DLedgerError",
     "DLedgerIndeterminateError",
     "Entry",
+    "FetchResult",
     "Metadata",
     "NodeInfo",
     "BACKOFF_BASE",

@@ -14,10 +14,11 @@ import concurrent.futures
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ipc import protocol as P
+from ipc.client import follow as follow_mod
 from ipc.client.calls import (
     APPEND,
     BATCH,
@@ -30,6 +31,7 @@ from ipc.client.calls import (
     Slots,
     backoff,
 )
+from ipc.client.follow import FetchResult
 from ipc.client.io_thread import ClientIO
 from ipc.client.results import (
     AppendResult,
@@ -230,6 +232,68 @@ class DLedgerClient:
                 break
             out.extend(got)
         return out
+
+    def fetch(self, index: int, *, max_entries: int = follow_mod.DEFAULT_MAX_ENTRIES,
+              max_bytes: int = follow_mod.DEFAULT_MAX_BYTES, wait_ms: int = 0,
+              read_from: str | None = None, timeout: float | None = None) -> FetchResult:
+        """Committed entries from ``index`` (at most ``max_entries``, about ``max_bytes``, at
+        least one when there is one), from ANY member that has them committed — followers too;
+        ``read_from`` names one. With ``wait_ms`` the member holds the request until the entry
+        at ``index`` commits or the wait ends (a long poll; the answer is then empty).
+
+        Raises DLedgerError INDEX_LESS_THAN_LOCAL_BEGIN when ``index`` is below the log's begin
+        on every member that answered (retention or a snapshot removed it), TIMEOUT when no
+        member answered within ``timeout``. Entries are CRC-checked like ``get_range``'s."""
+        follow_mod.check_args(index, max_entries, max_bytes, wait_ms)
+        if read_from is not None and read_from not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{read_from!r} is not in the peers list")
+        t = self.timeout if timeout is None else timeout
+        rotation = follow_mod.MemberRotation(list(self.peers), lambda: self._io.discovery.leader, read_from)
+        return follow_mod.fetch(self, index, max_entries, max_bytes, wait_ms, rotation,
+                                time.monotonic() + max(t, wait_ms / 1000 + self.attempt_timeout))
+
+    def follow(self, start: int | str = "earliest", *, include_noop: bool = True,
+               read_from: str | None = None, wait_ms: int = follow_mod.DEFAULT_WAIT_MS,
+               max_entries: int = follow_mod.DEFAULT_MAX_ENTRIES,
+               max_bytes: int = follow_mod.DEFAULT_MAX_BYTES) -> Iterator[Entry]:
+        """Committed entries from ``start`` in index order, for ever: across leader changes,
+        node restarts and a member that dies mid-stream, with no gap and no repeat
+        (docs/client.md "Following the log"). ``start``: an index, ``"earliest"`` (the lowest
+        log begin of the members) or ``"latest"`` (the first index not yet committed).
+
+        Each step is a FETCH long poll (``wait_ms``) to one member — a follower by preference
+        — that answers up to the committed index it knows; an idle reader costs a member one
+        request per ``wait_ms``. Raises DLedgerError INDEX_LESS_THAN_LOCAL_BEGIN when the next
+        index is below every member's log begin (retention or a snapshot removed it). NOOP
+        entries (a new leader's) are yielded too unless ``include_noop`` is False."""
+        if read_from is not None and read_from not in self.peers:
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{read_from!r} is not in the peers list")
+        first = self.resolve_index(start)
+        return follow_mod.follow(self, first, max_entries, max_bytes, wait_ms, read_from, include_noop)
+
+    def resolve_index(self, where: int | str, timeout: float | None = None) -> int:
+        """An index from ``"earliest"`` (the lowest ledger begin of the members that answer; 0
+        for an empty log), ``"latest"`` (the leader's committed index + 1), or an int >= 0."""
+        if isinstance(where, int) and not isinstance(where, bool):
+            if where < 0:
+                raise DLedgerError(RC.UNEXPECTED_ARGUMENT, f"index must be >= 0, not {where}")
+            return where
+        if where not in ("earliest", "latest"):
+            raise DLedgerError(RC.UNEXPECTED_ARGUMENT,
+                               f"start must be an index, 'earliest' or 'latest', not {where!r}")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            md = self.metadata(max(0.1, deadline - time.monotonic()))
+            alive = [n for n in md.nodes if n.alive]
+            if where == "earliest" and alive:
+                return max(0, min(n.ledger_begin_index for n in alive))
+            lead = next((n for n in alive if n.id == md.leader_id), None)
+            if where == "latest" and lead is not None:
+                return lead.committed_index + 1
+            if time.monotonic() >= deadline:
+                raise DLedgerError(RC.TIMEOUT, f"no {'member' if where == 'earliest' else 'leader'} "
+                                               "answered within the timeout")
+            time.sleep(0.05)
 
     def query(self, request: bytes | bytearray | memoryview, timeout: float | None = None, *,
               read_from: str | None = None) -> QueryResult:

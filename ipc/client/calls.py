@@ -26,9 +26,9 @@ BACKOFF_BASE = 0.005
 BACKOFF_MAX = 0.2
 
 # Kinds of call.
-APPEND, BATCH, GET, META, TRANSFER, OPEN, QUERY, SNAPSHOT = range(8)
+APPEND, BATCH, GET, META, TRANSFER, OPEN, QUERY, SNAPSHOT, FETCH = range(9)
 KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION",
-              "QUERY", "SNAPSHOT")
+              "QUERY", "SNAPSHOT", "FETCH")
 # States of a call: not yet dispatched, one attempt outstanding, parked (for a leader or a
 # session), waiting out a backoff, completed.
 NEW, INFLIGHT, WAITING, BACKOFF, DONE = range(5)
@@ -116,6 +116,9 @@ def encode_request(group: str, call: Call, node_id: str, rid: int) -> bytes:
                                        any_member=call.pinned is not None))
     if k == SNAPSHOT:
         return P.encode(P.SnapshotRequest(group, node_id, rid))
+    if k == FETCH:  # always to a named node: any member answers
+        index, max_entries, max_bytes, wait_ms = call.payload
+        return P.encode(P.FetchRequest(group, node_id, index, max_entries, max_bytes, wait_ms, rid))
     target, term = call.payload
     return P.encode(P.LeadershipTransferRequest(group, node_id, target, term, rid))
 

@@ -19,6 +19,7 @@ through it):
 | `session_ids` | sessions.py | OPEN_SESSION and the session table's rebuild |
 | `completion` | completion.py | commit and pending replies, with the state machine's results |
 | `reads` | reads.py | linearizable reads: GET, queries, a follower's READ_INDEX |
+| `fetches` | fetches.py | FETCH, any role: committed entries, held until they commit (follow) |
 | `applier` | applier_link.py | requests to the applier, follower reads |
 | `pushes` | pushes.py | the follower side: the leader's pushes |
 | `install` | install.py | the follower side of install snapshot |
@@ -70,6 +71,7 @@ from node.roles.handling.applier_link import ApplierLink, StateMachineLink
 from node.roles.handling.common import store_error_code
 from node.roles.handling.completion import Completion
 from node.roles.handling.damage import SCRUB_DELAY_MS, DamageRepair
+from node.roles.handling.fetches import Fetches
 from node.roles.handling.install import FollowerInstall
 from node.roles.handling.leadership import Leadership
 from node.roles.handling.ledger import FOLLOWER_APPLY_RUN, LedgerPublisher
@@ -174,6 +176,7 @@ class Handler:
         self.session_ids = SessionIds(self)
         self.completion = Completion(self)
         self.reads = LeaderReads(self)
+        self.fetches = Fetches(self)
         self.applier = ApplierLink(self)
         self.pushes = FollowerPushes(self)
         self.install = FollowerInstall(self)
@@ -347,13 +350,14 @@ class Handler:
         P.SnapshotRequest: ("applier", "on_snapshot"),
         P.InstallRequest: ("install", "on_install"),
         P.ReadIndexRequest: ("reads", "on_read_index"),
+        P.FetchRequest: ("fetches", "on_fetch"),
     }
 
     # ------------------------------------------------------------------ loop
     def tick(self) -> None:
         """Everything one loop turn does besides sockets, on one member snapshot: sync the role,
         apply the quorum, expire pending replies, the abnormal-push check, parked reads,
-        retention, then flush the wake-up and held replies."""
+        held fetches, retention, then flush the wake-up and held replies."""
         now = self.now()
         m = self._view = self.state.read_member()
         self.leadership.sync(m, now)
@@ -363,6 +367,7 @@ class Handler:
         self.pushes.execute(self.follower.check_abnormal(m, now, self.store), m)
         self.pushes.drain(m)
         self.reads.serve_parked(m, now)
+        self.fetches.release(m, now)
         self.applier.expire_queries(now)
         self.completion.expire_awaiting(now)
         self.ledger.probe_room(now)
@@ -382,6 +387,9 @@ class Handler:
         if d is not None:
             due.append(d)
         d = self.follower.next_deadline()
+        if d is not None:
+            due.append(d)
+        d = self.fetches.next_deadline()
         if d is not None:
             due.append(d)
         if self.reads.waiting():

@@ -33,6 +33,9 @@ MESSAGES = [
     p.ReadIndexRequest("default", "n0", request_id=49),
     p.ReadIndexResponse(200, "default", 4, "n0", 1234, request_id=50),
     p.ReadIndexResponse(404, "default", 5, ""),
+    p.FetchRequest("default", "n1", 12, 500, 1 << 20, 1000, request_id=51),
+    p.FetchResponse(200, "default", 4, "n0", 3, 40, b"entries", request_id=51),
+    p.FetchResponse(200, "default", 4, "", -1, -1),
     p.SnapshotRequest("default", "n1", request_id=45),
     p.SnapshotResponse(200, "default", 4, "n0", 99, 3, request_id=46),
     p.InstallRequest("default", "n1", "n0", 4, b'{"last_index": 9}', 1 << 20, b"chunk", request_id=47),
@@ -451,6 +454,17 @@ def test_read_index_frames_reject_junk():
     for bad in (req + b"x", resp[:-1], resp + b"\0"):
         with pytest.raises(ProtocolError):
             decode(bad)
+    assert p.is_response(decode(resp)) and not p.is_response(decode(req))
+
+
+def test_fetch_frames_reject_junk():
+    req = encode(p.FetchRequest("g", "n0", 5, 10, 100, 0, request_id=9))
+    resp = encode(p.FetchResponse(200, "g", 3, "n0", 0, 17, b"", request_id=9))
+    for bad in (req + b"x", req[:-1], resp[:-1], resp + b"\0"):
+        with pytest.raises(ProtocolError):
+            decode(bad)
+    with pytest.raises(ProtocolError):
+        encode(p.FetchRequest("g", "n0", 5, -1, 100, 0))  # a count that does not fit
     assert p.is_response(decode(resp)) and not p.is_response(decode(req))
 
 

@@ -44,6 +44,41 @@ class ParkedRead:
     deadline_ms: int
 
 
+class ReadFailed(Exception):
+    """A committed range could not be read here: the code and reason to answer with."""
+
+    def __init__(self, code: RC, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def committed_blob(h: Handler, index: int, count: int, max_bytes: int) -> bytes:
+    """Up to `count` committed entries from `index` (at least one, at most ~`max_bytes`), as
+    store-format bytes, every header and CRC verified: never serve garbage (entries below the
+    checkpoint may not have been checked since open: docs/store.md "Recovery"). A damaged
+    entry marks its range for repair from peers (`DamageRepair`) and raises DISK_ERROR; the
+    caller makes sure the range is committed and in the log."""
+    s = h.store
+    parts, i, left, size = [], index, count, 0
+    try:
+        while left > 0 and size < max_bytes:
+            blob, n = s.get_raw(i, left, max_bytes - size)
+            for k, (_off, e) in enumerate(codec.iter_entries(blob)):
+                if e.index != i + k:
+                    raise CorruptEntry(f"entry {i + k}: the data file holds index {e.index} there")
+            parts.append(bytes(blob))
+            size += len(blob)
+            i += n
+            left -= n
+    except (StoreError, codec.CodecError, OSError) as e:
+        if isinstance(e, (CorruptEntry, codec.CodecError)):
+            h.damage.store_damaged(i, min(index + count, s.committed_index + 1), str(e))
+            e = StoreError(f"entry damaged on this node, repairing from peers: {e}", "DISK_ERROR")  # noqa: PLW2901
+        raise ReadFailed(RC[getattr(e, "code_name", store_error_code(e))], str(e)[:200]) from None
+    return b"".join(parts)
+
+
 class LeaderReads:
     """Parked reads and early-forwarded queries of this leader."""
 
@@ -127,27 +162,14 @@ class LeaderReads:
             self.h.replies.error(ident, req, RC.INDEX_OUT_OF_RANGE,
                         f"committed range is [{s.ledger_begin_index}, {s.committed_index}]", m=m)
             return
-        parts, i, left, size = [], req.index, min(req.count, s.committed_index - req.index + 1), 0
         try:
-            while left > 0 and size < MAX_GET_BYTES:
-                blob, n = s.get_raw(i, left, MAX_GET_BYTES - size)
-                # Verify every header and CRC: never serve garbage (entries below the
-                # checkpoint may not have been checked since open: docs/store.md "Recovery").
-                for k, (_off, e) in enumerate(codec.iter_entries(blob)):
-                    if e.index != i + k:
-                        raise CorruptEntry(f"entry {i + k}: the data file holds index {e.index} there")
-                parts.append(bytes(blob))
-                size += len(blob)
-                i += n
-                left -= n
-        except (StoreError, codec.CodecError, OSError) as e:
-            if isinstance(e, (CorruptEntry, codec.CodecError)):
-                self.h.damage.store_damaged(i, min(req.index + req.count, s.committed_index + 1), str(e))
-                e = StoreError(f"entry damaged on this node, repairing from peers: {e}", "DISK_ERROR")  # noqa: PLW2901
-            self.h.replies.error(ident, req, RC[getattr(e, "code_name", store_error_code(e))], str(e)[:200], m=m)
+            blob = committed_blob(self.h, req.index, min(req.count, s.committed_index - req.index + 1),
+                                  MAX_GET_BYTES)
+        except ReadFailed as e:
+            self.h.replies.error(ident, req, e.code, e.reason, m=m)
             return
         self.h.replies.send(ident, P.GetResponse(RC.SUCCESS, self.h.cfg.group, m.current_term,
-                                         self.h.slot_id(m.leader_slot), b"".join(parts), req.request_id))
+                                         self.h.slot_id(m.leader_slot), blob, req.request_id))
 
     def serve_parked(self, m: MemberView, now: int) -> None:
         """Serve parked linearizable reads on what one member snapshot says
