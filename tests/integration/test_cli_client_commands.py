@@ -211,3 +211,64 @@ def test_a_refused_transfer_says_why(group):
     finally:
         group.nodes[victim].start()  # its next start removes the segment the kill left
         wait_for(lambda: group.converged(), 60, "the group to converge again")
+
+
+def _follow(peers: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tools.cli", "get", "--peers", peers, "--follow", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT),
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_get_follow_prints_entries_as_they_commit_and_stops_on_ctrl_c(group):
+    """`get --follow --from latest` sees only what commits after it started, one jsonl line per
+    entry with dump's keys; SIGINT ends it with exit 0 and nothing on stderr."""
+    import signal
+
+    P = group.peers
+    with dledger_client(P) as c:
+        before = c.append(b"before").index
+    proc = _follow(P, "--from", str(before + 1), "--format", "jsonl")
+    try:
+        with dledger_client(P) as c:
+            idx = [c.append(b"live-%d" % i).index for i in range(3)]
+        lines: list[dict] = []
+        while len(lines) < 3:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read().decode()
+            row = json.loads(line)
+            if row["type"] == "NORMAL":
+                lines.append(row)
+        assert [r["index"] for r in lines] == idx
+        assert [r["body"] for r in lines] == ["live-0", "live-1", "live-2"]
+        assert {"index", "term", "pos", "type", "body_b64"} <= set(lines[0])
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_get_follow_into_head_exits_0_and_a_start_below_begin_says_so(group):
+    P = group.peers
+    with dledger_client(P) as c:
+        c.append_batch([b"h1", b"h2", b"h3"])
+    proc = _follow(P, "--from", "earliest")
+    head = subprocess.run(["head", "-2"], stdin=proc.stdout, capture_output=True, timeout=60)
+    proc.stdout.close()
+    try:
+        # The next entry written is what makes the closed pipe felt.
+        with dledger_client(P) as c:
+            wait_for(lambda: c.append(b"poke") and proc.poll() is not None, 30, "get --follow to see the closed pipe")
+        assert proc.returncode == 0
+        assert len(head.stdout.splitlines()) == 2
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    r = dledger("get", "--peers", P, "--follow", "--from", "bogus")
+    assert r.returncode == 2 and "earliest, latest or an index" in r.stderr.decode()
+    r = dledger("get", "--peers", P, "--from", "3", "--index", "0")
+    assert r.returncode == 2 and "--follow" in r.stderr.decode()
