@@ -18,14 +18,16 @@ entry was applied so long ago that the leader no longer holds its result) raises
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ipc import kv_format as K
 from ipc.client import DLedgerClient, QueryResult
 from ipc.kv_format import KeyValue, KVInputError
+from ipc.kv_watch import KVCompactedError, WatchEvent
+from ipc.kv_watch import watch as _watch
 
-__all__ = ["KVClient", "KVError", "KVInputError", "KeyValue"]
+__all__ = ["KVClient", "KVCompactedError", "KVError", "KVInputError", "KeyValue", "WatchEvent"]
 
 
 class KVError(Exception):
@@ -144,6 +146,22 @@ class KVClient:
             start = reply.items[-1].key + b"\0"
         return out
 
+
+    # ------------------------------------------------------------------ watch
+    def watch(self, key: bytes, *, prefix: bool = False, start_revision: int | None = None,
+              prev_kv: bool = False, timeout: float | None = None) -> Iterator[WatchEvent]:
+        """Every change of `key` (with ``prefix=True``: of every key starting with it; b""
+        watches all) in revision order, for ever: WatchEvent(type "PUT"/"DELETE", key,
+        revision, kv, prev_kv). ``start_revision``: the first revision to report (resume
+        from the last one seen + 1); None: changes after now. ``prev_kv``: also the key as it
+        was before each change. A failed CAS or the delete of an absent key changes nothing
+        and is not reported. Built on `DLedgerClient.follow`: across leader changes and
+        restarts, no gap, no repeat (docs/statemachine.md "Watch").
+
+        A past ``start_revision`` replays the log from its first entry; once retention removed
+        that from every member the iteration raises `KVCompactedError` (etcd's ErrCompacted):
+        scan, then watch from now. ``timeout`` bounds the seeding scan's reads."""
+        return _watch(self.client, key, prefix, start_revision, prev_kv, timeout)
 
 def _reply_of(q: QueryResult) -> K.QueryReply:
     """A KV query's answer, or KVError for an answer that is not one (another state machine)

@@ -92,6 +92,29 @@ class Invalid:
 
 Command = Put | Delete | Cas
 
+Record = tuple[bytes, int, int, int]
+"""One key's state: value, create_revision, mod_revision, version."""
+
+
+def cas_matches(cmd: Cas, old: Record | None) -> bool:
+    """Whether a CAS swaps, given the key's record before it (None: absent). The one rule the
+    state machine applies and a watcher replays (ipc/kv_watch.py): they must never differ."""
+    if cmd.expect == Expect.ABSENT:
+        return old is None
+    if old is None:
+        return False
+    if cmd.expect == Expect.VALUE:
+        return old[0] == cmd.expected_value
+    return old[2] == cmd.expected_revision
+
+
+def next_record(old: Record | None, value: bytes, index: int) -> Record:
+    """The key's record after a put (or a CAS that swapped) at revision `index`: a new key
+    starts at version 1 and is created there; an existing one keeps its create_revision."""
+    if old is None:
+        return (value, index, index, 1)
+    return (value, old[1], index, old[3] + 1)
+
 
 class KVInputError(ValueError):
     """Client side: an argument the store would refuse (``.status`` says which rule)."""

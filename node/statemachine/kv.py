@@ -91,7 +91,9 @@ from ipc.kv_format import (  # noqa: F401
     Op,
     Put,
     QueryReply,
+    Record,
     Status,
+    cas_matches,
     check_key,
     check_value,
     decode_command,
@@ -105,6 +107,7 @@ from ipc.kv_format import (  # noqa: F401
     encode_query_reply,
     encode_result,
     encode_scan,
+    next_record,
 )
 from ipc.kv_format import RESULT as _RESULT
 from ipc.kv_format import SCAN_HDR as _SCAN_HDR
@@ -231,7 +234,7 @@ class _Source:
 
 # --------------------------------------------------------------------------- the state machine
 
-_Rec = tuple[bytes, int, int, int]  # value, create_revision, mod_revision, version
+_Rec = Record  # value, create_revision, mod_revision, version
 
 
 class KVStateMachine(StateMachine):
@@ -284,15 +287,7 @@ class KVStateMachine(StateMachine):
             return _RESULT.pack(Status.OK, index)
         if type(cmd) is Cas:
             old = data.get(cmd.key)
-            if cmd.expect == Expect.ABSENT:
-                hit = old is None
-            elif old is None:
-                hit = False
-            elif cmd.expect == Expect.VALUE:
-                hit = old[0] == cmd.expected_value
-            else:
-                hit = old[2] == cmd.expected_revision
-            if not hit:
+            if not cas_matches(cmd, old):
                 return _RESULT.pack(Status.CAS_FAILED, 0 if old is None else old[2])
             return self._set(cmd.key, cmd.value, index, old)
         assert type(cmd) is Invalid
@@ -301,10 +296,8 @@ class KVStateMachine(StateMachine):
     def _set(self, key: bytes, value: bytes, index: int, old: _Rec | None) -> bytes:
         """A put, or a CAS that swapped: the key's new record at revision `index`."""
         if old is None:
-            self._data[key] = (value, index, index, 1)
             self._order.created(key)
-        else:
-            self._data[key] = (value, old[1], index, old[3] + 1)
+        self._data[key] = next_record(old, value, index)
         self._revision = index
         return _RESULT.pack(Status.OK, index)
 

@@ -8,6 +8,13 @@
                                                when it swapped, 1 when not (--absent: only if
                                                the key does not exist; then give KEY NEW)
   dledger kv scan --peers P [PREFIX] [--limit N] [--json]   "key<TAB>value<TAB>revision" lines
+  dledger kv watch --peers P KEY [--prefix] [--from-revision R] [--prev] [--json]
+                                               every change of KEY (or under the prefix), in
+                                               revision order, for ever: "PUT<TAB>key<TAB>value
+                                               <TAB>revision" / "DELETE<TAB>key<TAB><TAB>revision"
+                                               lines; from now, or from revision R (exit 1 with
+                                               INDEX_LESS_THAN_LOCAL_BEGIN when retention removed
+                                               that history); Ctrl-C or a closed pipe: exit 0
 
 Reads are linearizable (they reflect every write acknowledged before them); writes are
 applied once even when the client resends them after a failover. Keys and values are UTF-8
@@ -38,7 +45,9 @@ from tools.commands.metadata import EXIT_DEFINITE, EXIT_USAGE, add_client_argume
 
 JSON_SHAPES = {"put": 'one {"revision"} object', "get": "one object: key, value, revision, "
                "create_revision, version", "del": 'one {"deleted"} object',
-               "cas": 'one {"swapped"} object', "scan": "one object per key, a line each"}
+               "cas": 'one {"swapped"} object', "scan": "one object per key, a line each",
+               "watch": "one object per change, a line each: type, key, value, revision, "
+                        "create_revision, version[, prev_value, prev_revision]"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     doc = __doc__
     for name, help_text in (("put", "set KEY to VALUE"), ("get", "print KEY's value"),
                             ("del", "delete KEY"), ("cas", "compare-and-set"),
-                            ("scan", "keys with a prefix, in order")):
+                            ("scan", "keys with a prefix, in order"),
+                            ("watch", "print every change of a key or prefix, for ever")):
         sp = sub.add_parser(name, help=help_text, description=doc,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         add_client_arguments(sp)
@@ -63,6 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             help='read the value from PATH, its bytes as they are, at most 1 MiB; '
                                  '"-" reads stdin (default: the VALUE argument)')
             sp.set_defaults(_put_parser=sp)
+        if name == "watch":
+            sp.add_argument("--prefix", action="store_true",
+                            help="watch every key starting with KEY (default: KEY only)")
+            sp.add_argument("--from-revision", type=positive_int, default=None, metavar="R",
+                            help="report changes from revision R on (default: from now)")
+            sp.add_argument("--prev", action="store_true",
+                            help="also print each key's value before the change (default: off)")
         if name == "cas":
             sp.add_argument("operands", nargs="+", metavar="EXPECTED NEW",
                             help="the expected value and the new one (with --absent: only NEW)")
@@ -103,6 +120,31 @@ def _read_value(path: str) -> bytes:
 def _kv_json(kv) -> dict:  # noqa: ANN001 - node.statemachine.kv.KeyValue
     return {"key": _s(kv.key), "value": _s(kv.value), "revision": kv.mod_revision,
             "create_revision": kv.create_revision, "version": kv.version}
+
+
+def _watch(kv, args: argparse.Namespace) -> int:  # noqa: ANN001 - ipc.client.KVClient
+    """`kv watch`: one line per change, flushed; Ctrl-C ends it with exit 0."""
+    try:
+        for ev in kv.watch(_b(args.key), prefix=args.prefix, start_revision=args.from_revision,
+                           prev_kv=args.prev):
+            if args.json:
+                row = {"type": ev.type, "key": _s(ev.key), "revision": ev.revision,
+                       "value": None if ev.kv is None else _s(ev.kv.value),
+                       "create_revision": None if ev.kv is None else ev.kv.create_revision,
+                       "version": None if ev.kv is None else ev.kv.version}
+                if args.prev:
+                    row["prev_value"] = None if ev.prev_kv is None else _s(ev.prev_kv.value)
+                    row["prev_revision"] = None if ev.prev_kv is None else ev.prev_kv.mod_revision
+                line = json.dumps(row)
+            else:
+                value = "" if ev.kv is None else _s(ev.kv.value)
+                line = f"{ev.type}\t{_s(ev.key)}\t{value}\t{ev.revision}"
+                if args.prev:
+                    line += "\t" + ("" if ev.prev_kv is None else _s(ev.prev_kv.value))
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps({"swapped": bool(swapped)}) if args.json
                       else "swapped" if swapped else "not swapped")
                 return 0 if swapped else EXIT_DEFINITE
+            elif op == "watch":
+                return _watch(kv, args)
             else:
                 for item in kv.scan(_b(args.prefix), args.limit):
                     if args.json:
