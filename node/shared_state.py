@@ -74,6 +74,8 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 400 | int64 | retention_files_deleted | handler | - |
 | 408 | int64 | repair_index | handler | - |
 | 416 | int64 | unchecked_end_index | handler | - |
+| 424 | int64 | fetches | handler | - |
+| 432 | int64 | fetched_entries | handler | - |
 | 448 | int64 | quorum_seq | ack_checker | quorum (seq) |
 | 456 | int64 | quorum_index | ack_checker | quorum |
 | 464 | int64 | quorum_term | ack_checker | quorum |
