@@ -103,3 +103,54 @@ def test_a_fetch_below_the_log_begin_or_with_bad_arguments_is_refused(tmp_path: 
     assert got.code == RC.INDEX_LESS_THAN_LOCAL_BEGIN and "begins at 2" in got.reason
     fetch(h, 2, 0, max_entries=0)
     assert wire.answer(2).code == RC.UNEXPECTED_ARGUMENT
+
+
+def test_held_fetches_are_answered_in_rounds_spaced_by_their_cost(tmp_path: Path) -> None:
+    """While the log grows, readers at the end get one round per commit, and the next round
+    comes only after (1 - share) / share times the last round's duration, however many commits
+    come meanwhile; a request between rounds waits for the next, even one that could be filled
+    (a reader catching up is on the budget too while there are writes to protect)."""
+    from node.roles.handling import fetches as F
+
+    clock = Clock()
+    h, wire, state = follower(tmp_path, clock, committed=0)
+    ticks = iter(x / 1000 for x in range(0, 100_000, 2))  # every timer read: +2 ms
+    h.fetches.timer = lambda: next(ticks)
+    h.tick()
+    h.store.append_leader(b"growing", 3)  # the log grows: the budget applies
+    for rid in range(10):
+        fetch(h, rid, 1, wait_ms=5000)
+    h.store.set_committed_index(1)
+    h.tick()  # one round: 2 ms by the fake timer, plus 2 ms per request held before it
+    assert all(indexes(wire.answer(rid)) == [1] for rid in range(10))
+    spacing = (1 - F.FETCH_SHARE) / F.FETCH_SHARE
+    nbytes = sum(len(wire.answer(rid).entries) for rid in range(10))
+    cost_s = (10 * 2 + 2) / 1000 + 10 * F.REQUEST_OVERHEAD_S + nbytes * F.BYTE_COST_S
+    assert abs(h.fetches.next_round_ms - (clock.now + cost_s * 1000 * spacing)) < 1e-6
+    for rid in range(10, 20):  # they ask again at once for 2.., and 2 commits in the same ms
+        fetch(h, rid, 2, wait_ms=5000)
+    h.store.set_committed_index(2)
+    h.tick()
+    assert all(wire.answer(rid) is None for rid in range(10, 20)), "a round before the budget allows"
+    assert h.next_wait_ms() <= cost_s * 1000 * spacing + 1  # the loop wakes for the round, no polling
+    fetch(h, 99, 0, wait_ms=5000, max_entries=2)  # could be filled: still waits for the round
+    assert wire.answer(99) is None
+    clock.now = int(h.fetches.next_round_ms) + 1
+    h.tick()
+    assert all(indexes(wire.answer(rid)) == [2] for rid in range(10, 20))
+    assert indexes(wire.answer(99)) == [0, 1]
+
+
+def test_without_writes_there_is_no_budget(tmp_path: Path) -> None:
+    """A log that is not growing has no append path to protect: a reader catching up on
+    history, or many readers, are answered at once, round after round."""
+    from node.roles.handling.fetches import BUSY_WINDOW_MS
+
+    clock = Clock()
+    h, wire, _ = follower(tmp_path, clock, committed=3)
+    h.fetches.timer = iter(x / 1000 for x in range(0, 10_000, 50)).__next__  # 50 ms a round
+    h.tick()
+    clock.now += BUSY_WINDOW_MS  # the log has not moved since
+    for rid in range(5):
+        fetch(h, rid, rid % 4, wait_ms=5000, max_entries=1)
+        assert indexes(wire.answer(rid)) == [rid % 4], "waited for a budget with no writes to protect"

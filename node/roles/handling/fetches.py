@@ -8,6 +8,23 @@ nothing from the requested index yet holds the request up to its `wait_ms` and a
 soon as its committed index reaches it — one answer per commit advance, no polling: the wait
 costs a parked record and a deadline in the handler's loop, nothing else.
 
+**A budget: while the log is being written, readers get at most `FETCH_SHARE` of the
+handler's time.** Answers then go out in rounds, and a round that took d seconds spaces the
+next one by d x (1 - share) / share: one reader at the log's end is answered within a
+millisecond of each commit; a hundred readers get an answer (of more entries) every few tens
+of milliseconds, and when they cannot all keep up with the writes they fall behind instead
+of slowing them (the append path keeps the handler's other 90 %). Without it every commit
+advance (about a thousand a second under load) would be answered to every reader: a hundred
+readers would cost the handler a hundred thousand answers a second, and appends would slow to
+a crawl. A request that arrives between rounds waits for the next one (as Kafka's
+fetch.min.bytes makes a fetch wait), or a reader would skip the rounds by asking again at
+once. The Python time is measured (`time.perf_counter`), so the share holds on a fast machine and a
+slow one alike; what it cannot time (the loop's wake-up per request, the bytes' trip through
+ZeroMQ's I/O thread and the kernel) is charged at estimates (`REQUEST_OVERHEAD_S`,
+`BYTE_COST_S`). While the log is not growing (no append or push for `BUSY_WINDOW_MS`) there is
+nothing to protect and no budget: a reader catching up on history goes as fast as the log can
+be read.
+
 A member that knows no leader (a candidate, a follower that lost its leader) does not hold a
 request: its committed index cannot move until a leader is elected, so it answers at once
 with no entries and no leader, and the client asks another member instead of waiting on a
@@ -20,6 +37,8 @@ and the client reads the range from another member.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +53,17 @@ if TYPE_CHECKING:
 
 MAX_FETCH_WAIT_MS = 60_000
 """The longest a member holds one FETCH: a client asking for more is held this long."""
+FETCH_SHARE = 0.1
+"""The most of the handler's time that answers to readers may take (see "A budget")."""
+_SPACING = (1 - FETCH_SHARE) / FETCH_SHARE
+REQUEST_OVERHEAD_S = 50e-6
+"""What a FETCH costs the handler beyond `on_fetch`'s own time, which the budget cannot time:
+the loop's wake-up and turn, receiving and decoding the frame (~50 µs on this 2-core machine)."""
+BYTE_COST_S = 2e-9
+"""What an answer's bytes cost beyond the Python time the budget times: ZeroMQ's I/O thread and
+the kernel copying them to the socket (~2 ns a byte here, loopback)."""
+BUSY_WINDOW_MS = 100
+"""The log grew this recently: the handler is writing, and readers are on the budget."""
 MAX_PARKED_FETCHES = 10_000
 """Held FETCH requests per member; past it a new one is answered at once (empty), so a reader
 flood costs the handler a bounded list and a reader only an earlier empty answer."""
@@ -57,8 +87,36 @@ class Fetches:
     def __init__(self, h: Handler) -> None:
         self.h = h
         self.parked: list[ParkedFetch] = []
+        self.next_round_ms = 0.0  # no held request is answered before (the budget)
+        self.timer = time.perf_counter  # measures what readers cost (a test sets its own)
+        self._spent = 0.0  # seconds spent on readers since the last round was charged
+        self._bytes = 0  # bytes answered since then
+        # the earliest deadline and lowest index of the held requests: a loop turn with nothing
+        # due looks at these two, not at every held request
+        self._min_deadline = math.inf
+        self._min_index = math.inf
+        self._seen_end: int | None = None  # the ledger end when last looked at, and when it moved
+        self._grew_ms = -BUSY_WINDOW_MS
+
+    def _budgeted(self, now: int) -> bool:
+        """The log grew within `BUSY_WINDOW_MS`: answers are on the budget. (The ledger end is
+        this process's own: no other role moves it.)"""
+        end = self.h.store.ledger_end_index
+        if end != self._seen_end:
+            if self._seen_end is not None:
+                self._grew_ms = now
+            self._seen_end = end
+        return now - self._grew_ms < BUSY_WINDOW_MS
 
     def on_fetch(self, ident: bytes, req: P.FetchRequest) -> None:
+        t0 = self.timer()
+        self._on_fetch(ident, req)
+        if self._budgeted(self.h.now()):  # only what readers cost while the log grows counts
+            self._spent += self.timer() - t0 + REQUEST_OVERHEAD_S
+        else:
+            self._spent, self._bytes = 0.0, 0
+
+    def _on_fetch(self, ident: bytes, req: P.FetchRequest) -> None:
         m = self.h.state.read_member()
         if req.index < 0 or req.max_entries <= 0 or req.max_bytes <= 0:
             self.h.replies.error(ident, req, RC.UNEXPECTED_ARGUMENT,
@@ -69,12 +127,19 @@ class Fetches:
             self.h.replies.error(ident, req, RC.INDEX_LESS_THAN_LOCAL_BEGIN,
                                  f"the log begins at {s.ledger_begin_index} on {self.h.cfg.id}", m=m)
             return
-        if req.index <= self._readable_end() or req.wait_ms == 0 or not knows_leader(m) \
-                or len(self.parked) >= MAX_PARKED_FETCHES:
+        now = self.h.now()
+        ready = self._readable_end() - req.index + 1
+        budgeted = self._budgeted(now)
+        if req.wait_ms == 0 or not knows_leader(m) or len(self.parked) >= MAX_PARKED_FETCHES \
+                or (ready > 0 and (not budgeted or now >= self.next_round_ms)):
             self.answer(ident, req, m)
+            if ready > 0 and budgeted:  # an answer between rounds: the next round waits for it
+                self._charge(now)
             return
         wait = min(req.wait_ms, MAX_FETCH_WAIT_MS)
-        self.parked.append(ParkedFetch(ident, req, self.h.now() + wait))
+        self.parked.append(ParkedFetch(ident, req, now + wait))
+        self._min_deadline = min(self._min_deadline, now + wait)
+        self._min_index = min(self._min_index, req.index)
 
     def _readable_end(self) -> int:
         """The last index this member may serve: committed, and still in its log (a range cut
@@ -103,6 +168,7 @@ class Fetches:
                     cache[key] = got
             blob = got
         self.h.state.incr("fetches")
+        self._bytes += len(blob)
         if blob:
             self.h.state.incr("fetched_entries", count)
         self.h.replies.send(ident, P.FetchResponse(
@@ -111,26 +177,50 @@ class Fetches:
             s.ledger_begin_index, s.committed_index, blob, req.request_id))
 
     def release(self, m: MemberView, now: int) -> None:
-        """Answer the held requests the committed index now reaches, those whose wait is over,
-        and all of them when this member no longer knows a leader. Readers waiting at the same
-        index (the usual case: all caught up) share one read of the log."""
+        """A round: answer the held requests the committed index now reaches (if the answer
+        budget allows a round now), those whose wait is over, and all of them when this member
+        no longer knows a leader. Readers waiting at the same index (the usual case: all caught
+        up) share one read of the log."""
+        budgeted = self._budgeted(now)  # every turn: the log's growth is watched all along
         if not self.parked:
             return
         end = self._readable_end()
         leaderless = not knows_leader(m)
+        round_due = not budgeted or now >= self.next_round_ms
+        if not leaderless and now < self._min_deadline and not (round_due and self._min_index <= end):
+            return
         keep: list[ParkedFetch] = []
         cache: dict[tuple[int, int, int], bytes] = {}
+        served = 0
+        t0 = self.timer()
         for p in self.parked:
-            if p.req.index <= end or p.deadline_ms <= now or leaderless:
+            ready = p.req.index <= end
+            if leaderless or p.deadline_ms <= now or (ready and round_due):
                 self.answer(p.ident, p.req, m, cache)
+                served += ready
             else:
                 keep.append(p)
         self.parked = keep
+        self._min_deadline = min((p.deadline_ms for p in keep), default=math.inf)
+        self._min_index = min((p.req.index for p in keep), default=math.inf)
+        if budgeted:
+            self._spent += self.timer() - t0
+            if served:
+                self._charge(now)
+
+    def _charge(self, now: int) -> None:
+        """Space the next round by what readers cost since the last one (requests received and
+        held, answers given), so that they take at most `FETCH_SHARE` of the handler's time."""
+        spent = self._spent + self._bytes * BYTE_COST_S
+        self.next_round_ms = max(self.next_round_ms, now) + spent * 1000 * _SPACING
+        self._spent, self._bytes = 0.0, 0
 
     def next_deadline(self) -> int | None:
-        return min((p.deadline_ms for p in self.parked), default=None)
-
-    def fail_all(self, code: RC) -> None:
-        held, self.parked = self.parked, []
-        for p in held:
-            self.h.replies.error(p.ident, p.req, code)
+        """When the loop must look again: a held request's wait ends, or the next round is due
+        for requests the committed index already reaches."""
+        if not self.parked:
+            return None
+        due = self._min_deadline
+        if self._min_index <= self._readable_end():
+            due = min(due, math.ceil(self.next_round_ms))
+        return int(due)
