@@ -15,7 +15,9 @@ entries of `--size` bytes, `append_async` with 256 in flight (what `dledger benc
 The readers are raw FETCH loops on DEALER sockets in one separate process, so the node sees
 exactly what R followers cost it while the bench's own CPU stays small (100 full clients
 would be 100 I/O threads on this 2-core machine). Each reader counts what it received; the
-figure is the writer's entries/s. Every server is stopped at the end, also on errors.
+figure is the writer's entries/s, with the nodes' CPU per append. Last, the idle cost: the
+group's CPU over `--idle-seconds` with no writes, without readers and with the largest number
+of readers held at the end. Every server is stopped at the end, also on errors.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--appends", type=int, default=20_000)
     ap.add_argument("--readers", default="0,1,100")
+    ap.add_argument("--idle-seconds", type=float, default=5.0,
+                    help="idle cost: the group's CPU over this long with no writes, without and "
+                         "with the largest number of readers waiting (0: skip)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("server_args", nargs="*")
     args = ap.parse_args(argv)
@@ -176,6 +181,30 @@ def main(argv: list[str] | None = None) -> int:
             out[f"append_entries_per_s_{r}_readers_on_{where}"] = round(rate)
             out[f"entries_received_{r}_readers_on_{where}"] = received
             end += args.appends + 1
+        if args.idle_seconds > 0 and counts_list and max(counts_list) > 0:
+            import psutil
+
+            r = max(counts_list)
+            for label, n in (("no", 0), (str(r), r)):
+                ready, done = spawn.Event(), spawn.Event()
+                counts = spawn.Array("q", max(1, n))
+                proc = None
+                if n:
+                    targets = [followers[k % 2] for k in range(n)]
+                    proc = spawn.Process(target=reader_loop, args=([(t, addr[t]) for t in targets], g.group,
+                                                                   end, 0, ready, done, counts))
+                    proc.start()
+                    ready.wait(30)
+                    time.sleep(1.5)  # past the last write's busy window, readers all held
+                cpu0 = g.cpu_seconds()
+                time.sleep(args.idle_seconds)
+                pct = 100 * (g.cpu_seconds() - cpu0) / args.idle_seconds
+                done.set()
+                if proc is not None:
+                    proc.join(10)
+                    if proc.is_alive():
+                        proc.kill()
+                out[f"idle_group_cpu_pct_{label}_readers"] = round(pct, 2)
     finally:
         g.close()
     if args.json:
