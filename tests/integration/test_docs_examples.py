@@ -79,7 +79,8 @@ def test_readme_examples_run_against_dledger_cluster(readme_cluster, capsys):
             exec(compile(code.replace("<peers>", peers), "README.md", "exec"), {})  # noqa: S102
         printed.append(out.getvalue())
     assert any("b'w'" in p for p in printed), printed  # the KV snippet: the value after the cas
-    assert any(p.strip() == "b'body'" for p in printed), printed  # the log snippet
+    # the log snippet: the body read back, then the log followed up to that entry
+    assert any(p.startswith("b'body'\n") and p.strip().endswith("NORMAL b'body'") for p in printed), printed
 
     commands = _client_commands()
     assert {c[0] for c in commands} >= {"metadata", "append", "get", "kv"}
