@@ -498,6 +498,36 @@ def build_config_with_sources(file_values: dict[str, Any], cli_values: dict[str,
     return cfg, {name: origin.get(name, "default") for name in _FIELDS}
 
 
+def adopt_store_file_sizes(cfg: NodeConfig, sources: dict[str, str]
+                           ) -> tuple[NodeConfig, dict[str, str], list[str]]:
+    """A store keeps the segment file sizes it was created with. Where the configuration did not
+    choose a size (its default), take the store's (source "store"); where it chose another one,
+    say so as a problem: the node could not map its files, and the user must decide."""
+    from node.store.layout import existing_file_sizes
+
+    found = existing_file_sizes(cfg.store_dir)
+    changes: dict[str, int] = {}
+    problems: list[str] = []
+    for name, size in found.items():
+        if getattr(cfg, name) == size:
+            continue
+        if sources.get(name, "default") in ("default", "tool default"):
+            changes[name] = size
+        else:
+            problems.append(f"{name}: {getattr(cfg, name)} ({sources[name]}), but the store at "
+                            f"{cfg.store_dir} was created with {size}-byte files and a store's file "
+                            "sizes cannot change; give the store's size or leave the option out")
+    if changes:
+        cfg = dataclasses.replace(cfg, **changes)
+        sources = {**sources, **dict.fromkeys(changes, "store")}
+        try:
+            cfg.validate()  # e.g. max_body_size must still fit in the store's data files
+        except ConfigError as e:
+            problems += [f"{m} (the store's files are {found.get('data_file_size', cfg.data_file_size)} bytes)"
+                         for m in e.problems]
+    return cfg, sources, problems
+
+
 def _dir_problem(path: Path) -> str | None:
     """Why `path` cannot be (or become) a directory this process writes, or None."""
     try:

@@ -86,6 +86,7 @@ from node.roles.runtime import RoleContext, role_main
 from node.shared_state import MemberView
 from node.store.base import StoreCorruptError
 from node.store.layout import LOCK_FILE
+from node.store.mmap_file import FileSizeMismatch
 from node.store.segment_store import SegmentStore
 
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
@@ -210,7 +211,7 @@ class Handler:
         found damaged committed entries). A store this version cannot read is fatal."""
         try:
             self.store.open()
-        except StoreCorruptError as e:
+        except (StoreCorruptError, FileSizeMismatch) as e:
             self.rc.fatal(f"store {self.cfg.store_dir} refuses to open: {e}")
         if self.single and self.store.repair_index >= 0:
             # Nobody to fetch the range from: serving on would hide the loss.

@@ -239,3 +239,18 @@ def read_layout(store_dir: str | os.PathLike[str]) -> StoreLayout:
     if not d.is_dir():
         raise LayoutError(f"{d}: not a directory")
     return StoreLayout(d, list_segments(d / DATA_DIR), list_segments(d / INDEX_DIR), read_checkpoint(d))
+
+
+def existing_file_sizes(store_dir: str | os.PathLike[str]) -> dict[str, int]:
+    """The segment file size a store was created with, per list (`data_file_size`,
+    `index_file_size`), read from its first file; {} for a store with no files yet. A store's
+    sizes are fixed at creation: a node opened with others cannot map its files."""
+    out: dict[str, int] = {}
+    for option, sub in (("data_file_size", DATA_DIR), ("index_file_size", INDEX_DIR)):
+        d = Path(store_dir) / sub
+        if not d.is_dir():
+            continue
+        sizes = sorted({p.stat().st_size for p in d.iterdir() if SEGMENT_NAME.match(p.name)})
+        if sizes:
+            out[option] = sizes[-1]  # a torn last file is smaller; the store's open reports it
+    return out

@@ -68,6 +68,12 @@ class StoreIOError(OSError):
     """A file-level failure (cannot create, map or sync a segment)."""
 
 
+class FileSizeMismatch(StoreIOError):
+    """The store's files were made with another segment size than the one configured: no
+    retry can change that (node/config.py `adopt_store_file_sizes` prevents it for `dledger
+    server`)."""
+
+
 class Fence(Protocol):
     """What a file list needs of the store generation (node.store.generation)."""
 
@@ -265,7 +271,7 @@ class MappedFileList:
         self.close()
         for seg in list_segments(self.dir):
             if seg.size != self.file_size:
-                raise StoreIOError(
+                raise FileSizeMismatch(
                     f"{seg.path}: size {seg.size} but the store is configured for {self.file_size}; "
                     "start with the file size the store was created with")
             f = MappedFile(seg.path, seg.start, seg.size, self.readonly)
@@ -286,7 +292,7 @@ class MappedFileList:
         segs = sorted((Segment(int(p.name), p, p.stat().st_size) for p in self.dir.iterdir()
                        if SEGMENT_NAME.match(p.name)), key=lambda s: s.start) if self.dir.is_dir() else []
         if not derived and segs and all(sg.size == segs[0].size != self.file_size for sg in segs):
-            raise StoreIOError(
+            raise FileSizeMismatch(
                 f"{segs[0].path}: size {segs[0].size} but the store is configured for "
                 f"{self.file_size}; start with the file size the store was created with")
         problem: str | None = None

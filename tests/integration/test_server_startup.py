@@ -118,3 +118,42 @@ def test_a_damaged_term_file_is_replaced_not_trusted(tmp_path, content):
     assert "recorded term 5 with no vote to give in it" in err, err[-3000:]
     assert "Traceback" not in err
     wait_for(lambda: not _session_pids(proc.pid), 5, "no process of the server's session left")
+
+
+def test_a_server_takes_the_file_sizes_of_the_store_it_opens(tmp_path):
+    """A store made with other segment sizes (by `dledger cluster`, or by hand) is served with
+    its own sizes when none is given, and a flag that contradicts it is one line, exit 2 — not
+    a crash loop of tracebacks."""
+    port = free_port_pairs(1)[0]
+    peers = f"n0-127.0.0.1:{port}"
+    store = tmp_path / "n0"
+    from node.store.base import StoreConfig
+    from node.store.segment_store import SegmentStore
+
+    s = SegmentStore(StoreConfig(store_dir=str(store), data_file_size=8 << 20, index_file_size=64 << 10))
+    s.open()
+    s.append_leader(b"made elsewhere", 1)
+    s.set_committed_index(0)
+    s.close()
+
+    bad = subprocess.run([sys.executable, "-m", "tools.cli", "server", "--id", "n0", "--peers", peers,
+                          "--store-dir", str(store), "--data-file-size", "64MiB"], cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2, bad.stderr
+    assert "created with 8388608-byte files" in bad.stderr and "Traceback" not in bad.stderr
+    assert "started handler" not in bad.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "server", "--id", "n0", "--peers", peers,
+                             "--store-dir", str(store)], cwd=str(ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        from ipc.client import DLedgerClient
+
+        with DLedgerClient(peers, timeout=5.0) as c:
+            got = wait_for(lambda: c.get_range(0, 10), 60, "the node to serve its store")
+            assert got[0].body == b"made elsewhere"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert "Traceback" not in proc.stderr.read()

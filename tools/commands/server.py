@@ -29,6 +29,7 @@ import sys
 from node.config import (
     ConfigError,
     add_node_arguments,
+    adopt_store_file_sizes,
     build_config_with_sources,
     cli_values,
     configure_logging,
@@ -53,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         file_values = load_config_file(args.config_file) if args.config_file else {}
         cfg, sources = build_config_with_sources(file_values, cli_values(args),
                                                  check_paths=not args.print_config)
+        cfg, sources, problems = adopt_store_file_sizes(cfg, sources)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as e:
         for problem in e.problems:
             print(f"dledger server: invalid option: {problem}", file=sys.stderr)
