@@ -157,3 +157,28 @@ def test_a_server_takes_the_file_sizes_of_the_store_it_opens(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_health_fails_when_a_node_was_started_with_another_member_set(make_cluster, tmp_path):
+    """A 4th node started with a peers string naming a member the group does not have: `health`
+    with that string fails and names the disagreement (it used to say "ok ... 4/4 alive")."""
+    c = make_cluster(3)
+    c.wait_leader(timeout=15)
+    port = free_port_pairs(1)[0]
+    peers4 = f"{c.peers};n3-127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "server", "--id", "n3", "--peers", peers4,
+                             "--store-dir", str(tmp_path / "n3")], cwd=str(ROOT), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        def health() -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "tools.cli", "health", "--peers", peers4],
+                                  cwd=str(ROOT), capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        r = wait_for(lambda: (h := health()) and "members disagree" in h.stderr and h, 60,
+                     "health to see the 4th node's member set")
+        assert r.returncode == 1
+        assert f"n3 list {peers4.replace(';', ', ')}" in r.stderr, r.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)

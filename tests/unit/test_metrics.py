@@ -230,10 +230,10 @@ def test_bad_metrics_port_is_a_config_problem(port: int, problem: str) -> None:
 # ---- health's verdict ------------------------------------------------------------------------
 
 def _answer(nid: str, role: Role | None, term: int = 2, end: int = 100,
-            matches: dict[str, int] | None = None) -> NodeAnswer:
+            matches: dict[str, int] | None = None, members: tuple[str, ...] = ("n0", "n1", "n2")) -> NodeAnswer:
     if role is None:
         return NodeAnswer(nid, "h:1")
-    peers = [P.PeerInfo(k, "h:1", v) for k, v in (matches or {}).items()]
+    peers = [P.PeerInfo(k, "h:1", (matches or {}).get(k, end)) for k in members]
     return NodeAnswer(nid, "h:1", P.MetadataResponse(RC.SUCCESS, "g", term, "", nid, role, 0, end, end,
                                                      peers))
 
@@ -251,6 +251,13 @@ def _answer(nid: str, role: Role | None, term: int = 2, end: int = 100,
       _answer("n2", Role.FOLLOWER, term=3)], True, "leader n0 term 3"),  # a stale leader of term 2
     ([_answer("n0", Role.LEADER, matches={"n0": 100, "n1": 50, "n2": 100}),
       _answer("n1", Role.FOLLOWER), _answer("n2", Role.FOLLOWER)], False, "follower n1 lags 50 entries"),
+    # a node started with a peers string naming a 4th member: it never joins, and says so
+    ([_answer("n0", Role.LEADER), _answer("n1", Role.FOLLOWER),
+      _answer("n2", Role.CANDIDATE, term=9, members=("n0", "n1", "n2", "n3"))], False,
+     "members disagree on the member set: n0, n1 list n0-h:1, n1-h:1, n2-h:1; n2 list n0-h:1, n1-h:1, n2-h:1, n3-h:1"),
+    # all three agree, but --peers named them otherwise (a 4th address the group does not have)
+    ([_answer("n0", Role.LEADER, members=("n0", "n1")), _answer("n1", Role.FOLLOWER, members=("n0", "n1")),
+      _answer("n2", None)], False, "the group's members are n0-h:1, n1-h:1, not the --peers given"),
 ])
 def test_health_verdict(answers: list[NodeAnswer], ok: bool, why: str) -> None:
     healthy, line = verdict(read_group(answers), 3, max_lag=10)

@@ -143,6 +143,29 @@ def read_group(answers: list[NodeAnswer]) -> GroupView:
     return GroupView(answers, leaders, term, leader, lag)
 
 
+def member_set_problem(answers: list[NodeAnswer]) -> str | None:
+    """Why the members that answered do not agree on who the members are (each METADATA lists
+    its node's whole member set with addresses), or None. A node started with another peers
+    string (a 4th member the others do not know, a changed address) can never be elected and
+    keeps the group from being what the operator thinks it is."""
+    sets: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for a in answers:
+        if a.meta is not None:
+            key = tuple(sorted((p.id, p.address) for p in a.meta.peers))
+            sets.setdefault(key, []).append(a.id)
+    given = tuple(sorted((a.id, a.address) for a in answers))
+    if len(sets) > 1:
+        views = "; ".join(f"{', '.join(ids)} list {', '.join(f'{i}-{addr}' for i, addr in key)}"
+                          for key, ids in sorted(sets.items(), key=lambda kv: kv[1]))
+        return f"members disagree on the member set: {views}"
+    if sets:
+        (key,) = sets
+        if key != given:
+            return (f"the group's members are {', '.join(f'{i}-{addr}' for i, addr in key)}, "
+                    "not the --peers given")
+    return None
+
+
 def node_extras(peers: str, group: str, timeout: float) -> dict[str, dict[str, object]]:
     """Per node id: `lag` (entries behind the leader, leader's view; None for the leader and
     when unknown), `version`, `store_bytes`, `disk_usage_ratio` -- what `dledger metadata`

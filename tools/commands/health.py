@@ -1,7 +1,9 @@
 """Check a group for scripts: exit 0 only when it is healthy, else 1 with one line saying why.
 
 Healthy means: exactly one node claims to lead (in the highest term any node claims), a quorum
-(a majority of --peers) answers METADATA, and every follower that answers is within --max-lag
+(a majority of --peers) answers METADATA, every node that answers lists the same member set
+as --peers (ids and addresses: a node started with another peers string never joins), and
+every follower that answers is within --max-lag
 entries of the leader's end index (as the leader's own watermarks say). Every node is asked at
 once with a deadline of --timeout seconds; a node that does not answer in time counts as down.
 
@@ -29,7 +31,7 @@ import sys
 import time
 
 from tools.cli import add_group_arguments, nonneg_float, nonneg_int, positive_float
-from tools.commands.group_status import GroupProbe, GroupView, read_group
+from tools.commands.group_status import GroupProbe, GroupView, member_set_problem, read_group
 
 DEFAULT_MAX_LAG = 10_000
 WAIT_INTERVAL = 0.2  # seconds between two rounds under --wait
@@ -55,6 +57,9 @@ def verdict(view: GroupView, n_peers: int, max_lag: int) -> tuple[bool, str]:
     if len(alive) < quorum:
         return False, (f"no quorum: {len(alive)}/{n_peers} nodes answered, {quorum} needed "
                        f"(down: {', '.join(down)})")
+    members = member_set_problem(view.answers)
+    if members is not None:
+        return False, members
     if not view.leaders:
         return False, f"no leader: {len(alive)}/{n_peers} nodes answered, none leads"
     if len(view.leaders) > 1:
