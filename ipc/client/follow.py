@@ -111,7 +111,15 @@ def ask(client: DLedgerClient, node: str, index: int, max_entries: int, max_byte
 
 def fetch(client: DLedgerClient, index: int, max_entries: int, max_bytes: int, wait_ms: int,
           rotation: MemberRotation, deadline: float | None) -> FetchResult:
-    """Committed entries from `index`, from the rotation's members, trying the next one on
+    """`fetch_raw`, its entries decoded (CRC-checked, contiguous from `index`)."""
+    msg, node, entries = fetch_raw(client, index, max_entries, max_bytes, wait_ms, rotation, deadline)
+    return FetchResult(entries, msg.committed_index, msg.begin_index, node)
+
+
+def fetch_raw(client: DLedgerClient, index: int, max_entries: int, max_bytes: int, wait_ms: int,
+              rotation: MemberRotation, deadline: float | None) -> tuple[P.FetchResponse, str, list[Entry]]:
+    """The FETCH answer (its raw store-format entries, checked) with the member that gave it
+    and the entries decoded: committed entries from `index`, from the rotation's members, trying the next one on
     failure, until one answers with entries or (when `wait_ms` > 0) an honest empty answer
     from a member that knows a leader; `deadline` None: for ever.
 
@@ -137,7 +145,7 @@ def fetch(client: DLedgerClient, index: int, max_entries: int, max_bytes: int, w
         if isinstance(msg, P.FetchResponse) and code == RC.SUCCESS:
             entries = decode_entries(msg.entries, index, max_entries)
             if entries or (msg.leader_id and wait > 0) or rotation.pinned is not None:
-                return FetchResult(entries, msg.committed_index, msg.begin_index, node)
+                return msg, node, entries
             last = (RC.NOT_LEADER, f"{node} knows no leader")
         elif code == RC.INDEX_LESS_THAN_LOCAL_BEGIN:
             below.add(node)

@@ -20,7 +20,7 @@ from tools import cli
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915"
 # What the docs write where a reader pastes the peers string `dledger cluster` printed.
-PLACEHOLDERS = ("<the printed peers string>", "<peers>", "$PEERS", "${PEERS}", "$P")
+PLACEHOLDERS = ("<the printed peers string>", "<peers>", "$NEW_PEERS", "$PEERS", "${PEERS}", "$P")
 FENCE = re.compile(r"^```(\w*)\s*$")
 PROMPT = re.compile(r"^(\$ )?((?:[A-Z_]+=\S+ )*)(\.venv/bin/)?dledger(?= |$)")
 
