@@ -69,6 +69,7 @@ from node.roles.group_term import (
     learn_group_term,
     needs_group_term,
 )
+from node.roles.member_mismatch import MemberMismatch
 from node.roles.runtime import RoleContext, role_main
 from node.shared_state import NO_SLOT
 from node.store.base import StoreError
@@ -118,6 +119,7 @@ class Elector:
         self.hook_procs: list[subprocess.Popen] = []
         self.leader_since_ms = 0
         self._not_voting = 0  # the reason last published to the block's `not_voting`
+        self.mismatch = MemberMismatch(self.log, self.cfg.id, self.peer_ids)  # --peers disagreements
 
     def now(self) -> int:
         return self.rc.clock()
@@ -344,6 +346,7 @@ class Elector:
         if P.is_response(msg):
             self.state.incr("elector_bad_frames")
             return
+        self.mismatch.on_request(msg, self.now())
         self._run(lambda led: self.core.handle(msg, self.now(), led, ident))
 
     def on_response(self, frame: bytes) -> None:
@@ -359,6 +362,7 @@ class Elector:
         if isinstance(msg, P.TakeLeadershipResponse):
             self._apply_transfer(self.transfers.on_take_response(msg.request_id, msg.code))
             return
+        self.mismatch.on_response(msg, self.now())
         self._run(lambda _led: self.core.on_response(msg, self.now()))
 
     def on_control(self, ident: bytes, frame: bytes) -> None:

@@ -19,6 +19,7 @@ from ipc.codes import ResponseCode
 from ipc.sockets import data_address, dealer, from_source
 from node.config import NodeConfig
 from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
+from node.roles.member_mismatch import member_set_difference
 from node.roles.runtime import RoleContext
 from node.shared_state import LedgerView
 from node.store.term_vote import LOST_VOTE, TermVoteFile
@@ -92,6 +93,9 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
                 if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
                         and msg.group == cfg.group and msg.self_id == peer):
                     answers[peer] = PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
+                    differs = member_set_difference(cfg.id, cfg.peer_map, peer, msg.peers)
+                    if differs is not None:
+                        log.warning("%s", differs)
             rc.beat()
         else:
             return False

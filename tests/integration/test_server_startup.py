@@ -166,9 +166,10 @@ def test_health_fails_when_a_node_was_started_with_another_member_set(make_clust
     c.wait_leader(timeout=15)
     port = free_port_pairs(1)[0]
     peers4 = f"{c.peers};n3-127.0.0.1:{port}"
+    log = open(tmp_path / "n3.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "server", "--id", "n3", "--peers", peers4,
-                             "--store-dir", str(tmp_path / "n3")], cwd=str(ROOT), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
+                             "--store-dir", str(tmp_path / "n3")], cwd=str(ROOT), stdout=log,
+                            stderr=log, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         def health() -> subprocess.CompletedProcess:
@@ -179,6 +180,10 @@ def test_health_fails_when_a_node_was_started_with_another_member_set(make_clust
                      "health to see the 4th node's member set")
         assert r.returncode == 1
         assert f"n3 list {peers4.replace(';', ', ')}" in r.stderr, r.stderr
+        # ... and the stranger says so in its log (it asked the members' term and saw their set)
+        wait_for(lambda: "the members' --peers strings differ" in (tmp_path / "n3.log").read_text(errors="replace"),
+                 30, "n3 to log that the member sets differ")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+        log.close()
