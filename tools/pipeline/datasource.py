@@ -242,8 +242,9 @@ class DLedgerDataSource(DataSource):
 
     def schema(self) -> StructType:
         if self._network():
-            from tools.pipeline.net_source import NET_SCHEMA
+            from tools.pipeline.net_source import NET_SCHEMA, check_read_options
 
+            check_read_options(self.options)
             return NET_SCHEMA
         return SCHEMA
 

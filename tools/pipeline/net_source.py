@@ -118,6 +118,23 @@ class NetOptions:
         return v
 
 
+def check_read_options(options: Mapping[str, str]) -> None:
+    """Every option of a network read (batch or stream), checked when Spark asks for the schema
+    — at `load()`, before any job; Spark creates a stream's reader only at `start()`. Which
+    options fit which kind of read is checked again when its reader is made."""
+    from tools.pipeline.stream_source import parse_starting_index
+
+    opts = NetOptions(options, BATCH_OPTIONS | STREAM_OPTIONS, "read (peers)")
+    for key in ("fromIndex", "toIndex"):
+        opts.index(key)
+    m = _int(opts.raw, "maxEntriesPerTrigger")
+    if m is not None and m < 1:
+        raise OptionError("option maxEntriesPerTrigger must be >= 1")
+    for key in ("includeNoop", "failOnDataLoss"):
+        _bool(opts.raw, key, True)
+    parse_starting_index(opts.raw.get("startingIndex"))
+
+
 class NetPartition(InputPartition):
     """Committed entries [from_index, to_index] of a group, read preferably from `read_from`.
     Pickled to executors: plain values only."""
