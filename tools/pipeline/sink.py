@@ -82,7 +82,8 @@ class SinkOptions:
             raise OptionError(f"column {self.body_column!r} is {dt.simpleString()}: the body must be "
                               "binary or string (e.g. to_json(struct(...)))")
         self.column_index = schema.fieldNames().index(self.body_column)
-        self.batch_entries = _int(raw, "batchEntries") or DEFAULT_BATCH_ENTRIES
+        be = _int(raw, "batchEntries")
+        self.batch_entries = DEFAULT_BATCH_ENTRIES if be is None else be
         if not 1 <= self.batch_entries <= P.MAX_BATCH_COUNT:
             raise OptionError(f"option batchEntries must be in [1, {P.MAX_BATCH_COUNT}]")
         state = (raw.get("sinkStateDir") or "").strip()
