@@ -30,7 +30,7 @@ from ipc.codes import ResponseCode as RC
 from ipc.entry_codec import HEADER_SIZE
 from ipc.sockets import PeersError, parse_peers
 from tools.pipeline.datasource import OptionError, _bool, _int, normalize_options
-from tools.pipeline.netclient import fetch, group_range
+from tools.pipeline.netclient import fetch, get_blob, group_range
 
 log = logging.getLogger("dledger.pipeline")
 
@@ -168,21 +168,37 @@ def split_range(opts: NetOptions, lo: int, hi: int, include_noop: bool,
 
 
 def read_partition(p: NetPartition) -> Iterator:
-    """The partition's entries as Arrow record batches (one per fetch), in index order.
+    """The partition's entries as Arrow record batches (one per answer), in index order.
 
     Reads from `read_from` first; any failure there (the member died, lags, restarts) moves
     the rest of the range to whichever member the client picks. Entries below the group's
-    begin raise DataLossError, or with failOnDataLoss=false are skipped with a warning."""
+    begin raise DataLossError, or with failOnDataLoss=false are skipped with a warning.
+
+    With a client that has `fetch`, entries come from it (any member); without, from the
+    leader's raw GET answers, checked as arrays (net_arrow.py)."""
     import pyarrow as pa
 
     client = DLedgerClient(p.peers, group=p.group, timeout=p.timeout, sessions=False)
-    prefer = p.read_from
+    native = hasattr(client, "fetch")
+    prefer = p.read_from if native else None
     try:
         i = p.from_index
         while i <= p.to_index:
+            want = p.to_index - i + 1
             try:
-                r = fetch(client, i, max_entries=min(FETCH_ENTRIES, p.to_index - i + 1),
-                          read_from=prefer, timeout=p.timeout)
+                if native:
+                    r = fetch(client, i, max_entries=min(FETCH_ENTRIES, want), read_from=prefer,
+                              timeout=p.timeout)
+                    es = [e for e in r.entries if e.index <= p.to_index]
+                    last = es[-1].index if es else i - 1
+                    if not p.include_noop:
+                        es = [e for e in es if e.type == "NORMAL"]
+                    batch = _to_batch(pa, r.node, es) if es else None
+                else:
+                    from tools.pipeline.net_arrow import blob_to_batch
+
+                    blob, node = get_blob(client, i, min(FETCH_ENTRIES, want), p.timeout)
+                    batch, last = blob_to_batch(blob, i, node, p.include_noop)
             except DLedgerError as e:
                 if e.code == RC.INDEX_LESS_THAN_LOCAL_BEGIN:
                     begin = group_range(client).begin
@@ -199,20 +215,14 @@ def read_partition(p: NetPartition) -> Iterator:
                     prefer = None  # any member from here on
                     continue
                 raise
-            es = r.entries
-            if not es:
+            if last < i:
                 if prefer is not None:
                     prefer = None  # that member has not committed them yet: any member
                     continue
                 raise DLedgerError(RC.INDEX_OUT_OF_RANGE, f"entry {i} of group {p.group} was planned "
                                    "as committed but no member serves it")
-            last = es[-1].index
-            if last > p.to_index:
-                es = [e for e in es if e.index <= p.to_index]
-            if not p.include_noop:
-                es = [e for e in es if e.type == "NORMAL"]
-            if es:
-                yield _to_batch(pa, r.node, es)
+            if batch is not None:
+                yield batch
             i = last + 1
     finally:
         client.close()

@@ -90,3 +90,31 @@ def _leader(client: DLedgerClient) -> str:
     """The leader the client talks to (the adapter's answering node), best effort."""
     io = getattr(client, "_io", None)
     return getattr(getattr(io, "discovery", None), "leader", None) or ""
+
+
+def get_blob(client: DLedgerClient, index: int, count: int, timeout: float | None = None) -> tuple[bytes, str]:
+    """One GET answer from the leader: committed entries from `index` in store format (at most
+    `count`, and at most what one answer holds), and the node that answered. The raw bytes are
+    for `net_arrow.blob_to_batch`, which checks them as arrays. Raises like `fetch` (an index
+    below the group's begin: INDEX_LESS_THAN_LOCAL_BEGIN); b"" when `index` is past the
+    committed end."""
+    from ipc.client.calls import GET, Call
+
+    t = client.timeout if timeout is None else timeout
+    deadline = time.monotonic() + t
+    while True:
+        call = Call(GET, (index, count, False), deadline)
+        try:
+            resp = client._wait(client._submit(call), max(0.001, deadline - time.monotonic()))
+        except DLedgerError as e:
+            if e.code != RC.INDEX_OUT_OF_RANGE:
+                raise
+            rng = group_range(client, max(0.001, deadline - time.monotonic()))
+            if index < rng.begin:
+                raise DLedgerError(RC.INDEX_LESS_THAN_LOCAL_BEGIN,
+                                   f"index {index} is below the group's begin {rng.begin}") from None
+            if index <= rng.committed and time.monotonic() < deadline:
+                continue  # committed meanwhile, or asked a new leader that is catching up
+            return b"", rng.leader or ""
+        blob = resp.entries
+        return (blob if isinstance(blob, bytes) else bytes(blob)), _leader(client)
