@@ -29,8 +29,8 @@ from tools.commands.metadata import add_json_argument
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--store-dir", metavar="DIR", help="the node's store directory")
-    src.add_argument("--peers", metavar="PEERS", help="the group's members (id-host:port;...): read over the network")
+    src.add_argument("--store-dir", metavar="DIR", help="the node's store directory (required: this or --peers)")
+    src.add_argument("--peers", metavar="PEERS", help="the group's members (id-host:port;...): read over the network (required: this or --store-dir)")
     parser.add_argument("--group", default="default", help="group name, with --peers (default: default)")
     parser.add_argument("--from", dest="from_index", type=int, metavar="N",
                         help="first index, with --peers (default: the group's begin)")
