@@ -1,8 +1,8 @@
 """The `dledger` sink against a real group: rows in = entries appended, bodies equal and in
 order; a task that fails after part of its rows were read, and a driver commit that dies after
 part of a batch was appended, leave every row in the log exactly once after the query is
-restarted from its checkpoint; a session the leader no longer knows fails the query and writes
-nothing; bad sink options fail before any job.
+restarted from its checkpoint; a session the leader no longer knows is resolved from the log,
+appending only what the log lacks; bad sink options fail before any job.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pyspark.sql.types import StringType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from cluster import Cluster  # noqa: E402
+
+from ipc.client.writer import SessionWriter  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -121,23 +123,34 @@ def test_commit_dying_mid_batch_is_resent_under_its_session(spark: SparkSession,
     assert len(_log_bodies(group)) == before + len(rows)
 
 
-def test_a_forgotten_session_fails_the_query_and_writes_nothing(spark: SparkSession, group: Cluster,
-                                                                tmp_path: Path) -> None:
-    src = _source(spark, tmp_path, [f"f-{i}" for i in range(50)], "in")
+def test_a_session_the_leader_forgot_is_resolved_from_the_log(spark: SparkSession, tmp_path: Path) -> None:
+    """The commit dies after 300 of 1,000 rows; other writers then evict its session from the
+    leader's table (max_sessions 2). The re-run's resend is answered SESSION_EXPIRED: the sink
+    reads from the log which of the batch's rows that session stored (the 300), and appends
+    only the other 700 under a new session."""
+    c = Cluster(tmp_path / "c", 3, data_file_size=32 << 20, index_file_size=4 << 20, max_sessions=2)
+    c.start()
+    try:
+        c.wait_leader(30)
+        rows = [f"e-{i}" for i in range(1000)]
+        src = _source(spark, tmp_path, rows, "in")
 
-    def df():  # noqa: ANN202
-        return spark.readStream.schema("k string").json(src).selectExpr("k AS body")
+        def df():  # noqa: ANN202
+            return spark.readStream.schema("k string").json(src).selectExpr("k AS body")
 
-    with pytest.raises(Exception, match="injected failure"):
-        _run(spark, df(), group.peers, tmp_path / "ck", batchEntries="10", testFailAfterEntries="10")
-    before = len(_log_bodies(group))
-    path = tmp_path / "ck" / "dledger-sink" / "batch-0.json"
-    state = json.loads(path.read_text())
-    state["session"] = 0x7FFE0001  # a session no leader of this group ever handed out
-    path.write_text(json.dumps(state))
-    with pytest.raises(Exception, match="SESSION_EXPIRED"):
-        _run(spark, df(), group.peers, tmp_path / "ck", batchEntries="10")
-    assert len(_log_bodies(group)) == before
+        with pytest.raises(Exception, match="injected failure after 300 entries"):
+            _run(spark, df(), c.peers, tmp_path / "ck", batchEntries="100", testFailAfterEntries="300")
+        with c.client() as cl:
+            w = SessionWriter(cl)
+            for k in range(3):  # three newer sessions: the sink's is the least recently appending
+                w.append_batch([b"other-%d" % k], w.open_session(), 1)
+        _run(spark, df(), c.peers, tmp_path / "ck", batchEntries="100")
+        got = [b for b in _log_bodies(c) if b.startswith(b"e-")]
+        assert got == [r.encode() for r in rows]
+        state = json.loads((tmp_path / "ck" / "dledger-sink" / "batch-0.json").read_text())
+        assert state["done"] is True and state["base"] == 300  # resolved, not resent whole
+    finally:
+        c.close()
 
 
 @pytest.mark.parametrize(("schema", "opts", "message"), [

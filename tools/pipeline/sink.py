@@ -15,13 +15,18 @@ The design, and why (docs/pipeline.md "Writing to a group" states the guarantee)
 * When it has appended everything it records the batch as done. A batch already done is
   skipped (Spark re-runs the last batch when the driver died after our commit but before its
   own commit log entry).
-* A batch that was started but not recorded done (the driver died mid-commit) is resent whole
-  under the SAME session and seqs 1..n: the leader answers every stamp it already holds with
-  the original index and writes nothing, and stores the rest once. The re-run must produce the
-  same bodies in the same order (checked against the recorded count and digest; a
-  non-deterministic query fails loudly rather than risk a mixed batch). If the leader no
-  longer knows the session (SESSION_EXPIRED: evicted, or older than a new leader's scan), the
-  query FAILS with that error: it may hold part of the batch, so it is never written again.
+* A batch that was started but not recorded done (the driver died mid-commit) is resent
+  under the SAME session and seqs, cut at the same places: the leader answers every stamp it
+  already holds with the original index and writes nothing, and stores the rest once. The
+  re-run must produce the same bodies in the same order (checked against the recorded count
+  and digest; a non-deterministic query fails loudly rather than risk a mixed batch).
+* If the leader no longer knows the session (SESSION_EXPIRED: evicted, or opened by an
+  earlier leader and never written to), the log says what it wrote: once the group has a
+  leader whose whole log is committed, the committed entries stamped with that session since
+  the index recorded when it was opened are all it will ever hold. They must be the batch's
+  next bodies (seqs 1..m); the rest goes under a new session, recorded first. Anything else
+  (SESSION_SEQ_TOO_OLD, a log that disagrees) fails the query: never a guess, never a
+  duplicate.
 
 The cost: every row travels to the driver, and one driver thread appends. For a batch write
 (`df.write`) there is no batch id: a retried task is still harmless (tasks write nothing), the
@@ -35,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +49,12 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from ipc import protocol as P
-from ipc.client import DLedgerError
+from ipc.client import DLedgerClient, DLedgerError
 from ipc.client.writer import SessionWriter
+from ipc.entry_codec import HEADER_SIZE
 from tools.pipeline.datasource import OptionError, _int
 from tools.pipeline.net_source import SINK_OPTIONS, NetOptions
+from tools.pipeline.netclient import GroupRange, get_blob, group_range
 
 log = logging.getLogger("dledger.pipeline")
 
@@ -180,6 +188,49 @@ class BatchState:
                 p.unlink(missing_ok=True)
 
 
+def settled_range(client: DLedgerClient, timeout: float) -> GroupRange:
+    """The group's range once its leader's whole log is committed (its NOOP of this term
+    included): from then on no member holding entries the leader lacks can ever lead, so the
+    committed log is everything that will ever be in it up to there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = client.metadata()
+        lead = m.node(m.leader_id) if m.leader_id else None
+        if lead is not None and lead.alive and lead.committed_index is not None \
+                and lead.committed_index == lead.ledger_end_index:
+            return group_range(client)
+        if time.monotonic() >= deadline:
+            raise SinkError("the group did not settle (a leader with its whole log committed) in time "
+                            "to check what a forgotten session wrote")
+        time.sleep(0.05)  # polling the group's state, bounded by the deadline
+
+
+def stored_under(client: DLedgerClient, session: int, from_index: int, to_index: int) -> list[bytes]:
+    """Bodies of the committed entries in [from_index, to_index] stamped with `session`, in seq
+    order; raises SinkError unless their seqs are exactly 1..m (a leader stores a seq only after
+    the one before it, so anything else means the log is not what this sink wrote)."""
+    import numpy as np
+
+    from tools.pipeline.net_arrow import _HEADER_DT, _SPAN, offsets_of
+
+    found: list[tuple[int, bytes]] = []
+    i = from_index
+    while i <= to_index:
+        blob, _node = get_blob(client, i, min(4096, to_index - i + 1))
+        if not blob:
+            raise SinkError(f"entries from {i} are committed but were not served")
+        offs = offsets_of(blob)
+        h = np.frombuffer(blob, dtype=np.uint8)[(offs[:, None] + _SPAN).ravel()].view(_HEADER_DT)
+        for k in np.flatnonzero(h["channel"] == session).tolist():
+            off, size = int(offs[k]), int(h["size"][k])
+            found.append((int(h["chain_crc"][k]), blob[off + HEADER_SIZE:off + size]))
+        i += len(offs)
+    seqs = [q for q, _b in found]
+    if seqs != list(range(1, len(seqs) + 1)):
+        raise SinkError(f"session {session:#x} holds seqs {seqs[:5]}... in the log, not 1..m")
+    return [b for _q, b in found]
+
+
 def append_once(opts: SinkOptions, bodies: list[bytes], batch_id: int | None) -> int:
     """Append `bodies` under one session, exactly once per `batch_id` (see the module
     docstring); returns how many entries the batch holds. Driver side."""
@@ -195,40 +246,89 @@ def append_once(opts: SinkOptions, bodies: list[bytes], batch_id: int | None) ->
     try:
         writer = SessionWriter(client)
         prior = state.load(batch_id) if state else None
+        if prior is not None and prior.get("done"):
+            log.info("dledger sink: batch %d was appended already", batch_id)
+            return int(prior["count"])
         if prior is not None:
-            if prior.get("done"):
-                log.info("dledger sink: batch %d was appended already", batch_id)
-                return int(prior["count"])
             if prior.get("count") != len(bodies) or prior.get("digest") != digest:
                 raise SinkError(
                     f"batch {batch_id} is re-run with different rows ({len(bodies)} now, "
                     f"{prior.get('count')} when it was started): part of it may be in the log "
                     "already, so it is not written again. The query must be deterministic per batch.")
-            session = int(prior["session"])
-            chunk_entries = int(prior.get("chunk", chunk_entries))  # the same cuts: see below
-            log.warning("dledger sink: batch %d resent under its session %#x", batch_id, session)
+            cur = {**prior, "base": int(prior.get("base", 0))}
+            chunk_entries = int(prior.get("chunk", chunk_entries))
+            log.warning("dledger sink: batch %d resent under its session %#x", batch_id, cur["session"])
         else:
-            session = writer.open_session()
+            cur = _new_segment(client, writer, 0)
+            cur.update(batch=batch_id, count=len(bodies), digest=digest, chunk=chunk_entries, done=False)
             if state:
-                state.save(batch_id, {"batch": batch_id, "session": session, "count": len(bodies),
-                                      "digest": digest, "chunk": chunk_entries, "done": False})
-        sent = 0
-        for off, chunk in _chunks(bodies, chunk_entries):
+                state.save(batch_id, cur)
+        while True:
             try:
-                writer.append_batch(chunk, session, off + 1)
-            except DLedgerError as e:
-                raise SinkError(f"batch {batch_id}: entries {off + 1}..{off + len(chunk)} of "
-                                f"{len(bodies)} under session {session:#x}: {e}") from e
-            sent += len(chunk)
-            if opts.fail_after is not None and sent >= opts.fail_after:
-                raise SinkError(f"injected failure after {sent} entries (testFailAfterEntries)")
+                _send(opts, writer, bodies, cur, chunk_entries, batch_id)
+                break
+            except _Forgotten as e:
+                if state is None:
+                    raise SinkError(str(e.error)) from e.error
+                cur = _resolve(client, writer, bodies, cur, opts.net.timeout, batch_id, e.error)
+                state.save(batch_id, cur)
         if state:
-            state.save(batch_id, {"batch": batch_id, "session": session, "count": len(bodies),
-                                  "digest": digest, "chunk": chunk_entries, "done": True})
+            state.save(batch_id, {**cur, "done": True})
             state.prune(batch_id)
         return len(bodies)
     finally:
         client.close()
+
+
+class _Forgotten(Exception):
+    def __init__(self, error: DLedgerError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _new_segment(client: DLedgerClient, writer: SessionWriter, base: int) -> dict:
+    """A fresh session for bodies[base:], and the index its entries cannot come before (the
+    committed end before it was opened, + 1): where a scan for them starts."""
+    start = group_range(client).committed + 1
+    return {"session": writer.open_session(), "base": base, "from_index": start}
+
+
+def _send(opts: SinkOptions, writer: SessionWriter, bodies: list[bytes], cur: dict,
+          chunk_entries: int, batch_id: int | None) -> None:
+    """bodies[base:] under cur's session, seqs from 1, cut every `chunk_entries`."""
+    base, session = int(cur["base"]), int(cur["session"])
+    sent = base
+    for off, chunk in _chunks(bodies[base:], chunk_entries):
+        try:
+            writer.append_batch(chunk, session, off + 1)
+        except DLedgerError as e:
+            if e.name == "SESSION_EXPIRED":
+                raise _Forgotten(e) from e
+            raise SinkError(f"batch {batch_id}: entries {base + off + 1}..{base + off + len(chunk)} of "
+                            f"{len(bodies)} under session {session:#x}: {e}") from e
+        sent += len(chunk)
+        if opts.fail_after is not None and sent >= opts.fail_after:
+            raise SinkError(f"injected failure after {sent} entries (testFailAfterEntries)")
+
+
+def _resolve(client: DLedgerClient, writer: SessionWriter, bodies: list[bytes], cur: dict,
+             timeout: float, batch_id: int | None, error: DLedgerError) -> dict:
+    """The leader no longer knows cur's session: read from the log which of bodies[base:] it
+    stored (the entries stamped with it since cur's from_index), check they are the batch's
+    next bodies, and go on with the rest under a new session. No guessing: what the committed
+    log holds, once settled, is all that session will ever have written."""
+    if "from_index" not in cur:
+        raise SinkError(f"batch {batch_id}: {error}; its state names no index to look from") from error
+    rng = settled_range(client, timeout)
+    base, session = int(cur["base"]), int(cur["session"])
+    stored = stored_under(client, session, int(cur["from_index"]), rng.committed)
+    if stored != bodies[base:base + len(stored)]:
+        raise SinkError(f"batch {batch_id}: the entries of session {session:#x} in the log are not "
+                        "this batch's rows: nothing more is written") from error
+    log.warning("dledger sink: batch %d: session %#x forgotten by the leader after %d of its "
+                "entries were stored: the rest goes under a new session", batch_id, session, len(stored))
+    nxt = _new_segment(client, writer, base + len(stored))
+    return {**cur, **nxt}
 
 
 class DLedgerBatchWriter(DataSourceWriter):
