@@ -94,6 +94,21 @@ def test_export_over_the_network(spark: SparkSession, group: Cluster, tmp_path: 
     assert "--peers" in capsys.readouterr().err
 
 
+def test_fetch_contract_over_get_range(group: Cluster) -> None:
+    """`netclient.fetch` on a client without `fetch` (the get_range adapter): consecutive
+    committed entries, empty past the committed end, the committed range reported."""
+    from tools.pipeline.netclient import fetch, group_range
+
+    with group.client(sessions=False) as cl:
+        r = fetch(cl, 1, max_entries=10)
+        assert [e.index for e in r.entries] == list(range(1, 11)) and r.node in group.nodes
+        assert [e.body for e in r.entries] == [body(i) for i in range(10)]
+        rng = group_range(cl)
+        assert rng.begin == 0 and rng.committed >= N_ENTRIES and rng.leader in group.nodes
+        past = fetch(cl, rng.committed + 1000, wait_ms=50)
+        assert past.entries == [] and past.committed_index >= N_ENTRIES
+
+
 # ---------------------------------------------------------------------------- bad options
 @pytest.mark.parametrize(("opts", "message"), [
     ({}, "option peers"),

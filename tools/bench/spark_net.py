@@ -9,6 +9,7 @@ flight), then in one Spark session (`--master`, default local[2]), after a warm-
   from `start()` to termination (query start-up and shut-down included: ~2-4 s here), and
   inside the micro-batches (rows / the sum of their `triggerExecution` times: reading,
   writing Parquet and committing, i.e. the rate of a query that is already running);
+* one task's read path, in this process, without Spark (`task_paths`);
 * latency: a query from `latest` with the smallest trigger (processingTime 0) and a
   `foreachBatch` that records when each row reaches the driver; one entry is appended at a
   time, and latency is append call → row seen by the driver (p50 / p90 / max).
@@ -50,6 +51,39 @@ def fill(peers: str, entries: int, size: int) -> float:
     return entries / (time.perf_counter() - t0)
 
 
+def task_paths(peers: str, end: int, reps: int) -> dict[str, list[int]]:
+    """Entries/s of what one task does, in this process, over [0, end]: the leader's GET
+    answers alone; GET + `net_arrow.blob_to_batch` (the read path); GET + one `Entry` per
+    entry + Arrow columns from lists (the first version, kept for the comparison)."""
+    import pyarrow as pa
+
+    from tools.pipeline.net_arrow import blob_to_batch
+    from tools.pipeline.net_source import _to_batch
+    from tools.pipeline.netclient import get_blob
+
+    out: dict[str, list[int]] = {"get_alone": [], "get_arrow": [], "get_entries": []}
+    with DLedgerClient(peers, sessions=False) as c:
+        for _ in range(reps):
+            t, i = time.perf_counter(), 0
+            while i <= end:
+                get_blob(c, i, 4096)
+                i += 4096
+            out["get_alone"].append(round((end + 1) / (time.perf_counter() - t)))
+            t, i = time.perf_counter(), 0
+            while i <= end:
+                blob, node = get_blob(c, i, 4096)
+                _b, last = blob_to_batch(blob, i, node, True)
+                i = last + 1
+            out["get_arrow"].append(round((end + 1) / (time.perf_counter() - t)))
+            t, i = time.perf_counter(), 0
+            while i <= end:
+                es = c.get_range(i, 4096)
+                _to_batch(pa, "n", es)
+                i = es[-1].index + 1
+            out["get_entries"].append(round((end + 1) / (time.perf_counter() - t)))
+    return out
+
+
 def timed(fn) -> float:  # noqa: ANN001
     t0 = time.perf_counter()
     fn()
@@ -87,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit("the group did not converge")
                 time.sleep(0.2)
             committed = m.node(leader).committed_index
+        out["task_paths_entries_per_s"] = task_paths(group.peers, min(committed, 50_000), args.runs)
         spark = build_session(args.master, app_name="dledger-bench-net")
         net = spark.read.format("dledger").option("peers", group.peers)
         files = (spark.read.format("dledger").option("path", str(group.root / leader))

@@ -268,10 +268,9 @@ def append_once(opts: SinkOptions, bodies: list[bytes], batch_id: int | None) ->
                 _send(opts, writer, bodies, cur, chunk_entries, batch_id)
                 break
             except _Forgotten as e:
-                if state is None:
-                    raise SinkError(str(e.error)) from e.error
                 cur = _resolve(client, writer, bodies, cur, opts.net.timeout, batch_id, e.error)
-                state.save(batch_id, cur)
+                if state:
+                    state.save(batch_id, cur)
         if state:
             state.save(batch_id, {**cur, "done": True})
             state.prune(batch_id)
