@@ -92,6 +92,10 @@ def test_export_over_the_network(spark: SparkSession, group: Cluster, tmp_path: 
         [body(i) for i in range(100)]
     assert main(["export", "--peers", "bad", "--out", str(tmp_path / "o")]) == 2
     assert "--peers" in capsys.readouterr().err
+    dead = group.peers.split(";")[0].rsplit(":", 1)[0] + ":1"  # nothing listens on port 1
+    assert main(["export", "--peers", dead, "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no member of the group answered" in err[0], err
 
 
 def test_fetch_contract_over_get_range(group: Cluster) -> None:

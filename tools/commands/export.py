@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         for name in ("from_index", "to_index"):
             if getattr(args, name) is not None and getattr(args, name) < 0:
                 raise CliError(f"--{name.split('_')[0]} must be >= 0", 2)
+        _check_group(args.peers, args.group)
     from tools.pipeline.export import export_committed, export_network, output_exists
 
     if output_exists(args.out) and not args.overwrite:
@@ -77,3 +78,17 @@ def run(args: argparse.Namespace) -> int:
                                from_index=args.from_index, to_index=args.to_index)
     print(json.dumps({"rows": n, "out": args.out}) if args.json else f"{n} rows written to {args.out}")
     return 0
+
+
+def _check_group(peers: str, group: str) -> None:
+    """One METADATA round before Spark starts: an unreachable group is one line, not a JVM
+    start and a Python traceback from the planner."""
+    from ipc.client import DLedgerClient, DLedgerError
+    from tools.commands.metadata import cli_error
+    from tools.pipeline.netclient import group_range
+
+    try:
+        with DLedgerClient(peers, group=group, sessions=False) as c:
+            group_range(c)
+    except DLedgerError as e:
+        raise cli_error(e, f"group {group!r} at {peers}: ") from None
