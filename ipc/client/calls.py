@@ -43,7 +43,7 @@ class Call:
 
     __slots__ = ("kind", "payload", "future", "deadline", "pinned", "state", "rid", "node",
                  "attempts", "redirects", "last", "timer_seq", "slot", "sid", "seq", "unsure",
-                 "no_result")
+                 "no_result", "fixed")
 
     def __init__(self, kind: int, payload: Any, deadline: float, pinned: str | None = None) -> None:
         self.kind = kind
@@ -64,6 +64,9 @@ class Call:
         self.seq = 0
         self.unsure = False  # an attempt was sent and its outcome is unknown
         self.no_result = False  # an APPEND answered at commit, without the state machine's result
+        # A stamp the caller chose (ipc/client/writer.py): resent under it, never re-stamped, and
+        # a session the leader forgot fails the call instead of moving it to a new session.
+        self.fixed = False
 
     @property
     def may_write(self) -> bool:

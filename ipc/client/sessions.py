@@ -142,7 +142,7 @@ class ClientSessions:
         if exc is None:
             if self.gap_waiters and call.sid and call.sid == self.sid:
                 self._pull_gap_waiters(call, now)
-        elif call.sid:
+        elif call.sid and not call.fixed:
             self.abandon(call, definite=not call.unsure and not getattr(exc, "indeterminate", True))
 
     def on_open_done(self, call: Call, result: Any, exc: BaseException | None, now: float) -> None:
@@ -166,6 +166,8 @@ class ClientSessions:
         open is resent under the same stamp (the leader deduplicates); a session the leader
         does not know (or one abandoned meanwhile) is left for a fresh one if this write was
         never possibly stored."""
+        if call.fixed:
+            return self._on_fixed_failure(call, code, reason, now)
         if is_indeterminate(code) or code in SESSION_RESEND:
             call.unsure = call.unsure or is_indeterminate(code)
             call.last = (code, reason)
@@ -194,6 +196,25 @@ class ClientSessions:
             return True
         if code == RC.SESSION_SEQ_INVALID:
             self.host.finish(call, exc=_make_error(code, reason, indeterminate=call.unsure))
+            return True
+        return False
+
+    def _on_fixed_failure(self, call: Call, code: int, reason: str, now: float) -> bool:
+        """A write under a caller-chosen stamp (ipc/client/writer.py): it is not this client's
+        session, so nothing here is abandoned or re-stamped. An open outcome is resent under
+        the same stamp; a session the leader cannot vouch for ends the call — indeterminate,
+        because another process may have written under that stamp before (the very case such
+        stamps exist for), so "not stored" can never be concluded here."""
+        if is_indeterminate(code) or code in SESSION_RESEND:
+            call.unsure = call.unsure or is_indeterminate(code)
+            call.last = (code, reason)
+            self.host.retry_later(call, now)
+            return True
+        if code in (RC.SESSION_EXPIRED, RC.SESSION_SEQ_TOO_OLD, RC.SESSION_SEQ_INVALID):
+            node = call.node.id if call.node else None
+            self.host.finish(call, exc=_make_error(code, f"{reason} (session {call.sid:#x}, seq {call.seq}: "
+                                                         "it may hold an earlier write)",
+                                                   indeterminate=True, node=node))
             return True
         return False
 

@@ -22,6 +22,9 @@ from spark_stores import write_store
 
 from node.ports import free_port_pairs
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from cluster import Cluster  # noqa: E402
+
 pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +92,26 @@ def test_verify_on_a_standalone_cluster(tmp_path: Path, healthy_replicas: list[P
         assert [n["count"] for n in rep["nodes"]] == [180, 180]
         apps = list((tmp_path / "work").glob("app-*/0/stderr"))
         assert apps, "the job must have run on the standalone worker's executor"
+
+        # The network source on the same cluster: executors read a running group's committed
+        # log over ZeroMQ (no shared files) and export it.
+        group = Cluster(tmp_path / "group", 1, data_file_size=32 << 20, index_file_size=4 << 20)
+        group.start()
+        try:
+            group.wait_leader(30)
+            with group.client() as cl:
+                cl.append_batch([b"net-%d" % i for i in range(300)])
+            out = tmp_path / "net.parquet"
+            res = subprocess.run(
+                [sys.executable, "-m", "tools.cli", "export", "--json", "--peers", group.peers,
+                 "--from", "1", "--out", str(out), "--master", f"spark://127.0.0.1:{port}"],
+                cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), **fast_jvm),
+                capture_output=True, text=True, timeout=240, check=False)
+            assert res.returncode == 0, res.stderr[-3000:]
+            assert json.loads(res.stdout)["rows"] == 300
+            assert len(list((tmp_path / "work").glob("app-*/0/stderr"))) == len(apps) + 1
+        finally:
+            group.close()
     finally:
         for p in reversed(procs):
             _stop(p)

@@ -231,3 +231,36 @@ def test_the_session_logic_imports_no_sockets() -> None:
         bad = {m for m in mods if m.split(".")[0] == "zmq"
                or m in ("ipc.sockets", "ipc.client.connections", "ipc.client.io_thread")}
         assert bad == set(), f"{name} imports {bad}"
+
+
+# ---------------------------------------------------------------- caller-chosen stamps (writer.py)
+def _fixed(host: RecordingHost, sid: int, seq: int, n: int = 2) -> Call:
+    call = Call(BATCH, [b"x"] * n, deadline=100.0)
+    call.sid, call.seq, call.fixed = sid, seq, True
+    host.live.add(call)
+    host.dispatch(call, NOW)
+    return call
+
+
+def test_fixed_stamp_is_resent_under_itself_and_never_restamped() -> None:
+    host = RecordingHost()
+    own = host.submit()  # the client's own session, opened and in use
+    host.finish(host.opens[0], SID1)
+    call = _fixed(host, SID2, 7)
+    assert host.sent[-1] is call and (call.sid, call.seq) == (SID2, 7)
+    for code in (RC.SESSION_SEQ_GAP, RC.WAIT_QUORUM_ACK_TIMEOUT):
+        assert host.sessions.on_failure(call, code, "r", NOW)
+        assert host.retried[-1] is call and (call.sid, call.seq) == (SID2, 7)
+    assert call.unsure  # an indeterminate answer came: it may be stored
+    assert host.sessions.sid == SID1 and own.sid == SID1  # the client's own session is untouched
+
+
+def test_fixed_stamp_of_a_forgotten_session_fails_indeterminate() -> None:
+    for code in (RC.SESSION_EXPIRED, RC.SESSION_SEQ_TOO_OLD, RC.SESSION_SEQ_INVALID):
+        host = RecordingHost()
+        call = _fixed(host, SID2, 1)
+        assert host.sessions.on_failure(call, code, "gone", NOW)
+        exc = call.future.exception()
+        assert isinstance(exc, DLedgerIndeterminateError) and exc.code == code
+        assert call.sid == SID2 and host.sent == [call]  # failed, not moved to a new session
+        assert host.sessions.sid == 0 and not host.opens

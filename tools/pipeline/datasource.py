@@ -34,7 +34,14 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -220,14 +227,60 @@ class DLedgerReader(DataSourceReader):
 
 
 class DLedgerDataSource(DataSource):
-    """`format("dledger")`: see the module docstring for options."""
+    """`format("dledger")`: store files (`path`/`paths`, this module) or a running group over
+    the network (`peers`: net_source.py, stream_source.py, sink.py). One name, dispatched on
+    the options; giving both or neither is one clear error."""
 
     @classmethod
     def name(cls) -> str:
         return "dledger"
 
+    def _network(self) -> bool:
+        from tools.pipeline.net_source import check_mode
+
+        return check_mode(self.options) == "network"
+
     def schema(self) -> StructType:
+        if self._network():
+            from tools.pipeline.net_source import NET_SCHEMA, check_read_options
+
+            check_read_options(self.options)
+            return NET_SCHEMA
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if self._network():
+            from tools.pipeline.net_source import NetBatchReader
+
+            return NetBatchReader(self.options)
         return DLedgerReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if not self._network():
+            raise OptionError("a dledger stream reads a running group: option peers is required "
+                              "(store files are read with spark.read, not readStream)")
+        from tools.pipeline.stream_source import DLedgerStreamReader
+
+        return DLedgerStreamReader(self.options)
+
+    def _sink_check(self) -> None:
+        o = normalize_options(self.options)
+        if (o.get("path") or o.get("paths")) and not o.get("peers"):
+            raise OptionError("the dledger sink appends to a running group: option peers is "
+                              "required (store files are never written)")
+        if not (o.get("peers") or "").strip():
+            raise OptionError("the dledger sink needs option peers (the group's members)")
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        self._sink_check()
+        if overwrite:
+            raise OptionError("a log is append-only: write with mode append, not overwrite")
+        from tools.pipeline.sink import DLedgerBatchWriter
+
+        return DLedgerBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        self._sink_check()
+        from tools.pipeline.sink import DLedgerStreamWriter
+
+        return DLedgerStreamWriter(self.options, schema)

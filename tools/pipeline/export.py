@@ -1,4 +1,4 @@
-"""Committed entries of one node's store → Parquet (the `dledger export` job).
+"""Committed entries of one node's store, or of a running group, → Parquet (`dledger export`).
 
 Only the committed prefix is exported: the uncommitted tail may still be truncated by a new
 leader, and an export is meant to be a fact, not a guess. Rows keep the data source's schema,
@@ -40,4 +40,19 @@ def export_committed(spark: SparkSession, store_dir: str, out: str, *, overwrite
         reader = reader.option("node", node)
     df = reader.load()
     df.write.mode("overwrite" if overwrite else "errorifexists").parquet(out)
+    return spark.read.parquet(out).count()
+
+
+def export_network(spark: SparkSession, peers: str, out: str, *, group: str = "default",
+                   overwrite: bool = False, from_index: int | None = None,
+                   to_index: int | None = None) -> int:
+    """Write a running group's committed entries ([from, to], default the whole committed log
+    when the job is planned) to Parquet at `out`, read from its members by the executors;
+    returns rows written (read back from the files)."""
+    reader = spark.read.format("dledger").option("peers", peers).option("group", group)
+    if from_index is not None:
+        reader = reader.option("fromIndex", str(from_index))
+    if to_index is not None:
+        reader = reader.option("toIndex", str(to_index))
+    reader.load().write.mode("overwrite" if overwrite else "errorifexists").parquet(out)
     return spark.read.parquet(out).count()
