@@ -117,11 +117,14 @@ def fetch(client: DLedgerClient, index: int, max_entries: int, max_bytes: int, w
 
 
 def fetch_raw(client: DLedgerClient, index: int, max_entries: int, max_bytes: int, wait_ms: int,
-              rotation: MemberRotation, deadline: float | None) -> tuple[P.FetchResponse, str, list[Entry]]:
+              rotation: MemberRotation, deadline: float | None,
+              decode: bool = True) -> tuple[P.FetchResponse, str, list[Entry]]:
     """The FETCH answer (its raw store-format entries, checked) with the member that gave it
-    and the entries decoded: committed entries from `index`, from the rotation's members, trying the next one on
-    failure, until one answers with entries or (when `wait_ms` > 0) an honest empty answer
-    from a member that knows a leader; `deadline` None: for ever.
+    and the entries decoded (`decode` False: not decoded, [] — a caller that checks the raw
+    entries itself): committed entries from `index`, from the rotation's members, trying the
+    next one on failure, until one answers with entries or an honest empty answer — after its
+    wait from a member that knows a leader, or with no wait from the leader itself (a follower's
+    committed index may lag the group's); `deadline` None: for ever.
 
     Raises INDEX_LESS_THAN_LOCAL_BEGIN when every member of a round said `index` is below its
     log's begin (retention or a snapshot moved it: the entry is gone from the group), TIMEOUT
@@ -143,8 +146,9 @@ def fetch_raw(client: DLedgerClient, index: int, max_entries: int, max_bytes: in
         msg = ask(client, node, index, max_entries, max_bytes, wait, attempt_deadline)
         code = getattr(msg, "code", None)
         if isinstance(msg, P.FetchResponse) and code == RC.SUCCESS:
-            entries = decode_entries(msg.entries, index, max_entries)
-            if entries or (msg.leader_id and wait > 0) or rotation.pinned is not None:
+            entries = decode_entries(msg.entries, index, max_entries) if decode else []
+            honest = msg.leader_id == node if wait == 0 else bool(msg.leader_id)
+            if len(msg.entries) or honest or rotation.pinned is not None:
                 return msg, node, entries
             last = (RC.NOT_LEADER, f"{node} knows no leader")
         elif code == RC.INDEX_LESS_THAN_LOCAL_BEGIN:

@@ -98,19 +98,21 @@ def test_export_over_the_network(spark: SparkSession, group: Cluster, tmp_path: 
     assert len(err) == 1 and "no member of the group answered" in err[0], err
 
 
-def test_fetch_contract_over_get_range(group: Cluster) -> None:
-    """`netclient.fetch` on a client without `fetch` (the get_range adapter): consecutive
-    committed entries, empty past the committed end, the committed range reported."""
-    from tools.pipeline.netclient import fetch, group_range
+def test_fetch_blob_reads_raw_committed_entries_from_any_member(group: Cluster) -> None:
+    """`netclient.fetch_blob`: consecutive committed entries in store format from the member
+    named (a follower too), empty past the committed end; and the committed range."""
+    from tools.pipeline.net_arrow import blob_to_batch
+    from tools.pipeline.netclient import fetch_blob, group_range
 
     with group.client(sessions=False) as cl:
-        r = fetch(cl, 1, max_entries=10)
-        assert [e.index for e in r.entries] == list(range(1, 11)) and r.node in group.nodes
-        assert [e.body for e in r.entries] == [body(i) for i in range(10)]
         rng = group_range(cl)
         assert rng.begin == 0 and rng.committed >= N_ENTRIES and rng.leader in group.nodes
-        past = fetch(cl, rng.committed + 1000, wait_ms=50)
-        assert past.entries == [] and past.committed_index >= N_ENTRIES
+        follower = next(n for n in group.nodes if n != rng.leader)
+        blob, node = fetch_blob(cl, 1, 10, read_from=follower)
+        assert node == follower
+        batch, last = blob_to_batch(blob, 1, node, True)
+        assert last == 10 and batch.column("body").to_pylist() == [body(i) for i in range(10)]
+        assert fetch_blob(cl, rng.committed + 1000, 10) == (b"", rng.leader)
 
 
 # ---------------------------------------------------------------------------- bad options

@@ -59,22 +59,22 @@ def task_paths(peers: str, end: int, reps: int) -> dict[str, list[int]]:
 
     from tools.pipeline.net_arrow import blob_to_batch
     from tools.pipeline.net_source import _to_batch
-    from tools.pipeline.netclient import get_blob
+    from tools.pipeline.netclient import fetch_blob
 
-    out: dict[str, list[int]] = {"get_alone": [], "get_arrow": [], "get_entries": []}
+    out: dict[str, list[int]] = {"fetch_alone": [], "fetch_arrow": [], "get_entries": []}
     with DLedgerClient(peers, sessions=False) as c:
         for _ in range(reps):
             t, i = time.perf_counter(), 0
             while i <= end:
-                get_blob(c, i, 4096)
+                fetch_blob(c, i, 4096)
                 i += 4096
-            out["get_alone"].append(round((end + 1) / (time.perf_counter() - t)))
+            out["fetch_alone"].append(round((end + 1) / (time.perf_counter() - t)))
             t, i = time.perf_counter(), 0
             while i <= end:
-                blob, node = get_blob(c, i, 4096)
+                blob, node = fetch_blob(c, i, 4096)
                 _b, last = blob_to_batch(blob, i, node, True)
                 i = last + 1
-            out["get_arrow"].append(round((end + 1) / (time.perf_counter() - t)))
+            out["fetch_arrow"].append(round((end + 1) / (time.perf_counter() - t)))
             t, i = time.perf_counter(), 0
             while i <= end:
                 es = c.get_range(i, 4096)

@@ -30,7 +30,7 @@ from ipc.codes import ResponseCode as RC
 from ipc.entry_codec import HEADER_SIZE
 from ipc.sockets import PeersError, parse_peers
 from tools.pipeline.datasource import OptionError, _bool, _int, normalize_options
-from tools.pipeline.netclient import fetch, get_blob, group_range
+from tools.pipeline.netclient import fetch_blob, group_range
 
 log = logging.getLogger("dledger.pipeline")
 
@@ -174,31 +174,18 @@ def read_partition(p: NetPartition) -> Iterator:
     the rest of the range to whichever member the client picks. Entries below the group's
     begin raise DataLossError, or with failOnDataLoss=false are skipped with a warning.
 
-    With a client that has `fetch`, entries come from it (any member); without, from the
-    leader's raw GET answers, checked as arrays (net_arrow.py)."""
-    import pyarrow as pa
+    Each answer is one FETCH's raw entries (any member), checked as arrays (net_arrow.py)."""
+    from tools.pipeline.net_arrow import blob_to_batch
 
     client = DLedgerClient(p.peers, group=p.group, timeout=p.timeout, sessions=False)
-    native = hasattr(client, "fetch")
-    prefer = p.read_from if native else None
+    prefer = p.read_from
     try:
         i = p.from_index
         while i <= p.to_index:
             want = p.to_index - i + 1
             try:
-                if native:
-                    r = fetch(client, i, max_entries=min(FETCH_ENTRIES, want), read_from=prefer,
-                              timeout=p.timeout)
-                    es = [e for e in r.entries if e.index <= p.to_index]
-                    last = es[-1].index if es else i - 1
-                    if not p.include_noop:
-                        es = [e for e in es if e.type == "NORMAL"]
-                    batch = _to_batch(pa, r.node, es) if es else None
-                else:
-                    from tools.pipeline.net_arrow import blob_to_batch
-
-                    blob, node = get_blob(client, i, min(FETCH_ENTRIES, want), p.timeout)
-                    batch, last = blob_to_batch(blob, i, node, p.include_noop)
+                blob, node = fetch_blob(client, i, min(FETCH_ENTRIES, want), prefer, p.timeout)
+                batch, last = blob_to_batch(blob, i, node, p.include_noop)
             except DLedgerError as e:
                 if e.code == RC.INDEX_LESS_THAN_LOCAL_BEGIN:
                     begin = group_range(client).begin

@@ -1,11 +1,8 @@
-"""What the network source, stream and sink ask of a group, in one place: the committed range,
-and `fetch` (committed entries from any member).
-
-`fetch` follows `DLedgerClient.fetch` (FetchResult: entries, committed_index, begin_index,
-node). A client without that method gets the same contract from `get_range`, which only the
-leader serves: `read_from` is then ignored and `node` is the leader's id. Either way an index
-below the group's begin raises DLedgerError named INDEX_LESS_THAN_LOCAL_BEGIN, so the callers
-handle retention the same way.
+"""What the network source, stream and sink ask of a group, in one place: the committed range
+(`group_range`) and raw committed entries from any member (`fetch_blob`, one FETCH answer: the
+client's follow machinery, without decoding entries into objects — `net_arrow` checks them as
+arrays). An index below the group's begin raises DLedgerError named
+INDEX_LESS_THAN_LOCAL_BEGIN, so the callers handle retention the same way.
 """
 
 from __future__ import annotations
@@ -13,16 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ipc.client import DLedgerClient, DLedgerError, Entry
+from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 
-
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    entries: list[Entry]
-    committed_index: int
-    begin_index: int
-    node: str
+FETCH_BYTES = 4 << 20  # one answer's cap on the node (MAX_GET_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,67 +45,19 @@ def group_range(client: DLedgerClient, timeout: float | None = None) -> GroupRan
     return GroupRange(begin, committed, m.leader_id)
 
 
-def fetch(client: DLedgerClient, index: int, *, max_entries: int = 1000, max_bytes: int = 1 << 20,
-          wait_ms: int = 0, read_from: str | None = None, timeout: float | None = None) -> FetchResult:
-    """Committed entries from `index` (consecutive; empty: none committed there within
-    `wait_ms`). See the module docstring."""
-    native = getattr(client, "fetch", None)
-    if native is not None:
-        r = native(index, max_entries=max_entries, max_bytes=max_bytes, wait_ms=wait_ms,
-                   read_from=read_from, timeout=timeout)
-        return FetchResult(list(r.entries), r.committed_index, r.begin_index, r.node)
-    deadline = time.monotonic() + (client.timeout if timeout is None else timeout)
-    wait_until = time.monotonic() + wait_ms / 1000.0
-    while True:
-        try:
-            entries = client.get_range(index, max_entries, max(0.001, deadline - time.monotonic()))
-        except DLedgerError as e:
-            if e.code != RC.INDEX_OUT_OF_RANGE:
-                raise
-            rng = group_range(client, max(0.001, deadline - time.monotonic()))
-            if index < rng.begin:
-                raise DLedgerError(RC.INDEX_LESS_THAN_LOCAL_BEGIN,
-                                   f"index {index} is below the group's begin {rng.begin}") from None
-            if index <= rng.committed and time.monotonic() < deadline:
-                continue  # committed meanwhile (or a new leader): ask again
-            if time.monotonic() < min(wait_until, deadline):
-                time.sleep(0.005)  # polling the committed end (no wait on the server yet)
-                continue
-            return FetchResult([], rng.committed, rng.begin, rng.leader or "")
-        # get_range does not say the committed end or begin: the last entry is a lower bound
-        # of the one, and -1 stands for "not reported" for the other.
-        return FetchResult(entries, entries[-1].index if entries else -1, -1, _leader(client))
-
-
-def _leader(client: DLedgerClient) -> str:
-    """The leader the client talks to (the adapter's answering node), best effort."""
-    io = getattr(client, "_io", None)
-    return getattr(getattr(io, "discovery", None), "leader", None) or ""
-
-
-def get_blob(client: DLedgerClient, index: int, count: int, timeout: float | None = None) -> tuple[bytes, str]:
-    """One GET answer from the leader: committed entries from `index` in store format (at most
-    `count`, and at most what one answer holds), and the node that answered. The raw bytes are
-    for `net_arrow.blob_to_batch`, which checks them as arrays. Raises like `fetch` (an index
-    below the group's begin: INDEX_LESS_THAN_LOCAL_BEGIN); b"" when `index` is past the
-    committed end."""
-    from ipc.client.calls import GET, Call
+def fetch_blob(client: DLedgerClient, index: int, count: int, read_from: str | None = None,
+               timeout: float | None = None) -> tuple[bytes, str]:
+    """One FETCH answer: committed entries from `index` in store format (at most `count`, and
+    at most what one answer holds), and the member that answered — `read_from` if it answers,
+    else any member (followers first: the leader's handler is the append path). The raw bytes
+    are for `net_arrow.blob_to_batch`, which checks them as arrays. b"" when `index` is past
+    the committed end (as the leader says); an index below every member's begin raises
+    DLedgerError named INDEX_LESS_THAN_LOCAL_BEGIN."""
+    from ipc.client import follow as follow_mod
 
     t = client.timeout if timeout is None else timeout
-    deadline = time.monotonic() + t
-    while True:
-        call = Call(GET, (index, count, False), deadline)
-        try:
-            resp = client._wait(client._submit(call), max(0.001, deadline - time.monotonic()))
-        except DLedgerError as e:
-            if e.code != RC.INDEX_OUT_OF_RANGE:
-                raise
-            rng = group_range(client, max(0.001, deadline - time.monotonic()))
-            if index < rng.begin:
-                raise DLedgerError(RC.INDEX_LESS_THAN_LOCAL_BEGIN,
-                                   f"index {index} is below the group's begin {rng.begin}") from None
-            if index <= rng.committed and time.monotonic() < deadline:
-                continue  # committed meanwhile, or asked a new leader that is catching up
-            return b"", rng.leader or ""
-        blob = resp.entries
-        return (blob if isinstance(blob, bytes) else bytes(blob)), _leader(client)
+    rotation = follow_mod.MemberRotation(list(client.peers), lambda: client._io.discovery.leader, read_from)
+    msg, node, _ = follow_mod.fetch_raw(client, index, count, FETCH_BYTES, 0, rotation,
+                                        time.monotonic() + t, decode=False)
+    blob = msg.entries
+    return (blob if isinstance(blob, bytes) else bytes(blob)), node

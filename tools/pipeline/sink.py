@@ -54,7 +54,7 @@ from ipc.client.writer import SessionWriter
 from ipc.entry_codec import HEADER_SIZE
 from tools.pipeline.datasource import OptionError, _int
 from tools.pipeline.net_source import SINK_OPTIONS, NetOptions
-from tools.pipeline.netclient import GroupRange, get_blob, group_range
+from tools.pipeline.netclient import GroupRange, fetch_blob, group_range
 
 log = logging.getLogger("dledger.pipeline")
 
@@ -216,7 +216,7 @@ def stored_under(client: DLedgerClient, session: int, from_index: int, to_index:
     found: list[tuple[int, bytes]] = []
     i = from_index
     while i <= to_index:
-        blob, _node = get_blob(client, i, min(4096, to_index - i + 1))
+        blob, _node = fetch_blob(client, i, min(4096, to_index - i + 1))
         if not blob:
             raise SinkError(f"entries from {i} are committed but were not served")
         offs = offsets_of(blob)
