@@ -175,13 +175,19 @@ class MemoryState:
         self._read_point()
         return v
 
+    def _with_counters(self, p: PeerView) -> PeerView:
+        """The group as written, plus the counters read after it (as SharedState.read_peer)."""
+        w, pre = self.block.words, f"peer{p.slot}."
+        return dataclasses.replace(p, beat_ms=w.get(f"beat:dispatcher[{p.slot}]", 0), **{
+            n: w.get(pre + n, 0) for n in ("pushes_sent", "entries_pushed", "bytes_pushed", "match_pos")})
+
     def read_peer(self, slot: int, timeout_s: float | None = None) -> PeerView:
-        v = self.block.peers[slot]
+        v = self._with_counters(self.block.peers[slot])
         self._read_point()
         return v
 
     def read_peers(self, timeout_s: float | None = None) -> list[PeerView]:
-        v = [p for p in self.block.peers if p.slot != self.self_slot]
+        v = [self._with_counters(p) for p in self.block.peers if p.slot != self.self_slot]
         self._read_point()
         return v
 
@@ -272,7 +278,14 @@ class MemoryState:
 
     # ---- single words ------------------------------------------------------------------------
     def get(self, name: str) -> int:
-        return self.block.words.get(name, 0)
+        """Any declared field, as SharedState.get reads one word (a group's field too)."""
+        f = FIELDS[name]  # KeyError, as SharedState's lookup
+        b = self.block
+        if name in ("n_peers", "self_slot"):
+            return getattr(b, name)
+        if f.group is not None and hasattr(getattr(b, f.group), name):
+            return int(getattr(getattr(b, f.group), name))
+        return b.words.get(name, 0)
 
     def set(self, name: str, value: int) -> None:
         self.block.words[_word(name)] = value
@@ -290,6 +303,8 @@ class MemoryState:
     def get_peer(self, slot: int, name: str) -> int:
         if name in _PEER_GROUP:
             return int(getattr(self.block.peers[slot], name))
+        if name == "beat_ms":
+            return self.last_beat(f"dispatcher[{slot}]")
         return self.block.words.get(_peer_word(slot, name), 0)
 
     def set_peer(self, slot: int, name: str, value: int) -> None:

@@ -76,12 +76,13 @@ def _script(b: StateBlock) -> list[object]:
     seen.append(b.write_ledger(ledger_end_index=4, ledger_end_term=1))  # others kept
     seen.append(b.write_ledger(committed_index=3))
     seen.append(b.read_ledger())
+    seen += [b.get("current_term"), b.get("role_epoch"), b.get("committed_index"), b.get("n_peers"),
+             b.get("self_slot")]
     seen.append(b.write_quorum(quorum_index=3, quorum_term=1))
     seen.append(b.write_snapshot(snapshot_index=2, snapshot_term=1))
     b.write_peer(0, match_index=3, match_term=1, alive=True)
     b.write_peer(0, last_ack_ms=9)
-    p = b.read_peer(0)
-    seen.append((p.slot, p.match_index, p.match_term, p.alive, p.last_ack_ms))
+    seen.append(b.read_peer(0))
     seen.append([(p.slot, p.match_index) for p in b.read_peers()])
     seen.append(b.incr("entries_appended", 2))
     seen.append(b.incr("entries_appended"))
@@ -92,10 +93,12 @@ def _script(b: StateBlock) -> list[object]:
     b.set_peer(0, "match_pos", 40)
     seen += [b.get_peer(0, "pushes_sent"), b.get_peer(0, "match_pos"), b.get_peer(0, "match_index")]
     b.beat("handler", 123)
-    seen.append(b.last_beat("handler"))
+    b.beat("dispatcher[0]", 456)
+    seen += [b.last_beat("handler"), b.last_beat("dispatcher[0]"), b.get_peer(0, "beat_ms"), b.read_peer(0),
+             b.read_peers()]
     b.histogram_writer("append_latency_ms").observe(3)
     b.request_counter()
-    for bad in (lambda: b.incr("no_such_word"), lambda: b.set("no_such_word", 1),
+    for bad in (lambda: b.get("no_such_word"), lambda: b.incr("no_such_word"), lambda: b.set("no_such_word", 1),
                 lambda: b.incr_peer(0, "no_such_word"), lambda: b.histogram_writer("no_such")):
         with pytest.raises(KeyError):
             bad()
