@@ -228,7 +228,7 @@ class SimNode:
             raise InvariantViolation(f"{self.id} {role}: fatal: {message}")
 
         return SimpleNamespace(cfg=self.cfg, role=role, log=LOG, state=MemoryState(block=self.block),
-                               clock=self.c.clock, wall_clock=self.c.clock, disk_usage=lambda _p: 0.0,
+                               clock=self.c.clock, wall_clock=lambda: self.c.now / 1000, disk_usage=lambda _p: 0.0,
                                peer_id=peer, fatal=fatal)
 
     def reset_volatile(self) -> None:
