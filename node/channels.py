@@ -9,7 +9,7 @@ duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 
 | channel | endpoint | binder (type) | connectors (type) | message |
 |---|---|---|---|---|
-| data port | tcp host:port | handler (ROUTER) | clients, peers' dispatchers (DEALER) | `ipc.protocol` frames |
+| data port | tcp host:port | handler (ROUTER) | clients, peers' dispatchers, handlers (follower reads) and electors (lost term/vote file) (DEALER) | `ipc.protocol` frames |
 | elector port | tcp host:port+1 | elector (ROUTER) | peers' electors (DEALER) | `ipc.protocol` VOTE / HEARTBEAT / TAKE_LEADERSHIP |
 | role | ipc elector.pub | elector (PUB) | handler, dispatchers, ack checker, `node.listeners` (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
 | control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (answered with `LEADERSHIP_CONFIRMED` once a quorum round that started after it landed: a wake-up; the block's quorum-heartbeat time is the answer) |
@@ -65,6 +65,32 @@ APPLY = Channel("apply.pull", "applier", "PULL", "PUSH", ("handler",))
 RESULTS = Channel("results.pull", "handler", "PULL", "PUSH", ("applier",))
 QUERY = Channel("query.router", "applier", "ROUTER", "DEALER", ("handler",))
 ALL = (ROLE, CONTROL, APPENDED, ACK, COMMIT, APPLY, RESULTS, QUERY)
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """One network-facing endpoint (tcp), per member: `address` names the `ipc.sockets` helper
+    that builds it from the member's host and data port.
+
+    `binder` binds a `bind_type` socket on its own member's port; each role in `connectors`
+    opens `connect_type` sockets to other members' ports. These sockets are opened in the role
+    modules (their options differ per use); tests/unit/test_channels.py holds every module that
+    opens one to this declaration."""
+
+    name: str
+    address: str
+    binder: str
+    bind_type: str
+    connect_type: str
+    connectors: tuple[str, ...]
+
+
+DATA_PORT = Port("data port", "data_address", "handler", "ROUTER", "DEALER",
+                 # dispatchers push; a follower's handler asks the leader for read indexes; the
+                 # elector asks the members' terms after a lost term/vote file (group_term)
+                 ("dispatcher", "handler", "elector"))
+ELECTOR_PORT = Port("elector port", "elector_address", "elector", "ROUTER", "DEALER", ("elector",))
+PORTS = (DATA_PORT, ELECTOR_PORT)
 
 
 def endpoint(run_dir: str | Path, channel: Channel) -> str:

@@ -13,17 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from node.core.pending import Pending
-from node.histogram import HistogramWriter
-from node.shared_state import SharedState
+from node.state_protocol import Observer, StateBlock
 from node.store.base import LogStore
 
 
-def histogram(state: SharedState, name: str, slot: int | None = None) -> HistogramWriter:
+def histogram(state: StateBlock, name: str, slot: int | None = None) -> Observer:
     """The observer of histogram `name` (peer `slot`'s when given)."""
     return state.histogram_writer(name) if slot is None else state.peer_histogram_writer(slot, name)
 
 
-def set_peer_word(state: SharedState, slot: int, name: str, value: int) -> None:
+def set_peer_word(state: StateBlock, slot: int, name: str, value: int) -> None:
     """Peer `slot`'s lock-free word `name`."""
     state.set_peer(slot, name, value)
 
@@ -37,7 +36,7 @@ class HandlerMetrics:
     """The handler's observations: append latency (received -> committed, per reply), entries
     per store write, bytes appended, pending entries, replies by type and code, fsync time."""
 
-    def __init__(self, state: SharedState, max_wait_ack_ms: int) -> None:
+    def __init__(self, state: StateBlock, max_wait_ack_ms: int) -> None:
         self.state = state
         self.max_wait_ack_ms = max_wait_ack_ms
         self.latency = histogram(state, "append_latency_ms")

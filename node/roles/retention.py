@@ -16,7 +16,7 @@ from collections.abc import Callable
 from node.config import NodeConfig
 from node.core.apply import compaction_floor
 from node.core.retention import DataFile, RetentionPlan, RetentionPolicy, plan_retention
-from node.shared_state import SharedState
+from node.state_protocol import StateBlock
 from node.store.segment_store import SegmentStore
 
 CHECK_MS = 1000
@@ -24,7 +24,7 @@ BUSY_RETRY_MS = 20
 
 
 class RetentionService:
-    def __init__(self, cfg: NodeConfig, store: SegmentStore, state: SharedState, log: logging.Logger,
+    def __init__(self, cfg: NodeConfig, store: SegmentStore, state: StateBlock, log: logging.Logger,
                  wall_clock: Callable[[], float], clock_ms: Callable[[], int]) -> None:
         """`wall_clock` (seconds since the epoch) dates the files for `file_reserved_hours`;
         `clock_ms` (monotonic ms) times a deletion for the log. Both come from the role's

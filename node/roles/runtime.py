@@ -29,6 +29,7 @@ from ipc.sockets import ipc_path, make_context
 from node import channels
 from node.config import NodeConfig, configure_logging
 from node.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
+from node.state_protocol import StateBlock
 from node.store.segment_store import disk_usage_ratio
 
 _PR_SET_PDEATHSIG = 1
@@ -95,7 +96,7 @@ class RoleContext:
     cfg: NodeConfig
     role: str  # "elector", "handler", "ack_checker", "dispatcher[2]"
     log: logging.Logger
-    state: SharedState
+    state: StateBlock  # SharedState here; MemoryState in the unit tests and the simulator
     zctx: zmq.Context
     run_dir: Path
     peer_id: str | None = None

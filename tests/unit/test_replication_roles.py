@@ -7,12 +7,9 @@ the store generation fence at the dispatcher (C1), storage errors as answers (C5
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,10 +22,11 @@ from node import channels
 from node.config import NodeConfig
 from node.core.lease import lease_ms
 from node.core.replication import decide_compare
+from node.memory_state import MemoryState
 from node.roles.ack_checker import AckChecker
 from node.roles.dispatcher import Dispatcher
 from node.roles.handler import Handler
-from node.shared_state import NO_SLOT, LedgerView, MemberView, PeerView, QuorumView
+from node.shared_state import NO_SLOT, MemberView, QuorumView
 from node.store import codec
 from node.store.base import StoreConfig, StoreCorruptError, StoreError
 from node.store.memory_store import MemoryStore
@@ -45,85 +43,9 @@ def member(role: Role, term: int, leader: int, quorum_ms: int = 0) -> MemberView
     return MemberView(role, term, leader, NO_SLOT, NO_SLOT, 0, 0, quorum_ms)
 
 
-class Unobserved:
-    """A histogram observer or request counter of a fake block: metrics decide nothing, and
-    this block has no arrays for them."""
-
-    def observe(self, value: int) -> None:
-        pass
-
-    def count_reply(self, msg: object) -> None:
-        pass
-
-
-class FakeState:
-    """The SharedState methods the roles call, over plain attributes."""
-
-    def __init__(self, n_peers: int = len(PEERS)) -> None:
-        self.member = member(Role.CANDIDATE, 0, NO_SLOT)
-        self.ledger = LedgerView(-1, -1, -1, -1, 0)
-        self.quorum = QuorumView(-1, -1)
-        self.peers = {s: PeerView(s, -1, -1, False, 0, 0, 0, 0, 0) for s in range(n_peers)}
-        self.words: Counter = Counter()
-        self.member_reads = 0
-
-    def read_member(self, timeout_s: float | None = None) -> MemberView:
-        self.member_reads += 1
-        return self.member
-
-    def read_ledger(self, timeout_s: float | None = None) -> LedgerView:
-        return self.ledger
-
-    def write_ledger(self, **kw) -> LedgerView:  # noqa: ANN003
-        self.ledger = dataclasses.replace(self.ledger, **kw)
-        return self.ledger
-
-    def read_quorum(self, timeout_s: float | None = None) -> QuorumView:
-        return self.quorum
-
-    def write_quorum(self, *, quorum_index: int, quorum_term: int) -> QuorumView:
-        self.quorum = QuorumView(quorum_index, quorum_term)
-        return self.quorum
-
-    def read_peer(self, slot: int, timeout_s: float | None = None) -> PeerView:
-        return self.peers[slot]
-
-    def write_peer(self, slot: int, **kw) -> None:  # noqa: ANN003
-        if "alive" in kw:
-            kw["alive"] = bool(kw["alive"])
-        self.peers[slot] = dataclasses.replace(self.peers[slot], **kw)
-
-    def incr(self, name: str, delta: int = 1) -> int:
-        self.words[name] += delta
-        return self.words[name]
-
-    def incr_peer(self, slot: int, name: str, delta: int = 1) -> int:
-        return self.incr(f"peer{slot}.{name}", delta)
-
-    def get(self, name: str) -> int:
-        return self.words[name]
-
-    def set(self, name: str, value: int) -> None:
-        self.words[name] = value
-
-    def beat(self, role: str, now_ms: int | None = None) -> None:
-        pass
-
-    # ---- metrics (the SharedState methods node/role_metrics.py calls) -------------------
-    def word_writer(self, name: str) -> Callable[[int], None]:
-        return lambda value: self.set(name, value)
-
-    def set_peer(self, slot: int, name: str, value: int) -> None:
-        self.words[f"peer{slot}.{name}"] = value
-
-    def histogram_writer(self, name: str) -> Unobserved:
-        return Unobserved()
-
-    def peer_histogram_writer(self, slot: int, name: str) -> Unobserved:
-        return Unobserved()
-
-    def request_counter(self) -> Unobserved:
-        return Unobserved()
+# The block: node/memory_state.py's MemoryState, the simulator's block too (one in-memory
+# implementation of node/state_protocol.py). The name stays: other unit tests import it.
+FakeState = MemoryState
 
 
 class ScriptedState(FakeState):

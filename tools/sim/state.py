@@ -12,12 +12,9 @@ it, only actors that never take it (dispatchers, ack checker) may run nested.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ipc.codes import Role
-from node.shared_state import NO_SLOT, LedgerView, MemberView, PeerView, QuorumView, SnapshotView
+from node.memory_state import MemoryBlock, MemoryState
 from node.store import codec
 from node.store.base import StoreError
 from node.store.reader import StaleRead
@@ -28,199 +25,40 @@ if TYPE_CHECKING:  # pragma: no cover
     from tools.sim.world import Sim
 
 
-def _defaults(cls: type, **given: Any) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.name in given:
-            out[f.name] = given[f.name]
-        elif f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        else:
-            out[f.name] = 0
-    return out
-
-
-_MEMBER_FIELDS = frozenset(f.name for f in dataclasses.fields(MemberView))
-_LEDGER_FIELDS = frozenset(f.name for f in dataclasses.fields(LedgerView))
-
-
-class NodeBlock:
+class NodeBlock(MemoryBlock):
     """One incarnation of a node's shared block (a node restart creates a new one)."""
 
-    def __init__(self, n_peers: int, self_slot: int) -> None:
-        self.n_peers = n_peers
-        self.self_slot = self_slot
-        self.member = MemberView(**_defaults(
-            MemberView, role=Role.CANDIDATE, current_term=0, leader_slot=NO_SLOT, voted_for_slot=NO_SLOT,
-            transferee_slot=NO_SLOT, role_epoch=0, last_leader_heartbeat_ms=0, last_quorum_heartbeat_ms=0))
-        ledger_init = {f: -1 for f in ("ledger_begin_index", "ledger_end_index", "ledger_end_term",
-                                      "committed_index")}
-        ledger_init.update({f: 0 for f in _LEDGER_FIELDS - set(ledger_init)})
-        self.ledger = LedgerView(**ledger_init)
-        self.quorum = QuorumView(-1, -1)
-        self.snapshot = SnapshotView(-1, -1)  # the applier's newest snapshot (--state-machine)
-        self.peers = [PeerView(p, -1, -1, False, 0, 0, 0, 0, 0) for p in range(n_peers)]
-        self.words: dict[str, int] = {"repair_index": -1}  # as SharedState.create initialises it
 
-
-class Unobserved:
-    """A histogram observer or request counter of a fake block: metrics decide nothing, and
-    this block has no arrays for them."""
-
-    def observe(self, value: int) -> None:
-        pass
-
-    def count_reply(self, msg: object) -> None:
-        pass
-
-
-class SimState:
-    """The SharedState methods the roles use, over a NodeBlock, for one actor."""
+class SimState(MemoryState):
+    """One actor's handle on its node's block: node/memory_state.py's MemoryState, with every
+    read a preemption point and every write a scheduling point the trace records."""
 
     def __init__(self, sim: Sim, node: Node, actor: Actor) -> None:
         self.sim = sim
         self.node = node
         self.actor = actor
-        self.n_peers = node.block.n_peers
-        self.self_slot = node.block.self_slot
-        self.read_retries = 0
+        super().__init__(block=node.block, clock=node.clock)
 
     @property
-    def block(self) -> NodeBlock:
-        return self.node.block
+    def block(self) -> MemoryBlock:
+        return self.node.block  # a node restart replaces it: every handle follows
 
-    # ---- reads: snapshot, then maybe let the world move on ------------------------------
-    def read_member(self, timeout_s: float | None = None) -> MemberView:
-        v = self.block.member
+    def _read_point(self) -> None:
         self.sim.preempt(self.actor)
-        return v
 
-    def read_ledger(self, timeout_s: float | None = None) -> LedgerView:
-        v = self.block.ledger
-        self.sim.preempt(self.actor)
-        return v
-
-    def read_quorum(self, timeout_s: float | None = None) -> QuorumView:
-        v = self.block.quorum
-        self.sim.preempt(self.actor)
-        return v
-
-    def read_snapshot(self, timeout_s: float | None = None) -> SnapshotView:
-        v = self.block.snapshot
-        self.sim.preempt(self.actor)
-        return v
-
-    def read_peer(self, slot: int, timeout_s: float | None = None) -> PeerView:
-        v = self.block.peers[slot]
-        self.sim.preempt(self.actor)
-        return v
-
-    def read_peers(self, timeout_s: float | None = None) -> list[PeerView]:
-        v = [p for p in self.block.peers if p.slot != self.self_slot]
-        self.sim.preempt(self.actor)
-        return v
-
-    # ---- writes ---------------------------------------------------------------------------
-    def write_member(self, **kw: Any) -> MemberView:
+    def _write_point(self) -> None:
         self.sim.at_write(self.actor)
-        cur = self.block.member
-        upd = {k: v for k, v in kw.items() if v is not None and k in _MEMBER_FIELDS}
-        if "role" in upd:
-            upd["role"] = Role(upd["role"])
-        new = dataclasses.replace(cur, **upd)
-        if new.role != cur.role or new.current_term != cur.current_term:
-            new = dataclasses.replace(new, role_epoch=cur.role_epoch + 1)
-        self.block.member = new
-        self.sim.on_member_write(self.node, cur, new)
-        return new
 
-    def write_ledger(self, **kw: Any) -> LedgerView:
-        self.sim.at_write(self.actor)
-        cur = self.block.ledger
-        upd = {k: v for k, v in kw.items() if v is not None and k in _LEDGER_FIELDS}
-        new = dataclasses.replace(cur, **upd)
-        self.block.ledger = new
-        self.sim.on_ledger_write(self.node, cur, new)
-        return new
-
-    def write_quorum(self, *, quorum_index: int, quorum_term: int) -> QuorumView:
-        self.sim.at_write(self.actor)
-        self.block.quorum = QuorumView(quorum_index, quorum_term)
-        self.sim.trace_event(self.actor.key, "quorum", (quorum_index, quorum_term))
-        self.sim.on_quorum_write(self.node, quorum_index, quorum_term)
-        return self.block.quorum
-
-    def write_snapshot(self, *, snapshot_index: int, snapshot_term: int) -> SnapshotView:
-        self.sim.at_write(self.actor)
-        self.block.snapshot = SnapshotView(snapshot_index, snapshot_term)
-        self.sim.trace_event(self.actor.key, "snapshot", (snapshot_index, snapshot_term))
-        return self.block.snapshot
-
-    def write_peer(self, slot: int, *, match_index: int | None = None, match_term: int | None = None,
-                   alive: bool | None = None, last_ack_ms: int | None = None) -> None:
-        self.sim.at_write(self.actor)
-        cur = self.block.peers[slot]
-        upd: dict[str, Any] = {}
-        if match_index is not None:
-            upd["match_index"] = match_index
-        if match_term is not None:
-            upd["match_term"] = match_term
-        if alive is not None:
-            upd["alive"] = bool(alive)
-        if last_ack_ms is not None:
-            upd["last_ack_ms"] = last_ack_ms
-        self.block.peers[slot] = dataclasses.replace(cur, **upd)
-
-    # ---- single words -------------------------------------------------------------------
-    def get(self, name: str) -> int:
-        return self.block.words.get(name, 0)
-
-    def set(self, name: str, value: int) -> None:
-        self.block.words[name] = value
-
-    # ---- metrics (the SharedState methods node/role_metrics.py calls) -------------------
-    def word_writer(self, name: str) -> Callable[[int], None]:
-        return lambda value: self.set(name, value)
-
-    def set_peer(self, slot: int, name: str, value: int) -> None:
-        self.set(f"peer{slot}.{name}", value)
-
-    def histogram_writer(self, name: str) -> Unobserved:
-        return Unobserved()
-
-    def peer_histogram_writer(self, slot: int, name: str) -> Unobserved:
-        return Unobserved()
-
-    def request_counter(self) -> Unobserved:
-        return Unobserved()
-
-    def incr(self, name: str, delta: int = 1) -> int:
-        w = self.block.words
-        v = w.get(name, 0) + delta
-        w[name] = v
-        return v
-
-    def get_peer(self, slot: int, name: str) -> int:
-        p = self.block.peers[slot]
-        return getattr(p, name, 0) if hasattr(p, name) else self.block.words.get(f"peer{slot}.{name}", 0)
-
-    def incr_peer(self, slot: int, name: str, delta: int = 1) -> int:
-        return self.incr(f"peer{slot}.{name}", delta)
-
-    def beat(self, role: str, now_ms: int | None = None) -> None:
-        self.block.words["beat:" + role] = self.node.clock() if now_ms is None else now_ms
-
-    def last_beat(self, role: str) -> int:
-        return self.block.words.get("beat:" + role, 0)
-
-    def repair_seqs(self, role: str) -> list[str]:
-        return []
-
-    def bump_generation(self) -> int:
-        return self.incr("generation")
-
-    def close(self) -> None:
-        pass
+    def _published(self, group: str, old: Any, new: Any) -> None:
+        if group == "member":
+            self.sim.on_member_write(self.node, old, new)
+        elif group == "ledger":
+            self.sim.on_ledger_write(self.node, old, new)
+        elif group == "quorum":
+            self.sim.trace_event(self.actor.key, "quorum", (new.quorum_index, new.quorum_term))
+            self.sim.on_quorum_write(self.node, new.quorum_index, new.quorum_term)
+        elif group == "snapshot":
+            self.sim.trace_event(self.actor.key, "snapshot", (new.snapshot_index, new.snapshot_term))
 
 
 class SimLock:
