@@ -72,6 +72,19 @@ def test_batch_write_appends_one_entry_per_row(spark: SparkSession, group: Clust
     assert sorted(added) == sorted(r[0] for r in rows) and len(added) == len(rows)
 
 
+def test_the_documented_save_with_no_mode_appends(spark: SparkSession, group: Cluster) -> None:
+    """`df.write.format("dledger").option("peers", P).save()` as written: Spark's default mode
+    (ErrorIfExists) is refused for Python data sources, so ours appends when no mode is chosen
+    (tools/pipeline/write_mode.py); a chosen mode passes through (overwrite is refused)."""
+    before = _log_bodies(group)
+    spark.createDataFrame([(b"plain-save-%d" % i,) for i in range(5)], "body binary") \
+        .write.format("dledger").option("peers", group.peers).save()
+    assert sorted(_log_bodies(group)[len(before):]) == [b"plain-save-%d" % i for i in range(5)]
+    with pytest.raises(Exception, match="(?i)overwrite"):
+        spark.createDataFrame([(b"x",)], "body binary").write.format("dledger") \
+            .option("peers", group.peers).mode("overwrite").save()
+
+
 def test_stream_sink_exactly_once_through_a_failed_task(spark: SparkSession, group: Cluster,
                                                         tmp_path: Path) -> None:
     """A UDF fails its task's first attempt after the sink has read part of the rows; the

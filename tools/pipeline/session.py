@@ -117,9 +117,11 @@ def build_session(master: str = "local[*]", *, app_name: str = "dledger", ship: 
     spark.sparkContext.setLogLevel("ERROR")
     if ship and not local:
         spark.sparkContext.addPyFile(str(package_zip()))
+    from tools.pipeline import write_mode
     from tools.pipeline.datasource import DLedgerDataSource
 
     spark.dataSource.register(DLedgerDataSource)
+    write_mode.install()  # `df.write.format("dledger").save()` appends (write_mode.py)
     return spark
 
 
@@ -130,9 +132,11 @@ def spark_session(master: str = "local[*]", *, ship: bool = True,
     running; otherwise starts one and stops it on the way out."""
     active = SparkSession.getActiveSession()
     if active is not None:
+        from tools.pipeline import write_mode
         from tools.pipeline.datasource import DLedgerDataSource
 
         active.dataSource.register(DLedgerDataSource)
+        write_mode.install()
         yield active
         return
     spark = build_session(master, ship=ship, app_name=app_name)
