@@ -50,7 +50,8 @@ PRELOAD = frozenset({"node.roles.handler", "node.roles.elector", "node.roles.dis
                      "node.roles.ack_checker", "node.roles.applier"})
 """The role modules imported into the zygote before the first fork of each (import has no side
 effect in these; anything else is imported by the forked child only)."""
-REPARENT_WAIT_S = 5.0  # how long a forked role waits to become the supervisor's child
+REPARENT_POLL_S = 0.0005
+REPARENT_TRIES = 10_000  # a forked role waits this many polls (5 s idle) to be the supervisor's child
 _PR_SET_PDEATHSIG = 1
 
 
@@ -93,11 +94,12 @@ def _run_role(req: dict) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         parent = int(req["parent"])
-        deadline = time.monotonic() + REPARENT_WAIT_S
-        while os.getppid() != parent:  # the intermediate exits at once; then we are handed over
-            if time.monotonic() > deadline:
-                os._exit(1)  # the supervisor is gone: nothing to work for
-            time.sleep(0.0005)
+        for _ in range(REPARENT_TRIES):  # the intermediate exits at once; then we are handed over
+            if os.getppid() == parent:
+                break
+            time.sleep(REPARENT_POLL_S)
+        else:
+            os._exit(1)  # never handed to the supervisor: it is gone, nothing to work for
         set_cmdline(req["title"])
         sys.argv = [req["module"], *req["argv"]]
         # As under `python -m`: the module runs as __main__ only, from its own code (the
