@@ -17,6 +17,10 @@ median over the runs:
   -> all know           the last node's "became LEADER"/"became FOLLOWER ... leader=" line
   -> seen               the agreed leader seen by this tool (its own polling)
 
+and the CPU (user + system) of every live process of the group at that moment: on 2 cores
+with 3 nodes starting at once the start is CPU-bound, so this is what a quiet machine's
+start time follows.
+
 `--code-dir DIR` (repeatable; `.` is this checkout) runs the servers from another checkout
 (e.g. `git archive` of an older commit unpacked in DIR), in turn, for an A/B in one sitting.
 Every server is stopped and its stores removed after each run, also on errors.
@@ -70,6 +74,7 @@ def start_once(nodes: int, code: str | None, timeout: float) -> dict[str, float]
         g.start()
         g.wait_leader(timeout=timeout)
         seen = time.monotonic() - t0
+        cpu = g.cpu_seconds()  # of every process of the group, to get there
         events = [_node_events(g.root / f"{x}.log") for x in g.ids]
     finally:
         g.close()
@@ -85,6 +90,7 @@ def start_once(nodes: int, code: str | None, timeout: float) -> dict[str, float]
     if len(knows) == len(events):
         out["all_know"] = max(knows)
     out["seen"] = seen
+    out["cpu"] = cpu
     return out
 
 
@@ -105,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                for k in PHASES if any(k in s for s in samples)}
         row = {"code": code, "nodes": args.nodes, "runs": args.runs,
                "loadavg": round(os.getloadavg()[0], 2), "median_s_from_launch": med,
-               "seen_s": [round(s["seen"], 3) for s in samples]}
+               "seen_s": [round(s["seen"], 3) for s in samples],
+               "cpu_s_to_leader": round(statistics.median(s["cpu"] for s in samples), 2)}
         if args.json:
             print(json.dumps(row), flush=True)
         else:
             print(f"{code}: load {row['loadavg']}; to leader (seen) {med['seen']:.3f} s "
-                  f"(runs: {', '.join(f'{x:.2f}' for x in row['seen_s'])})", flush=True)
+                  f"(runs: {', '.join(f'{x:.2f}' for x in row['seen_s'])}); CPU of the group "
+                  f"until then {row['cpu_s_to_leader']:.2f} s", flush=True)
             prev = 0.0
             for k in PHASES:
                 if k in med:
