@@ -171,6 +171,7 @@ class Supervisor:
         self._stage_deadline = 0
         self._zygote: subprocess.Popen | None = None
         self._zsock: socket.socket | None = None
+        self._subreaper = False  # PR_SET_CHILD_SUBREAPER set: orphans of our roles come to us
 
     # ------------------------------------------------------------------ set-up
     def _lock_store(self) -> None:
@@ -277,6 +278,7 @@ class Supervisor:
                 return
         except (OSError, AttributeError):  # pragma: no cover - non-Linux
             return
+        self._subreaper = True
         ours, theirs = socket.socketpair()
         base = [sys.executable, "-m", "node.roles.zygote", "--fd", str(theirs.fileno()), "--title-room"]
         room = title_room([self._role_cmd(r) for r in self.roles]) - title_room([base]) + 64
@@ -385,8 +387,31 @@ class Supervisor:
         self._waiting_on = stage
         self._stage_deadline = monotonic_ms() + STAGE_MAX_MS
 
+    def _reap_orphans(self) -> None:
+        """As the child subreaper (for the zygote's forks) we also inherit whatever a dying role
+        leaves running (an on_role_change command of the elector...): reap those once they
+        exit, or each stays a zombie for the node's life. Only children that are not a role or
+        the zygote: those are reaped through their own objects (poll), which run first, so a
+        known zombie here is one that exited since; it is left for the next pass."""
+        known = {r.proc.pid for r in self.roles if r.proc is not None}
+        if self._zygote is not None:
+            known.add(self._zygote.pid)
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in known:
+                return
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                return
+
     def _reap(self) -> None:
         now = monotonic_ms()
+        if self._subreaper:
+            self._reap_orphans()
         if self._zygote is not None and self._zygote.poll() is not None and not self._stop_requested:
             log.warning("%s zygote pid=%d exited (%s); roles start as fresh interpreters from now on",
                         self.node, self._zygote.pid, self._zygote.returncode)

@@ -91,3 +91,19 @@ def test_no_zygote_when_turned_off(make_cluster):
                     "the roles running")
     assert "zygote" not in pids
     assert not any(ln.endswith("(forked)") for ln in n0.log_text().splitlines())
+
+
+def test_a_process_a_dead_role_left_behind_is_reaped_not_left_a_zombie(make_cluster):
+    """As the child subreaper, the supervisor inherits what a dying role leaves running (here the
+    elector's on_role_change command): once that exits it must be reaped, or it stays a zombie
+    for the node's whole life."""
+    c = make_cluster(1, on_role_change="sleep 1")
+    c.wait_leader(timeout=15)
+    node = c.nodes["n0"]
+    elector = wait_for(lambda: node.role_pids().get("elector"), 15, "the elector running")
+    hook = wait_for(lambda: next((p for p in _children(elector) if _args(p)[:1] == ["sleep"]), None),
+                    15, "the role-change command running")
+    os.kill(elector, signal.SIGKILL)
+    wait_for(lambda: hook in _children(node.proc.pid) or not Path(f"/proc/{hook}").exists(), 10,
+             "the command handed to the supervisor")
+    wait_for(lambda: not Path(f"/proc/{hook}").exists(), 15, "the orphaned command reaped")
