@@ -138,9 +138,36 @@ class LocalGroup:
         finally:
             s.close()
 
+    def metas(self, nids: list[str], timeout_ms: int = 200) -> dict[str, P.MetadataResponse | None]:
+        """METADATA of several nodes, asked of all at once: a node that does not answer yet
+        (still starting) costs one `timeout_ms`, not one per node."""
+        out: dict[str, P.MetadataResponse | None] = dict.fromkeys(nids)
+        socks: dict[zmq.Socket, str] = {}
+        poller = zmq.Poller()
+        try:
+            for nid in nids:
+                s = self.ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                socks[s] = nid
+                s.connect(f"tcp://{self.hosts[nid]}:{self.ports[self.ids.index(nid)]}")
+                s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
+                poller.register(s, zmq.POLLIN)
+            deadline = time.monotonic() + timeout_ms / 1000
+            waiting = len(socks)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                for s, _ in poller.poll(max(1, int(left * 1000))):
+                    poller.unregister(s)
+                    waiting -= 1
+                    m = P.decode(s.recv())
+                    out[socks[s]] = m if isinstance(m, P.MetadataResponse) else None
+        finally:
+            for s in socks:
+                s.close()
+        return out
+
     def leader(self, among: list[str] | None = None) -> tuple[str, int] | None:
         """(leader id, term) when every node in `among` answers and agrees, else None."""
-        views = [self.meta(x) for x in (among or self.ids)]
+        views = list(self.metas(among or self.ids).values())
         if any(v is None for v in views):
             return None
         leaders = [v for v in views if v.role == Role.LEADER]

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ipc.codes import ParseResult, ResponseCode, Role, VoteResult
 from ipc.protocol import (
@@ -244,12 +244,15 @@ class ElectorCore:
     a node restarted with its self-vote on disk could otherwise be elected a second time in the term
     it led (with a log that may have lost a tail it had already sent). A node that voted for another
     node, or not at all, cannot have led its term, so it rejoins that term: restarting a follower
-    must not depose a healthy leader by bringing a higher term back with it.
+    must not depose a healthy leader by bringing a higher term back with it. A `new_member`
+    (nothing on disk: no vote, no log, in a group the elector found new) skips the heartbeat
+    interval: there is no leader to hear, and the vote rules alone keep elections safe.
     """
 
     def __init__(self, self_id: str, members: Iterable[str], group: str = "default",
                  cfg: ElectionConfig | None = None, rng: random.Random | None = None, *,
-                 term: int = 0, voted_for: str | None = None, now_ms: int = 0) -> None:
+                 term: int = 0, voted_for: str | None = None, now_ms: int = 0,
+                 new_member: bool = False) -> None:
         self.cfg = (cfg or ElectionConfig()).validate()
         # Tests inject a seeded Random; the default is OS-seeded because identical sequences
         # on all members would synchronize their vote timers (endless split votes).
@@ -288,6 +291,16 @@ class ElectorCore:
         rejoin = voted_for != self_id and term > 0
         self.last_parse = ParseResult.WAIT_TO_REVOTE if rejoin else ParseResult.WAIT_TO_VOTE_NEXT
         self._started_ms = now_ms
+        # A new member (never voted: no term/vote file; an empty store) of a group with no
+        # history has no leader to hear first: its first campaign waits the randomized vote
+        # interval only, not the heartbeat interval before it. Timing only: votes decide.
+        self._first_wait_ms = 0 if new_member else self.cfg.heartbeat_interval_ms
+        # ... and it draws from the lower half of the vote interval: members of a new group
+        # start together, and the first of them stands sooner; a split vote (they all stood
+        # within one round trip) only costs a round, then the full interval applies.
+        self._first_cfg = self.cfg if not new_member else replace(
+            self.cfg, max_vote_interval_ms=max(self.cfg.min_vote_interval_ms + 1, (
+                self.cfg.min_vote_interval_ms + self.cfg.max_vote_interval_ms) // 2))
         self._next_vote_ms: int | None = None
         self._beat_requested = False  # request_heartbeat while a round was in flight
         # (token, asked at) of confirmations waiting for a quorum round that started at or
@@ -311,8 +324,8 @@ class ElectorCore:
     def next_vote_ms(self) -> int:
         """nextTimeToRequestVote: when a candidate's next vote round may start."""
         if self._next_vote_ms is None:
-            self._next_vote_ms = self.cfg.heartbeat_interval_ms + next_time_to_request_vote(
-                self._started_ms, 0, self.cfg, self.rng)
+            self._next_vote_ms = self._first_wait_ms + next_time_to_request_vote(
+                self._started_ms, 0, self._first_cfg, self.rng)
         return self._next_vote_ms
 
     @next_vote_ms.setter

@@ -325,9 +325,14 @@ class Elector:
         """Build the core from the term file and publish the initial role (call once the
         handler published the ledger end: see the module docstring)."""
         tv = self.termvote.current
+        led = self.state.read_ledger()
+        # Never voted (no term/vote file, also after learning the group's term: a group with
+        # history makes it record one) and nothing stored: its first campaign may come sooner.
+        new_member = (self.termvote.absent and led.ledger_end_index < 0
+                      and led.ledger_begin_index < 0)
         self.core = ElectorCore(self.cfg.id, self.peer_ids, self.cfg.group,
                                 self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
-                                now_ms=self.now())
+                                now_ms=self.now(), new_member=new_member)
         with self.lock:
             self._publish(Step([RoleChanged(self.core.role, self.core.term, None)], 0))
         self.log.info("%s elector ready term=%d voted_for=%s", self.cfg.id, self.core.term,
@@ -405,7 +410,7 @@ class Elector:
             if self.state.last_beat("handler") > 0:
                 return True
             self.rc.beat()
-            time.sleep(0.05)
+            time.sleep(0.01)
         return False
 
     def run(self) -> None:

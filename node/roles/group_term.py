@@ -37,6 +37,7 @@ NOT_VOTING_WHY = {
                          "(catchUpIndex in currterm)",
 }
 LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
+UNSENT_RETRY_MS = 10  # how soon a request that could not be sent (no connection yet) is retried
 
 
 def needs_group_term(cfg: NodeConfig, termvote: TermVoteFile, led: LedgerView) -> bool:
@@ -77,14 +78,17 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
             if decision is not None:
                 break
             t = now()
+            unsent = False
             for peer, sk in socks.items():
                 if peer not in answers and t - asked.get(peer, -LOST_STATE_ASK_MS) >= LOST_STATE_ASK_MS:
-                    asked[peer] = t
                     try:
                         sk.send(P.encode(P.MetadataRequest(cfg.group, peer, request_id=t)), zmq.NOBLOCK)
-                    except zmq.Again:
-                        pass
-            for sk, _ in poller.poll(100):
+                        asked[peer] = t
+                    except zmq.Again:  # not connected yet (IMMEDIATE): ask as soon as it is
+                        unsent = True
+            # A group starting together: the peers' handlers bind a moment after we connect, so
+            # a request that could not be sent is retried at once, not a whole ask interval on.
+            for sk, _ in poller.poll(UNSENT_RETRY_MS if unsent else 100):
                 peer = next(q for q, x in socks.items() if x is sk)
                 try:
                     msg = P.decode(sk.recv(zmq.NOBLOCK))

@@ -6,6 +6,13 @@ role is noticed through SIGCHLD (the loop wakes on a self-pipe, so "within a sec
 disk and in the block; a role that hangs (no beat for `HANG_MS`) is killed and restarted;
 stopping is SIGTERM → grace → SIGKILL, by PID; the block is unlinked and exit is 0.
 
+Roles are forked from a pre-imported zygote (node/roles/zygote.py: one fresh interpreter per
+node that imported the role modules, so a role's start costs milliseconds instead of ~0.2 s of
+imports) and handed to the supervisor by the kernel (it is a child subreaper), so each is still
+its own OS process, our child, with its usual command line. If the zygote cannot be used (it
+died, it did not answer, no PR_SET_CHILD_SUBREAPER, or DLEDGER_NO_ZYGOTE=1 in the environment)
+the roles are started as fresh interpreters, as before.
+
 Never a half-alive node that answers but cannot elect or replicate: a role that exits with
 `EXIT_FATAL` (RoleContext.fatal: a damaged term file, a corrupt store, a store it cannot write)
 or that crash-loops (`CRASH_LOOP_RESTARTS` restarts within `CRASH_LOOP_WINDOW_MS`) stops the
@@ -15,6 +22,7 @@ reason, or its last exit status), and exits 1.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import importlib.util
 import json
@@ -32,6 +40,7 @@ from pathlib import Path
 
 from node.config import NodeConfig
 from node.roles.runtime import EXIT_FATAL, fatal_file, state_name
+from node.roles.zygote import title_room
 from node.rundirs import make_owned_tempdir, release
 from node.shared_state import SharedState, monotonic_ms
 
@@ -44,6 +53,11 @@ MIN_BACKOFF_MS = 100
 STABLE_MS = 10_000  # a role up this long gets its backoff reset
 CRASH_LOOP_RESTARTS = 5  # restarts within CRASH_LOOP_WINDOW_MS that make a crash loop
 CRASH_LOOP_WINDOW_MS = 30_000
+ZYGOTE_REPLY_S = 30.0
+"""How long a fork request may take (the zygote imports a role's modules on its first fork):
+past it the zygote is stopped and the roles start as fresh interpreters."""
+NO_ZYGOTE_ENV = "DLEDGER_NO_ZYGOTE"  # "1": start every role as a fresh interpreter
+_PR_SET_CHILD_SUBREAPER = 36
 
 log = logging.getLogger("dledger.supervisor")
 
@@ -58,12 +72,60 @@ class RoleProc:
     module: str
     beat_role: str  # the block's writer name: "dispatcher[1]"
     args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForkedRole | None = None
     started_ms: int = 0
     backoff_ms: int = MIN_BACKOFF_MS
     restart_at_ms: int | None = None
     restarts: int = 0
     recent_restarts: deque[int] = field(default_factory=deque)  # when, within the window
+
+
+class ForkedRole:
+    """A role forked by the zygote and handed to us by the kernel: the part of Popen's interface
+    the supervisor uses (pid, poll, wait, send_signal, kill, returncode), over waitpid/kill.
+    It is our child from the moment we learn its pid (the zygote answers only once the
+    intermediate process that forked it has exited), so waitpid reaps it as Popen would."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not ours (cannot happen: see the class docstring)
+                self.returncode = 1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            while self.poll() is None:
+                try:
+                    _, status = os.waitpid(self.pid, 0)
+                    self.returncode = os.waitstatus_to_exitcode(status)
+                except ChildProcessError:
+                    self.returncode = 1
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def crash_loop(recent_restarts: deque[int], now_ms: int) -> bool:
@@ -107,6 +169,9 @@ class Supervisor:
         self._stages: list[list[RoleProc]] = []  # roles still to start, stage by stage
         self._waiting_on: list[RoleProc] = []  # the stage started last
         self._stage_deadline = 0
+        self._zygote: subprocess.Popen | None = None
+        self._zsock: socket.socket | None = None
+        self._subreaper = False  # PR_SET_CHILD_SUBREAPER set: orphans of our roles come to us
 
     # ------------------------------------------------------------------ set-up
     def _lock_store(self) -> None:
@@ -194,21 +259,97 @@ class Supervisor:
                 self.roles.append(RoleProc(name, module, beat_role, args))
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, r: RoleProc) -> None:
+    def _role_cmd(self, r: RoleProc) -> list[str]:
+        """The role's command line: what it is started with as a fresh interpreter, and the
+        title a forked one takes (ps, the tools and the tests read it)."""
         assert self.run_dir is not None
         cmd = [sys.executable, "-m", r.module, "--config", str(self.run_dir / "config.json"), *r.args]
         if self.debug:
             cmd.append("--debug")
+        return cmd
+
+    def _start_zygote(self) -> None:
+        """Start the node's zygote (module docstring), unless it is turned off or the kernel
+        cannot hand its forks to us. Nothing is waited for: it imports on its first request."""
+        if os.environ.get(NO_ZYGOTE_ENV) == "1":
+            return
+        try:
+            if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+                return
+        except (OSError, AttributeError):  # pragma: no cover - non-Linux
+            return
+        self._subreaper = True
+        ours, theirs = socket.socketpair()
+        base = [sys.executable, "-m", "node.roles.zygote", "--fd", str(theirs.fileno()), "--title-room"]
+        room = title_room([self._role_cmd(r) for r in self.roles]) - title_room([base]) + 64
+        try:
+            self._zygote = subprocess.Popen([*base, "." * max(1, room)], stdin=subprocess.DEVNULL,
+                                            close_fds=True, pass_fds=(theirs.fileno(),))
+        except OSError as e:
+            log.warning("%s cannot start the zygote (%s): roles start as fresh interpreters",
+                        self.node, e)
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        ours.settimeout(ZYGOTE_REPLY_S)
+        self._zsock = ours
+
+    def _stop_zygote(self) -> None:
+        if self._zsock is not None:
+            self._zsock.close()  # the zygote exits when its socket closes
+            self._zsock = None
+        if self._zygote is not None:
+            if self._zygote.poll() is None:
+                self._zygote.terminate()
+            try:
+                self._zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+
+    def _fork(self, r: RoleProc, cmd: list[str]) -> ForkedRole | None:
+        """Ask the zygote for the role; None (and the zygote stopped for good) if it fails."""
+        if self._zsock is None:
+            return None
+        req = {"module": r.module, "argv": cmd[3:], "title": cmd, "parent": os.getpid()}
+        try:
+            self._zsock.sendall(json.dumps(req).encode() + b"\n")
+            reply = b""
+            while not reply.endswith(b"\n"):
+                got = self._zsock.recv(256)
+                if not got:
+                    raise OSError("the zygote exited")
+                reply += got
+            text = reply.decode(errors="replace").strip()
+            if not text.isdigit():
+                raise OSError(text)
+            return ForkedRole(int(text))
+        except OSError as e:  # socket.timeout is an OSError
+            log.warning("%s zygote failed (%s); roles start as fresh interpreters from now on",
+                        self.node, e or type(e).__name__)
+            self._stop_zygote()
+            return None
+
+    def _spawn(self, r: RoleProc) -> None:
+        assert self.run_dir is not None
+        cmd = self._role_cmd(r)
         fatal_file(self.run_dir, r.beat_role).unlink(missing_ok=True)  # a previous run's reason
-        r.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
+        r.proc = self._fork(r, cmd) or subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
         r.started_ms = monotonic_ms()
         r.restart_at_ms = None
-        log.info("%s started %s pid=%d", self.node, r.name, r.proc.pid)
+        log.info("%s started %s pid=%d%s", self.node, r.name, r.proc.pid,
+                 " (forked)" if isinstance(r.proc, ForkedRole) else "")
 
     def _spawn_handler_first(self) -> None:
         """Start the roles in stages: the handler now, the elector once the handler serves,
         every other role once the elector runs (`_next_stage`; each stage after at most
         STAGE_MAX_MS even if the one before has not beaten yet).
+
+        With the zygote (module docstring) the handler and the elector start together (a fork
+        costs milliseconds; the elector waits for the handler's first beat itself), the rest
+        once the elector runs.
 
         Why: the handler alone decides when the node answers (it recovers the store, then binds
         the data port), and the elector when it votes (never before the handler's first beat).
@@ -218,6 +359,11 @@ class Supervisor:
         handler = [r for r in self.roles if r.name == "handler"]
         elector = [r for r in self.roles if r.name == "elector"]
         rest = [r for r in self.roles if r not in handler and r not in elector]
+        if self._zsock is not None:
+            # Forked roles cost milliseconds, not an interpreter's imports: the elector starts
+            # with the handler and waits for its first beat itself, so it is ready to vote the
+            # moment the handler serves.
+            handler, elector = handler + elector, []
         self._stages = [s for s in (elector, rest) if s]
         self._waiting_on = handler
         for r in handler:
@@ -241,8 +387,35 @@ class Supervisor:
         self._waiting_on = stage
         self._stage_deadline = monotonic_ms() + STAGE_MAX_MS
 
+    def _reap_orphans(self) -> None:
+        """As the child subreaper (for the zygote's forks) we also inherit whatever a dying role
+        leaves running (an on_role_change command of the elector...): reap those once they
+        exit, or each stays a zombie for the node's life. Only children that are not a role or
+        the zygote: those are reaped through their own objects (poll), which run first, so a
+        known zombie here is one that exited since; it is left for the next pass."""
+        known = {r.proc.pid for r in self.roles if r.proc is not None}
+        if self._zygote is not None:
+            known.add(self._zygote.pid)
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in known:
+                return
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                return
+
     def _reap(self) -> None:
         now = monotonic_ms()
+        if self._subreaper:
+            self._reap_orphans()
+        if self._zygote is not None and self._zygote.poll() is not None and not self._stop_requested:
+            log.warning("%s zygote pid=%d exited (%s); roles start as fresh interpreters from now on",
+                        self.node, self._zygote.pid, self._zygote.returncode)
+            self._stop_zygote()
         for r in self.roles:
             if r.proc is None or r.proc.poll() is None:
                 continue
@@ -312,6 +485,7 @@ class Supervisor:
             self.state = SharedState.create(state_name(self.cfg), len(self.cfg.peer_ids),
                                             self.cfg.self_slot, role="supervisor")
             self._plan_roles()
+            self._start_zygote()
             self._install_signals()
             log.info("%s node starting: group=%s peers=%s store=%s roles=%s", self.node, self.cfg.group,
                      self.cfg.peers, self.store_dir, ",".join(r.name for r in self.roles))
@@ -369,6 +543,7 @@ class Supervisor:
                 log.warning("%s %s pid=%d ignored SIGTERM; killing", self.node, r.name, r.proc.pid)
                 r.proc.kill()
                 r.proc.wait()
+        self._stop_zygote()
         if self.state is not None:
             self.state.unlink()
             self.state.close()

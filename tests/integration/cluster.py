@@ -216,8 +216,36 @@ class Cluster:
         return r if isinstance(r, P.MetadataResponse) and r.code == ResponseCode.SUCCESS else None
 
     def views(self, timeout: float = 0.5) -> dict[str, P.MetadataResponse | None]:
-        return {nid: (self.metadata(nid, timeout) if n.alive and not n.stopped else None)
-                for nid, n in self.nodes.items()}
+        """Every live node's METADATA (None: down, stopped or no answer within `timeout`),
+        asked of all nodes at once: a node that does not answer yet (still starting) costs one
+        `timeout` per call, not one per node, so a wait on a group just started sees its
+        leader as soon as it is there."""
+        out: dict[str, P.MetadataResponse | None] = dict.fromkeys(self.nodes)
+        socks: dict[zmq.Socket, str] = {}
+        poller = zmq.Poller()
+        try:
+            for nid, n in self.nodes.items():
+                if not n.alive or n.stopped:
+                    continue
+                s = self.ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                socks[s] = nid
+                s.connect(f"tcp://{n.address}")
+                s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
+                poller.register(s, zmq.POLLIN)
+            deadline = time.monotonic() + timeout
+            waiting = len(socks)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                for s, _ in poller.poll(max(1, int(left * 1000))):
+                    poller.unregister(s)
+                    waiting -= 1
+                    r = P.decode(s.recv())
+                    if isinstance(r, P.MetadataResponse) and r.code == ResponseCode.SUCCESS:
+                        out[socks[s]] = r
+        finally:
+            for s in socks:
+                s.close()
+        return out
 
     def leader(self, among: list[str] | None = None) -> str | None:
         """The leader every answering node in `among` agrees on (same term), else None."""

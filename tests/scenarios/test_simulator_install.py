@@ -81,7 +81,7 @@ def test_corrupted_chunks_are_refused_by_the_checksum_and_the_install_restarts()
 
 
 def test_a_seed_with_installs_replays_to_the_same_trace() -> None:
-    kw = dict(seed=6001, store="segment", hash_trace=True, state_machine="kv", steps=STEPS)
+    kw = dict(seed=6002, store="segment", hash_trace=True, state_machine="kv", steps=STEPS)  # one with an install
     a = run_seed(SimConfig(**kw))  # type: ignore[arg-type]
     b = run_seed(SimConfig(**kw))  # type: ignore[arg-type]
     assert a.ok and b.ok and a.stats.get("installs_completed")

@@ -107,6 +107,22 @@ def test_startup_waits_a_vote_interval_then_campaigns_in_a_new_term():
     assert step.next_deadline_ms == first + CFG.vote_round_timeout_ms  # the round's deadline
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_new_member_campaigns_after_the_vote_interval_only(seed):
+    """Nothing on disk (never voted, empty log): no leader to hear first, so no heartbeat
+    interval, and the lower half of the randomized vote interval; the first campaign is in
+    term 1 as ever, and later timers use the full interval."""
+    c = ElectorCore("n0", IDS, "g", CFG, random.Random(seed), now_ms=1000, new_member=True)
+    first = c.next_vote_ms
+    half = (CFG.min_vote_interval_ms + CFG.max_vote_interval_ms) // 2
+    assert 1000 + CFG.min_vote_interval_ms <= first < 1000 + half  # the lower half, no heartbeat wait
+    old = ElectorCore("n0", IDS, "g", CFG, random.Random(seed), now_ms=1000)
+    assert old.next_vote_ms >= first + CFG.heartbeat_interval_ms
+    step = check(c.tick(first, LedgerEnd(-1, -1)))
+    assert step.effects[0] == Persist(1, "n0")
+    assert {s.message.term for s in sends(step)} == {1}
+
+
 @pytest.mark.parametrize("voted", [None, "n2"])
 def test_a_restarted_follower_rejoins_its_term_instead_of_deposing_its_leader(voted):
     """A node whose vote in term 4 went to another node (or nowhere) cannot have led term 4: it

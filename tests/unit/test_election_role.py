@@ -171,6 +171,19 @@ def test_start_publishes_candidate_and_first_vote_is_in_a_new_term(rc):
     assert el.termvote.current.term == 5  # persisted before the requests left
 
 
+def test_a_member_with_nothing_on_disk_campaigns_without_the_heartbeat_wait(rc):
+    el, tr = started(rc)  # no currterm file, an empty ledger: a new member
+    hb = rc.cfg.election_config().heartbeat_interval_ms
+    assert el.next_wait_ms() < rc.cfg.election_config().max_vote_interval_ms
+    rc.now += el.next_wait_ms()
+    el.tick()
+    assert {req.term for _, req in tr.take(P.VoteRequest)} == {1}
+    # with a term/vote file (it voted once, or learned a term): the heartbeat interval first
+    (Path(rc.cfg.store_dir) / "currterm").write_text("currTerm=0\nvoteLeader=\n")
+    el2, _ = started(rc)
+    assert el2.next_wait_ms() >= hb + rc.cfg.election_config().min_vote_interval_ms
+
+
 def test_confirm_leadership_starts_a_heartbeat_round_whose_start_is_published_then_wakes_the_handler(rc):
     el, tr = lead(rc)
     rc.now += 50  # mid-interval: nothing due by the clock

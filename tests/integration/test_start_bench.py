@@ -1,0 +1,23 @@
+"""`python -m tools.bench.start` (docs/performance.md "Start time") measures a real group's start:
+every phase it reports comes from the nodes' own log lines, in launch order."""
+
+import json
+import subprocess
+import sys
+from itertools import pairwise
+
+from cluster import ROOT
+
+from tools.bench.start import PHASES
+
+
+def test_start_bench_reports_every_phase_in_order():
+    r = subprocess.run([sys.executable, "-m", "tools.bench.start", "--runs", "1", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (row,) = [json.loads(ln) for ln in r.stdout.splitlines()]
+    med = row["median_s_from_launch"]
+    assert list(med) == list(PHASES), med  # each phase found in the logs
+    times = [med[k] for k in PHASES]
+    assert times[0] > 0 and all(a <= b for a, b in pairwise(times)), med
+    assert row["cpu_s_to_leader"] > 0
