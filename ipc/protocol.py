@@ -463,7 +463,7 @@ class NodeStatus:
     leader_change_age_ms: int = -1  # since this node last saw the leader change; -1: never
     applied_index: int = -1
     end_pos: int = 0  # data-file write position (bytes written to this node's store)
-    append_latency: tuple[int, ...] = ()  # per-bucket counts, node/histogram.py LATENCY_MS, +Inf last
+    append_latency: tuple[int, ...] = ()  # per-bucket counts, node/observe/histogram.py LATENCY_MS, +Inf last
 
 
 @dataclass(slots=True)

@@ -28,14 +28,14 @@ from typing import Any
 
 from ipc.sockets import format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
 from node.core.election_types import ElectionConfig
-from node.logfmt import LOG_FORMATS, LOG_LEVELS, configure_logging  # noqa: F401 - re-exported
-from node.ports import peers_problems
+from node.observe.logfmt import LOG_FORMATS, LOG_LEVELS, configure_logging  # noqa: F401 - re-exported
 from node.store.base import (
     DEFAULT_DATA_FILE_SIZE,
     DEFAULT_INDEX_FILE_SIZE,
     FLUSH_MODES,
     StoreConfig,
 )
+from node.wiring.ports import peers_problems
 
 
 class ConfigError(ValueError):

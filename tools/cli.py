@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from node.logfmt import configure_logging
+from node.observe.logfmt import configure_logging
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
@@ -168,8 +168,8 @@ def size_arg(text: str) -> int:
 
 def peers_arg(text: str) -> str:
     """A peers string with no duplicate id or address and no data port on another node's
-    elector port (node.ports.peers_problems), all found before any client or node starts."""
-    from node.ports import peers_problems
+    elector port (node.wiring.ports.peers_problems), all found before any client or node starts."""
+    from node.wiring.ports import peers_problems
 
     problems = peers_problems(text)
     if problems:

@@ -33,7 +33,7 @@ import zmq
 from ipc import protocol as P
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
-from node.shared_state import segment_name
+from node.block.shared_state import segment_name
 from tools.bench.failover import Writer
 from tools.local_group import LocalGroup
 

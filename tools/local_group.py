@@ -10,7 +10,7 @@ Footprint and clean-up: segment files are 64 MiB data / 8 MiB index unless the t
 own sizes (a demo should not reserve gigabytes). The temporary directory goes in `close()`;
 SIGTERM is turned into SystemExit while a group runs (when the tool left SIGTERM at its default)
 so `finally: group.close()` runs then too; and a directory left by a tool that was SIGKILLed is
-reclaimed by the next LocalGroup (node.rundirs).
+reclaimed by the next LocalGroup (node.host.rundirs).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import Role
 from node.config import LOCAL_DATA_FILE_SIZE, LOCAL_INDEX_FILE_SIZE
-from node.ports import free_port_pairs
+from node.host.rundirs import make_owned_tempdir, release
 from node.roles.runtime import die_with_parent
-from node.rundirs import make_owned_tempdir, release
+from node.wiring.ports import free_port_pairs
 
 TEMP_PREFIX = "dledger-local-"
 

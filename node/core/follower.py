@@ -54,7 +54,7 @@ ABNORMAL_CHECK_MS = 1000
 
 
 class MemberSnapshot(Protocol):
-    """What the core reads of one member snapshot (node.shared_state.MemberView has it)."""
+    """What the core reads of one member snapshot (node.block.shared_state.MemberView has it)."""
 
     role: Role
     current_term: int

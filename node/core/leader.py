@@ -58,7 +58,7 @@ from node.core.sessions import (
     session_id,
 )
 
-NO_SLOT = -1  # node.shared_state.NO_SLOT: no transferee (kept here: the core imports no I/O module)
+NO_SLOT = -1  # node.block.shared_state.NO_SLOT: no transferee (kept here: the core imports no I/O module)
 NOOP_RETRY_MIN_MS = 50
 NOOP_RETRY_MAX_MS = 1000
 SESSION_ID_BLOCK = 256  # session ids reserved (recorded by the handler) at a time
@@ -69,7 +69,7 @@ at most once a second; asked only by an append that would be written)."""
 
 
 class MemberSnapshot(Protocol):
-    """What the core reads of one member snapshot (node.shared_state.MemberView has it)."""
+    """What the core reads of one member snapshot (node.block.shared_state.MemberView has it)."""
 
     role: Role
     current_term: int

@@ -26,11 +26,11 @@ import zmq
 
 from ipc.codes import Role
 from ipc.sockets import drain
-from node import channels
 from node.core.lease import holds_lease, lease_ms
 from node.core.replication import current_term_watermarks, quorum_advance
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
+from node.wiring import channels
 
 IDLE_POLL_MS = 1000
 LEASE_POLL_MS = 5  # a LEADER without a lease looks again this often (renewals wake nobody)

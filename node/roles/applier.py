@@ -14,7 +14,7 @@ publish `applied_index`, send the results to the handler (which answers the appe
 waiting for them), take a snapshot every `snapshot_threshold` entries, and answer parked
 queries whose read index is applied.
 
-Channels (node/channels.py): PULL `apply` (wake-ups from the handler when the committed index
+Channels (node/wiring/channels.py): PULL `apply` (wake-ups from the handler when the committed index
 moves; lost ones cost at most IDLE_POLL_MS), PUSH `results`, ROUTER `query`.
 
 I/O is injectable (docs/contracts.md C7): the class builds no socket; `run()` sets a zmq `transport`
@@ -30,7 +30,6 @@ from typing import Protocol
 import zmq
 
 from ipc.sockets import drain, recv_routed, send_routed
-from node import channels
 from node.core.apply import (
     ParkedQuery,
     ReplayGap,
@@ -52,6 +51,7 @@ from node.statemachine.snapshot_meta import (
 from node.statemachine.snapshot_store import SnapshotStore
 from node.store import codec
 from node.store.reader import StaleRead, StoreReader
+from node.wiring import channels
 
 IDLE_POLL_MS = 100
 SNAPSHOT_RETRY_MS = 10_000  # after a failed snapshot (disk full...), wait this long before retrying

@@ -37,7 +37,7 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from ipc.sockets import data_address, dealer, drain, from_source
-from node import channels
+from node.block.shared_state import LedgerView, MemberView
 from node.core.lease import holds_lease, lease_ms
 from node.core.replication import (
     Append,
@@ -50,15 +50,15 @@ from node.core.replication import (
     PushState,
     Truncate,
 )
-from node.role_metrics import histogram, set_peer_word
+from node.observe.role_metrics import histogram, set_peer_word
 from node.roles.dispatcher_transport import DispatcherTransport, ZmqDispatcherTransport
 from node.roles.runtime import RoleContext, role_main
-from node.shared_state import LedgerView, MemberView
 from node.statemachine.snapshot_meta import Snapshot, SnapshotError
 from node.statemachine.snapshot_store import SnapshotStore, read_chunk
 from node.store.base import StoreError, committed_damage
 from node.store.codec import push_run_crc
 from node.store.reader import StaleRead, StoreReader
+from node.wiring import channels
 
 LEASE_POLL_MS = 5  # a LEADER without a lease looks at the block this often (no wake-up for renewals)
 STALE_RETRY_MS = 5  # after a read the generation fence refused: try again with a new snapshot

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import zmq
 
-from node import channels, fault_hooks
+from node.wiring import channels, fault_hooks
 
 
 class DispatcherTransport(Protocol):

@@ -38,7 +38,7 @@ from ipc.codes import ResponseCode, Role, VoteResult
 from ipc.sockets import (
     recv_routed,
 )
-from node import channels
+from node.block.shared_state import NO_SLOT
 from node.core.election import (
     ElectorCore,
     LeadershipConfirmed,
@@ -59,7 +59,7 @@ from node.core.transfer import (
     TransferEffect,
     TransferView,
 )
-from node.member_lock import MemberLock
+from node.host.member_lock import MemberLock
 from node.roles.elector_transport import MAX_ELECTOR_FRAME, ZmqElectorTransport
 from node.roles.group_term import (
     NOT_VOTING_CATCH_UP,
@@ -71,10 +71,10 @@ from node.roles.group_term import (
 )
 from node.roles.member_mismatch import MemberMismatch
 from node.roles.runtime import RoleContext, role_main
-from node.shared_state import NO_SLOT
 from node.store.base import StoreError
 from node.store.layout import LOCK_FILE, TERM_FILE, LayoutError
 from node.store.term_vote import TermVoteFile
+from node.wiring import channels
 
 MAX_WAIT_MS = 1000  # the loop beats at least this often
 

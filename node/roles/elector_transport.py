@@ -6,15 +6,15 @@ from __future__ import annotations
 import zmq
 
 from ipc.sockets import dealer, elector_address, from_source, router, send_routed
-from node import channels, fault_hooks
 from node.roles.runtime import RoleContext
+from node.wiring import channels, fault_hooks
 
 MAX_ELECTOR_FRAME = 64 << 10  # elector messages are tiny; anything bigger is junk
 
 
 class ZmqElectorTransport:
     """The elector's sockets: ROUTER on the elector port, one IMMEDIATE DEALER per peer, the
-    role PUB and the control ROUTER (node.channels)."""
+    role PUB and the control ROUTER (node.wiring.channels)."""
 
     def __init__(self, rc: RoleContext, peers: list[str]) -> None:
         cfg = rc.cfg

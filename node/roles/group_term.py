@@ -17,11 +17,11 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode
 from ipc.sockets import data_address, dealer, from_source
+from node.block.shared_state import LedgerView
 from node.config import NodeConfig
 from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
 from node.roles.member_mismatch import member_set_difference
 from node.roles.runtime import RoleContext
-from node.shared_state import LedgerView
 from node.store.term_vote import LOST_VOTE, TermVoteFile
 
 # Why a node does not vote (the block's `not_voting`, metric dledger_not_voting).

@@ -58,14 +58,14 @@ from ipc.sockets import (
     router,
     send_routed,
 )
-from node import channels
+from node.block.shared_state import MemberView
 from node.core.follower import FollowerCore
 from node.core.leader import LeaderCore
 from node.core.lease import lease_ms
 from node.core.pending import PendingTable
 from node.core.sessions import SessionTable
-from node.member_lock import MemberLock
-from node.role_metrics import HandlerMetrics
+from node.host.member_lock import MemberLock
+from node.observe.role_metrics import HandlerMetrics
 from node.roles.handling.appends import LeaderAppends
 from node.roles.handling.applier_link import ApplierLink, StateMachineLink
 from node.roles.handling.common import store_error_code
@@ -83,11 +83,11 @@ from node.roles.handling.sessions import SessionIds
 from node.roles.handling.transfer import TransferRelay
 from node.roles.retention import RetentionService
 from node.roles.runtime import RoleContext, role_main
-from node.shared_state import MemberView
 from node.store.base import StoreCorruptError
 from node.store.layout import LOCK_FILE
 from node.store.mmap_file import FileSizeMismatch
 from node.store.segment_store import SegmentStore
+from node.wiring import channels
 
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
 

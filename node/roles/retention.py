@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from node.block.state_protocol import StateBlock
 from node.config import NodeConfig
 from node.core.apply import compaction_floor
 from node.core.retention import DataFile, RetentionPlan, RetentionPolicy, plan_retention
-from node.state_protocol import StateBlock
 from node.store.segment_store import SegmentStore
 
 CHECK_MS = 1000

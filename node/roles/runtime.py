@@ -26,11 +26,11 @@ from typing import NoReturn
 import zmq
 
 from ipc.sockets import ipc_path, make_context
-from node import channels
+from node.block.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
+from node.block.state_protocol import StateBlock
 from node.config import NodeConfig, configure_logging
-from node.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
-from node.state_protocol import StateBlock
 from node.store.segment_store import disk_usage_ratio
+from node.wiring import channels
 
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3
@@ -115,11 +115,11 @@ class RoleContext:
         return ipc_path(self.run_dir, name)
 
     def channel(self, ch: channels.Channel) -> str:
-        """The ipc:// endpoint of one of the node's declared channels (node.channels)."""
+        """The ipc:// endpoint of one of the node's declared channels (node.wiring.channels)."""
         return channels.endpoint(self.run_dir, ch)
 
     def open(self, ch: channels.Channel) -> zmq.Socket:
-        """This role's end of a declared channel, opened as node.channels declares it."""
+        """This role's end of a declared channel, opened as node.wiring.channels declares it."""
         return channels.open_channel(self.zctx, self.run_dir, ch, self.role)
 
     def should_stop(self) -> bool:

@@ -38,11 +38,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.block.shared_state import SharedState, monotonic_ms
 from node.config import NodeConfig
+from node.host.rundirs import make_owned_tempdir, release
 from node.roles.runtime import EXIT_FATAL, fatal_file, state_name
 from node.roles.zygote import title_room
-from node.rundirs import make_owned_tempdir, release
-from node.shared_state import SharedState, monotonic_ms
 
 HANG_MS = 10_000
 STAGE_MAX_MS = 5_000
@@ -165,7 +165,7 @@ class Supervisor:
         self._child_exited = False
         self._fatal: str | None = None
         self._wake_r, self._wake_w = -1, -1
-        self._metrics = None  # node.metrics.MetricsServer when --metrics-port is set
+        self._metrics = None  # node.observe.metrics.MetricsServer when --metrics-port is set
         self._stages: list[list[RoleProc]] = []  # roles still to start, stage by stage
         self._waiting_on: list[RoleProc] = []  # the stage started last
         self._stage_deadline = 0
@@ -207,12 +207,12 @@ class Supervisor:
                                       f"{e.strerror or e}") from None
 
     def _start_metrics(self) -> None:
-        """`--metrics-port`: serve the node's metrics from here (node/metrics.py), bound before
+        """`--metrics-port`: serve the node's metrics from here (node/observe/metrics.py), bound before
         any role starts so a taken port is one line and exit 1, not a node half up."""
         if not self.cfg.metrics_port:
             return
-        from node.metrics import MetricsServer, NodeCollector
-        from node.status import software_version
+        from node.observe.metrics import MetricsServer, NodeCollector
+        from node.observe.status import software_version
 
         host = self.cfg.address[0]
         collector = NodeCollector(lambda: self.state, self.cfg.group, self.node, self.cfg.peer_ids,
@@ -228,7 +228,7 @@ class Supervisor:
         if self.cfg.run_dir:
             self.run_dir = Path(self.cfg.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        else:  # short: ipc:// socket paths must stay under ~100 bytes. Owned (node.rundirs):
+        else:  # short: ipc:// socket paths must stay under ~100 bytes. Owned (node.host.rundirs):
             # the run dirs of nodes that were SIGKILLed are reclaimed here, not left in /tmp.
             self.run_dir, self._run_dir_fd = make_owned_tempdir(
                 f"dl-{self.node}-", "/tmp", sweep_prefix="dl-", legacy_run_dirs=True)
@@ -237,7 +237,7 @@ class Supervisor:
         cfg["store_dir"] = str(self.store_dir)
         cfg["run_dir"] = str(self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
-        # Where embedding code finds this node's role channel (node.listeners); removed at stop.
+        # Where embedding code finds this node's role channel (node.wiring.listeners); removed at stop.
         info = {"pid": os.getpid(), "run_dir": str(self.run_dir), "id": self.node, "group": self.cfg.group}
         tmp = self.store_dir / "run.json.tmp"
         tmp.write_text(json.dumps(info), encoding="utf-8")

@@ -127,7 +127,7 @@ class SegmentStore:
         self.last_flush_error: StoreError | None = None
         # Called with the µs each flush that had something to sync took (under `_lock`, so the
         # flush thread and a sync-mode append never observe at once): the handler's fsync
-        # histogram (node/role_metrics.py). None: not timed.
+        # histogram (node/observe/role_metrics.py). None: not timed.
         self.flush_observer: Callable[[int], None] | None = None
         # Set when the files may no longer match what we believe (failed fdatasync or failed
         # rollback): every later write raises it until the store is reopened (recovery).

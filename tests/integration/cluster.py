@@ -26,10 +26,10 @@ import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role
-from node.ports import free_port_pairs
-from node.shared_state import segment_name
+from node.block.shared_state import segment_name
 from node.store.layout import read_layout
 from node.store.segment_store import SegmentStore, StoreConfig
+from node.wiring.ports import free_port_pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import pytest
 from cluster import ROOT, wait_for
 
 from ipc.client import DLedgerClient, KVClient
-from node.ports import free_port_pairs
+from node.wiring.ports import free_port_pairs
 
 DOC = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
 

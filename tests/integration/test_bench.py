@@ -22,7 +22,7 @@ def _segments() -> set[str]:
 def _leaked(since: set[str]) -> set[str]:
     """Blocks that appeared after `since` and whose supervisor is gone: a group still running
     on the machine (another test, a bench) has not leaked its block."""
-    from node.shared_state import _peek_supervisor_pid
+    from node.block.shared_state import _peek_supervisor_pid
 
     out = set()
     for name in _segments() - since:

@@ -19,7 +19,7 @@ def _chaos(*args: str, timeout: float, tmp: Path) -> tuple[subprocess.CompletedP
     block of its nodes may be left in /dev/shm. The names are computed from the run's own store
     directories (not a before/after listing of /dev/shm, which counts the blocks any other
     group on the machine leaves when it is killed)."""
-    from node.shared_state import segment_name
+    from node.block.shared_state import segment_name
 
     r = subprocess.run([sys.executable, "-m", "tools.cli", "chaos", "--json", "--keep", *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=timeout,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cluster import ROOT, wait_for
 
-from node.ports import free_port_pairs
-from node.rundirs import OWNER_FILE
+from node.host.rundirs import OWNER_FILE
+from node.wiring.ports import free_port_pairs
 
 pytestmark = pytest.mark.integration
 
@@ -158,6 +158,6 @@ def test_run_dir_of_a_sigkilled_node_is_reclaimed_at_the_next_start(tmp_path):
             if p is not None:
                 _stop(p)
     # the shared block of the SIGKILLed node a is the next start's on that store: remove it here
-    from node.shared_state import segment_name
+    from node.block.shared_state import segment_name
 
     Path("/dev/shm", segment_name("default", "n0", str(store_a))).unlink(missing_ok=True)

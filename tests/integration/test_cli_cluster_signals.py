@@ -19,8 +19,8 @@ import psutil
 import pytest
 from cluster import ROOT, wait_for
 
-from node.ports import free_port_pairs
-from node.shared_state import segment_name
+from node.block.shared_state import segment_name
+from node.wiring.ports import free_port_pairs
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ def _blocks_left(root: str) -> list[str]:
     """The demo's own nodes' shared blocks still in /dev/shm, named from their store
     directories (a before/after listing of /dev/shm also counts the blocks of any other group
     on the machine whose nodes were killed meanwhile)."""
-    from node.shared_state import segment_name
+    from node.block.shared_state import segment_name
 
     names = [segment_name("default", f"n{i}", Path(root, f"n{i}")) for i in range(3)]
     return [n for n in names if Path("/dev/shm", n).exists()]

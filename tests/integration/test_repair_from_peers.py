@@ -13,7 +13,7 @@ import pytest
 from cluster import read_log, wait_for
 
 from ipc.client import DLedgerClient
-from node.shared_state import SharedState
+from node.block.shared_state import SharedState
 from node.store import codec
 
 # Damage below the checkpoint's committed entry is found by the handler's scrub, not at open

@@ -147,7 +147,7 @@ def test_flow_control_throttles_a_far_behind_follower(make_cluster):
     """docs/replication.md "Flow control": a follower more than peer_push_throttle_point entries
     behind is fed at most peer_push_quota bytes per second (sliding window), and still catches
     up."""
-    from node.shared_state import SharedState
+    from node.block.shared_state import SharedState
 
     quota = 1 << 20
     c = make_cluster(3, peer_push_quota=quota, peer_push_throttle_point=20, max_batch_push_size=64 << 10)

@@ -12,7 +12,7 @@ from ipc import protocol as P
 from ipc.client import DLedgerError
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node.shared_state import SharedState
+from node.block.shared_state import SharedState
 
 
 def assert_identical_replicas(c, acked: dict[int, bytes]) -> list:

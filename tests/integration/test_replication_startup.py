@@ -11,10 +11,10 @@ import time
 
 from cluster import ROOT
 
-from node.ports import free_port_pairs
 from node.store.base import StoreConfig
 from node.store.layout import DATA_DIR, list_segments
 from node.store.segment_store import SegmentStore
+from node.wiring.ports import free_port_pairs
 
 
 def test_a_damaged_committed_entry_stops_the_server_in_one_line(tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from cluster import ROOT, wait_for
 
-from node.ports import free_port_pairs
-from node.shared_state import segment_name
+from node.block.shared_state import segment_name
+from node.wiring.ports import free_port_pairs
 
 
 def _server(node_id: str, peers: str, store_dir: Path) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from cluster import wait_for
 from ipc.client import DLedgerError
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node.listeners import RoleChangeListener
+from node.wiring.listeners import RoleChangeListener
 
 
 def test_transfer_to_a_follower_under_appends(make_cluster):

@@ -3,7 +3,7 @@
 
 * Each node runs the REAL role classes of node/roles: a `Handler` (follower pushes, the leader's
   NOOP, client appends, commit -> acknowledgements), one `Dispatcher` per peer and an
-  `AckChecker`, over one in-memory shared block (`node.memory_state.MemoryState`, the block of
+  `AckChecker`, over one in-memory shared block (`node.block.memory_state.MemoryState`, the block of
   the unit tests and of tools/simulate.py) and a MemoryStore kept across crashes (it is the
   disk). The harness only delivers their inputs (frames, replies, wake-ups, loop turns), as
   their processes' poll loops do; it decides nothing for them. Whole nodes with real electors,
@@ -53,9 +53,9 @@ import pytest
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.block.memory_state import MemoryBlock, MemoryState
 from node.config import NodeConfig
 from node.core.replication import PushState
-from node.memory_state import MemoryBlock, MemoryState
 from node.roles.ack_checker import AckChecker
 from node.roles.dispatcher import Dispatcher
 from node.roles.handler import Handler

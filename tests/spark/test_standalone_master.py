@@ -20,7 +20,7 @@ import pyspark
 import pytest
 from spark_stores import write_store
 
-from node.ports import free_port_pairs
+from node.wiring.ports import free_port_pairs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from cluster import Cluster  # noqa: E402
@@ -53,7 +53,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def test_verify_on_a_standalone_cluster(tmp_path: Path, healthy_replicas: list[Path]) -> None:
     diverged = tmp_path / "n3"
     write_store(diverged, overrides={130: b"not what n0 has"})
-    port, ui_port, worker_ui = free_port_pairs(3)  # outside the ephemeral range: see node.ports
+    port, ui_port, worker_ui = free_port_pairs(3)  # outside the ephemeral range: see node.wiring.ports
     # C1-only JIT: these JVMs live for seconds, so start-up speed is all that counts.
     fast_jvm = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
     env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_SCALA_VERSION="2.13",

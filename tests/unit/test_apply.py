@@ -1,5 +1,5 @@
 """The state-machine plumbing as data: the applier's decisions (node/core/apply.py), the
-handler's result cache (node/core/results.py), the in-node frames (node/channels.py), and the
+handler's result cache (node/core/results.py), the in-node frames (node/wiring/channels.py), and the
 real Handler answering appends with their results and forwarding reads at a read index."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import pytest
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node import channels
 from node.core.apply import (
     ParkedQuery,
     ReplayGap,
@@ -23,6 +22,7 @@ from node.core.apply import (
 )
 from node.core.results import EVICTED, AwaitingResults, ResultCache
 from node.core.retention import DataFile, RetentionPolicy, plan_retention
+from node.wiring import channels
 from tests.unit.test_replication_roles import Clock, commit_all, leader_handler, member
 
 

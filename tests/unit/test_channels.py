@@ -1,4 +1,4 @@
-"""node/channels.py: the declared in-node channels are what the roles open.
+"""node/wiring/channels.py: the declared in-node channels are what the roles open.
 
 Every role opens its end of a node-internal channel through `open_channel` (via
 `RoleContext.open`), so these tests open each declared end with the real function and check
@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from ipc import sockets
-from node import channels
+from node.wiring import channels
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def test_network_sockets_are_opened_only_as_channels_ports_declare():
     found = {}
     for path in sorted((ROOT / "node").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel != "node/channels.py" and (opened := _hand_opened(path)):
+        if rel != "node/wiring/channels.py" and (opened := _hand_opened(path)):
             found[rel] = opened
     assert sorted(found) == sorted(BY_HAND), "BY_HAND lists exactly the modules that open tcp sockets"
     bad = [v for rel, opened in found.items() for v in _violations(rel, opened)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node.ports import free_port_pairs
+from node.wiring.ports import free_port_pairs
 from tools import cli
 
 GOOD = "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915"

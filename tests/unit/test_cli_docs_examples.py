@@ -139,7 +139,7 @@ def test_example_parses(source, command, tmp_path, capsys):
 
 def test_no_peers_example_collides():
     """The peers strings written anywhere in the docs pass the same check `--peers` gets."""
-    from node.ports import peers_problems
+    from node.wiring.ports import peers_problems
 
     text = "\n".join(p.read_text(encoding="utf-8") for p in
                      [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "tools" / "commands").glob("*.py"),

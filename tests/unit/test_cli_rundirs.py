@@ -1,4 +1,4 @@
-"""Temporary directories reclaimed when their owner was killed (node/rundirs.py):
+"""Temporary directories reclaimed when their owner was killed (node/host/rundirs.py):
 the run dirs of SIGKILLed nodes and the stores of SIGKILLed `dledger cluster`/`bench --local`
 runs. The owner is a real child process, killed for real."""
 
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from node.rundirs import (
+from node.host.rundirs import (
     LEGACY_MIN_AGE_S,
     OWNER_FILE,
     claim,
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _owner(parent: Path, prefix: str) -> tuple[subprocess.Popen, Path]:
     """A child that makes and claims a directory, prints it, then sleeps."""
-    code = ("import sys, time; from node.rundirs import make_owned_tempdir; "
+    code = ("import sys, time; from node.host.rundirs import make_owned_tempdir; "
             f"p, fd = make_owned_tempdir({prefix!r}, {str(parent)!r}); print(p, flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -114,7 +114,7 @@ def test_cluster_removes_the_blocks_its_stopped_nodes_left(tmp_path):
     """A node killed by the cluster's SIGTERM before its supervisor registered its block with
     the resource tracker leaves the block behind: the cluster removes its own nodes' blocks
     once they have all exited (and nothing else: another store's block stays)."""
-    from node.shared_state import segment_name
+    from node.block.shared_state import segment_name
     from tools.commands.cluster import remove_left_segments
 
     ours = Path("/dev/shm", segment_name("g", "n1", tmp_path / "n1"))

@@ -13,11 +13,11 @@ import pytest
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
-from node import channels
+from node.block.shared_state import SharedState, segment_name
 from node.config import NodeConfig
 from node.roles.elector import Elector
-from node.shared_state import SharedState, segment_name
 from node.store.term_vote import LOST_VOTE, TermVote, TermVoteFile
+from node.wiring import channels
 
 PEERS = "n0-127.0.0.1:20001;n1-127.0.0.1:20003;n2-127.0.0.1:20005"
 

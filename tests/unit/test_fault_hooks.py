@@ -1,10 +1,10 @@
-"""node/fault_hooks.py: the test-only fault switches the transports consult, inert by default,
+"""node/wiring/fault_hooks.py: the test-only fault switches the transports consult, inert by default,
 and outside the wire codec."""
 
 from __future__ import annotations
 
 from ipc import protocol
-from node import fault_hooks
+from node.wiring import fault_hooks
 
 
 def test_fault_hook_drops_every_nth_push_only_when_enabled():

@@ -12,11 +12,11 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode
 from ipc.sockets import router
+from node.block.shared_state import LedgerView
 from node.config import NodeConfig
-from node.ports import free_port_pairs
 from node.roles.group_term import learn_group_term
-from node.shared_state import LedgerView
 from node.store.term_vote import TermVoteFile
+from node.wiring.ports import free_port_pairs
 
 MAX_PASSES = 100  # loop passes (each at most a 10-100 ms poll) before the test gives up
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node import channels
+from node.wiring import channels
 from tests.unit.test_apply import FakeLink
 from tests.unit.test_replication_roles import (
     Clock,

@@ -8,6 +8,7 @@ import pytest
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.block.shared_state import NO_SLOT, MemberView
 from node.core.follower import FollowerCore, ForwardInstall, InstallReply, SetCommitted, StoreReset
 from node.core.install import InstallConfig, InstallSender, SendChunk
 from node.core.replication import (
@@ -20,7 +21,6 @@ from node.core.replication import (
     Truncate,
     decide_compare,
 )
-from node.shared_state import NO_SLOT, MemberView
 from node.store.memory_store import MemoryStore
 
 CFG = InstallConfig(chunk_bytes=10, window=2, chunk_timeout_ms=100)

@@ -10,7 +10,8 @@ import pytest
 
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node import shared_state
+from node.block import shared_state
+from node.block.shared_state import NO_SLOT, MemberView
 from node.core.leader import (
     ADMIT,
     NOOP_RETRY_MAX_MS,
@@ -27,7 +28,6 @@ from node.core.leader import (
 )
 from node.core.pending import Pending
 from node.core.sessions import MAX_SESSION_COUNTER, session_id
-from node.shared_state import NO_SLOT, MemberView
 
 NOW = 100_000
 LEASE = 450

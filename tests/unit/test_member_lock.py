@@ -1,4 +1,4 @@
-"""The cross-process member lock (node/member_lock.py): DLedger's synchronized(memberState).
+"""The cross-process member lock (node/host/member_lock.py): DLedger's synchronized(memberState).
 
 Other processes are real interpreters (``sys.executable -c``), as the role processes are.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from child_process import Child
 
-from node.member_lock import LockTimeout, MemberLock
+from node.host.member_lock import LockTimeout, MemberLock
 
 # Holds the lock until told to release; prints the monotonic time just before releasing.
 _HOLDER = """
     import sys, time
-    from node.member_lock import MemberLock
+    from node.host.member_lock import MemberLock
     lock = MemberLock(sys.argv[1])
     lock.acquire()
     print("held", flush=True)
@@ -46,7 +46,7 @@ def test_second_process_blocks_until_the_first_releases(lock_path: str, children
     assert holder.line() == "held"
     waiter = _spawn(children, """
         import sys, time
-        from node.member_lock import MemberLock
+        from node.host.member_lock import MemberLock
         lock = MemberLock(sys.argv[1])
         print("waiting", flush=True)
         with lock:                       # no timeout: blocks in the kernel
@@ -71,7 +71,7 @@ def test_critical_sections_of_two_processes_never_interleave(lock_path: str, tmp
     counter.write_text("0")
     code = """
         import sys
-        from node.member_lock import MemberLock
+        from node.host.member_lock import MemberLock
         lock, path = MemberLock(sys.argv[1]), sys.argv[2]
         print("ready", flush=True)
         sys.stdin.readline()  # start together, so the loops really overlap

@@ -15,12 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node import request_counts
-from node import shared_state as ss
+from node.block import shared_state as ss
+from node.block.shared_state import NotTheWriter, SharedState
 from node.config import ConfigError, NodeConfig
-from node.histogram import LATENCY_MS, bucket_index, cumulative, quantile
-from node.metrics import NodeCollector
-from node.shared_state import NotTheWriter, SharedState
+from node.observe import request_counts
+from node.observe.histogram import LATENCY_MS, bucket_index, cumulative, quantile
+from node.observe.metrics import NodeCollector
 from tools.commands.group_status import NodeAnswer, read_group
 from tools.commands.health import verdict
 
@@ -267,7 +267,7 @@ def test_health_verdict(answers: list[NodeAnswer], ok: bool, why: str) -> None:
 
 def test_dashboard_and_docs_name_only_metrics_the_collector_exports(block: SharedState,
                                                                    tmp_path: Path) -> None:
-    """docs/metrics.md and docs/grafana-dashboard.json cannot drift from node/metrics.py."""
+    """docs/metrics.md and docs/grafana-dashboard.json cannot drift from node/observe/metrics.py."""
     import re
 
     block.write_member(role=Role.LEADER, current_term=1, leader_slot=0)

@@ -1,10 +1,10 @@
-"""node.ports: free port pairs that no outgoing connection can take before the node binds."""
+"""node.wiring.ports: free port pairs that no outgoing connection can take before the node binds."""
 
 import socket
 
 import pytest
 
-from node import ports
+from node.wiring import ports
 
 
 def _bindable(port: int) -> bool:

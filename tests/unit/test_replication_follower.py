@@ -17,6 +17,7 @@ import pytest
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.block.shared_state import NO_SLOT, MemberView
 from node.core.follower import (
     FollowerCore,
     Reply,
@@ -26,7 +27,6 @@ from node.core.follower import (
     same_leadership,
 )
 from node.core.replication import CompareAnswer, decide_compare, follower_commit
-from node.shared_state import NO_SLOT, MemberView
 from node.store.base import StoreError
 from node.store.memory_store import MemoryStore
 

@@ -18,19 +18,19 @@ import pytest
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node import channels
+from node.block.memory_state import MemoryState
+from node.block.shared_state import NO_SLOT, MemberView, QuorumView
 from node.config import NodeConfig
 from node.core.lease import lease_ms
 from node.core.replication import decide_compare
-from node.memory_state import MemoryState
 from node.roles.ack_checker import AckChecker
 from node.roles.dispatcher import Dispatcher
 from node.roles.handler import Handler
-from node.shared_state import NO_SLOT, MemberView, QuorumView
 from node.store import codec
 from node.store.base import StoreConfig, StoreCorruptError, StoreError
 from node.store.memory_store import MemoryStore
 from node.store.segment_store import SegmentStore, disk_usage_ratio
+from node.wiring import channels
 
 PEERS = ["n0", "n1", "n2"]
 PEER_SPEC = ";".join(f"{p}-127.0.0.1:{20000 + i}" for i, p in enumerate(PEERS))
@@ -43,8 +43,8 @@ def member(role: Role, term: int, leader: int, quorum_ms: int = 0) -> MemberView
     return MemberView(role, term, leader, NO_SLOT, NO_SLOT, 0, 0, quorum_ms)
 
 
-# The block: node/memory_state.py's MemoryState, the simulator's block too (one in-memory
-# implementation of node/state_protocol.py). The name stays: other unit tests import it.
+# The block: node/block/memory_state.py's MemoryState, the simulator's block too (one in-memory
+# implementation of node/block/state_protocol.py). The name stays: other unit tests import it.
 FakeState = MemoryState
 
 

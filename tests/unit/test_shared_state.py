@@ -1,4 +1,4 @@
-"""The state block (node/shared_state.py): layout rules, lifecycle, seqlock, resource tracker.
+"""The state block (node/block/shared_state.py): layout rules, lifecycle, seqlock, resource tracker.
 
 Cross-process tests start real interpreters (``sys.executable -c``) so that nothing is inherited
 by fork: that is how the role processes attach. Every test removes the segments it made.
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from child_process import Child
 
-from node import shared_state as ss
-from node.shared_state import (
+from node.block import shared_state as ss
+from node.block.shared_state import (
     FIELDS,
     LAYOUT,
     PEER_LAYOUT,
@@ -234,7 +234,7 @@ def test_single_writer_is_enforced_when_a_role_is_given(block: SharedState) -> N
 
 _TORN_WRITER = """
     import select, sys
-    from node.shared_state import Role, SharedState
+    from node.block.shared_state import Role, SharedState
     st = SharedState.attach(sys.argv[1])
     print("ready", flush=True)
     k = 0
@@ -326,7 +326,7 @@ def test_a_copy_that_overlaps_a_write_is_discarded(block: SharedState,
 
 _DIES_MID_WRITE = """
     import sys
-    from node.shared_state import FIELDS, SharedState
+    from node.block.shared_state import FIELDS, SharedState
     st = SharedState.attach(sys.argv[1], role="elector")
     st._seq_begin(FIELDS["member_seq"].offset // 8)          # seq is now odd ...
     st._w[FIELDS["current_term"].offset // 8] = 99           # ... and one field is written
@@ -379,7 +379,7 @@ def test_a_write_over_an_odd_seq_repairs_it(block: SharedState) -> None:
 _ATTACH_AND_WAIT = """
     import sys
     from multiprocessing import resource_tracker
-    from node.shared_state import SharedState
+    from node.block.shared_state import SharedState
     st = SharedState.attach(sys.argv[1], role="handler")
     st.incr("gets")
     print("attached", st.read_member().current_term, resource_tracker._resource_tracker._pid,
@@ -411,7 +411,7 @@ def test_attached_process_exiting_leaves_block_and_prints_nothing(block: SharedS
                                                                    close: bool) -> None:
     code = """
         import sys
-        from node.shared_state import SharedState
+        from node.block.shared_state import SharedState
         st = SharedState.attach(sys.argv[1], role="handler")
         st.incr("appends", 5)
         if sys.argv[2] == "1":
@@ -430,7 +430,7 @@ def test_sigkilled_creator_has_its_block_removed_by_its_resource_tracker(shm_nam
                                                                          children) -> None:
     code = """
         import sys
-        from node.shared_state import SharedState
+        from node.block.shared_state import SharedState
         SharedState.create(sys.argv[1], 3, 0)
         print("created", flush=True)
         sys.stdin.readline()
@@ -449,7 +449,7 @@ def test_create_replaces_a_stale_block_from_a_killed_node(shm_name: str, childre
     code = """
         import sys
         from multiprocessing import resource_tracker
-        from node.shared_state import Role, SharedState
+        from node.block.shared_state import Role, SharedState
         st = SharedState.create(sys.argv[1], 3, 1)
         st.write_member(role=Role.LEADER, current_term=42, leader_slot=1)
         st.write_ledger(ledger_end_index=100, ledger_end_term=42, committed_index=100)

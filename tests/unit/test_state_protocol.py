@@ -1,4 +1,4 @@
-"""One declared block protocol (node/state_protocol.py), held against both implementations.
+"""One declared block protocol (node/block/state_protocol.py), held against both implementations.
 
 The production block (SharedState) and the in-memory one the unit tests and the simulator use
 (MemoryState) must offer every protocol method with the same parameters, and behave the same on
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from ipc.codes import Role
-from node import shared_state as ss
-from node.memory_state import MemoryState
-from node.shared_state import SharedState
-from node.state_protocol import StateBlock
+from node.block import shared_state as ss
+from node.block.memory_state import MemoryState
+from node.block.shared_state import SharedState
+from node.block.state_protocol import StateBlock
 from tools.sim.state import SimState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +127,7 @@ def _block_calls(path: Path) -> set[str]:
 def test_roles_call_only_what_the_protocol_declares() -> None:
     """The supervisor owns the block's lifecycle (create, unlink): it alone may use more."""
     files = [p for p in sorted((ROOT / "node" / "roles").rglob("*.py")) if p.name != "supervisor.py"]
-    files.append(ROOT / "node" / "role_metrics.py")
+    files.append(ROOT / "node" / "observe" / "role_metrics.py")
     declared = set(_protocol_members())
     used = {p.relative_to(ROOT).as_posix(): _block_calls(p) for p in files}
     assert sum(map(len, used.values())) >= 20, used  # the scan sees the roles' calls

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from node.ports import free_port_pairs
+from node.block.shared_state import segment_name
 from node.roles.runtime import fatal_file
 from node.roles.supervisor import (
     CRASH_LOOP_RESTARTS,
@@ -20,7 +20,7 @@ from node.roles.supervisor import (
     crash_loop,
     fatal_reason,
 )
-from node.shared_state import segment_name
+from node.wiring.ports import free_port_pairs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -205,7 +205,7 @@ def main() -> None:
         g.close()
         # A node SIGKILLed and not restarted yet (interrupted run) leaves its shared-memory
         # segment; the names are deterministic, so remove ours.
-        from node.shared_state import segment_name
+        from node.block.shared_state import segment_name
         for x in g.ids:
             Path("/dev/shm", segment_name(g.group, x, g.root / x)).unlink(missing_ok=True)
 

@@ -390,6 +390,6 @@ def read_replica(store_dir: Path, converged_at: int | None = None) -> Replica:
 def _remove_segments(g: LocalGroup) -> None:
     """A node SIGKILLed at the very end leaves its shared-memory segment; names are
     deterministic, so remove ours."""
-    from node.shared_state import segment_name
+    from node.block.shared_state import segment_name
     for x in g.ids:
         Path("/dev/shm", segment_name(g.group, x, g.root / x)).unlink(missing_ok=True)

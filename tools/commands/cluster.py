@@ -48,14 +48,14 @@ from node.config import (
     configure_logging,
     format_size,
 )
-from node.ports import free_port_pairs
+from node.wiring.ports import free_port_pairs
 from tools.cli import EXIT_USAGE, CliError
 
 MAX_NODES = 15
 TEMP_PREFIX = "dledger-cluster-"
 SERVER_ERROR = b"dledger server: error: "
 # The nodes' resource trackers (multiprocessing's, which remove a SIGKILLed supervisor's
-# shared-memory block: node/shared_state.py) announce that clean-up as a "leaked
+# shared-memory block: node/block/shared_state.py) announce that clean-up as a "leaked
 # shared_memory objects" UserWarning on the group's stderr. Under `dledger cluster` a killed
 # node is reported by this command in one line instead, so that warning is filtered, and only
 # it (warnings' module field matches the whole module name).
@@ -101,7 +101,7 @@ def remove_left_segments(group: str, stores: dict[str, Path]) -> list[str]:
     the supervisor died before registering it. Once no supervisor of ours runs, a block with
     one of our nodes' names is stale by definition (the next start of that node would remove
     it too, but a temporary cluster's nodes never start again)."""
-    from node.shared_state import segment_name
+    from node.block.shared_state import segment_name
 
     removed = []
     for nid, store in stores.items():
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         if args.cluster_store_dir:
             root = Path(args.cluster_store_dir)
         else:
-            from node.rundirs import make_owned_tempdir
+            from node.host.rundirs import make_owned_tempdir
 
             root, root_fd = make_owned_tempdir(TEMP_PREFIX)
         print(peers, flush=True)
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             remove_left_segments(str(options.get("group") or "default"),
                                  {f"n{i}": root / f"n{i}" for i in range(len(procs))})
         if root_fd is not None:
-            from node.rundirs import release
+            from node.host.rundirs import release
 
             release(root, root_fd)
         signal.set_wakeup_fd(old_wakeup)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from node.histogram import LATENCY_MS, quantile
+from node.observe.histogram import LATENCY_MS, quantile
 from tools.cli import CliError, add_group_arguments, positive_float
 from tools.commands.group_status import GroupProbe, GroupView, NodeAnswer, read_group
 

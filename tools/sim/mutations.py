@@ -338,7 +338,7 @@ def _apply_uncommitted() -> Callable[[], None]:
 
 @_mutation("results-shifted")
 def _results_shifted() -> Callable[[], None]:
-    from node import channels
+    from node.wiring import channels
 
     orig = channels.encode_results
     return _patch(channels, "encode_results", lambda first, results: orig(first + 1, results))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from node.memory_state import MemoryBlock, MemoryState
+from node.block.memory_state import MemoryBlock, MemoryState
 from node.store import codec
 from node.store.base import StoreError
 from node.store.reader import StaleRead
@@ -30,7 +30,7 @@ class NodeBlock(MemoryBlock):
 
 
 class SimState(MemoryState):
-    """One actor's handle on its node's block: node/memory_state.py's MemoryState, with every
+    """One actor's handle on its node's block: node/block/memory_state.py's MemoryState, with every
     read a preemption point and every write a scheduling point the trace records."""
 
     def __init__(self, sim: Sim, node: Node, actor: Actor) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
-from node import channels
+from node.wiring import channels
 
 if TYPE_CHECKING:
     from tools.sim.world import Sim

@@ -20,13 +20,13 @@ from node.core.leader import (
     Repeat,
 )
 from node.core.pending import Pending
-from node.role_metrics import store_end_pos
+from node.observe.role_metrics import store_end_pos
 from node.roles.handling.common import DISK_CODES, store_error_code
 from node.store.base import StoreError
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 
 class LeaderAppends:

@@ -14,11 +14,11 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from node import channels
+from node.wiring import channels
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 QUERY_TIMEOUT_MS = 10_000  # a read forwarded to the applier and not answered by then: TIMEOUT
 SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a while

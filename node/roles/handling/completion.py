@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
-from node import channels
 from node.core.pending import Pending
 from node.core.results import AwaitingResults, ResultCache
+from node.wiring import channels
 
 if TYPE_CHECKING:
     from node.roles.handler import Handler

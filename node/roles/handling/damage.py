@@ -16,8 +16,8 @@ from ipc.codes import Role
 from node.store.base import StoreCorruptError, StoreError
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 SCRUB_STEP_BYTES = 1 << 20  # data the scrub checks per step (~1-3 ms of CPU)
 SCRUB_DELAY_MS = int(os.environ.get("DLEDGER_SCRUB_DELAY_MS", "5000"))

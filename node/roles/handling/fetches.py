@@ -48,8 +48,8 @@ from ipc.codes import Role
 from node.roles.handling.reads import MAX_GET_BYTES, ReadFailed, committed_blob
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 MAX_FETCH_WAIT_MS = 60_000
 """The longest a member holds one FETCH: a client asking for more is held this long."""

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
-from node import channels
 from node.core.follower import ForwardInstall, InstallReply, StoreReset
+from node.wiring import channels
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 INSTALL_TIMEOUT_MS = 120_000  # the last chunk's answer waits for verify + restore of a big state
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from node.role_metrics import store_end_pos
+from node.observe.role_metrics import store_end_pos
 from node.store.base import StoreError
 
 if TYPE_CHECKING:

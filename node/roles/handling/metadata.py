@@ -8,7 +8,7 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from node.core.lease import holds_lease
-from node.status import node_status
+from node.observe.status import node_status
 
 if TYPE_CHECKING:
     from node.roles.handler import Handler

@@ -24,8 +24,8 @@ from node.store import codec
 from node.store.base import StoreError
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 
 class FollowerPushes:

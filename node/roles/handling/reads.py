@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
-from node import channels
 from node.core.leader import (
     ReadPath,
 )
@@ -22,10 +21,11 @@ from node.roles.handling.applier_link import QUERY_TIMEOUT_MS
 from node.roles.handling.common import store_error_code
 from node.store import codec
 from node.store.base import CorruptEntry, StoreError
+from node.wiring import channels
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 MAX_GET_BYTES = 4 << 20
 

@@ -9,8 +9,8 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 
 if TYPE_CHECKING:
+    from node.block.shared_state import MemberView
     from node.roles.handler import Handler
-    from node.shared_state import MemberView
 
 MAX_MULTI_PEERS = 4096  # peers remembered as speaking MULTI (bounded: the others get plain replies)
 

@@ -21,7 +21,7 @@ Peers are named by *slot*: the position of the peer id in the configured peers l
 Layout (``P = 4480 + 256*p`` is the base of peer slot ``p``; records are 256 bytes so two
 dispatchers never write the same cache line; sections of different writers start on 64-byte
 boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket histograms
-(node/histogram.py) and the request matrix (node/request_counts.py) -- each with one writer). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
+(node/observe/histogram.py) and the request matrix (node/observe/request_counts.py) -- each with one writer). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
 :func:`render_layout_table`; a test keeps this copy and docs/shared_state.md in sync:
 
 | offset | type | field | writer | group |
@@ -187,8 +187,8 @@ from multiprocessing import resource_tracker
 from typing import Final
 
 from ipc.codes import Role  # canonical Role; re-exported here for the block's users
-from node import request_counts
-from node.histogram import NODE_HISTOGRAMS, PEER_HISTOGRAMS, HistogramSpec, HistogramWriter
+from node.observe import request_counts
+from node.observe.histogram import NODE_HISTOGRAMS, PEER_HISTOGRAMS, HistogramSpec, HistogramWriter
 
 log = logging.getLogger("dledger.shared_state")
 
@@ -876,7 +876,7 @@ class SharedState:
         return HistogramWriter(self._w, base, HISTOGRAMS[name])
 
     def request_counter(self) -> request_counts.RequestCounter:
-        """The handler's requests-by-type-and-code matrix (node/request_counts.py)."""
+        """The handler's requests-by-type-and-code matrix (node/observe/request_counts.py)."""
         a = ARRAY_FIELDS["requests"]
         self._check_writer(a.writer)
         return request_counts.RequestCounter(self._w, a.offset // 8)

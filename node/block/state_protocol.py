@@ -2,8 +2,8 @@
 
 Why a protocol: every role reads and writes the node's block through the same few methods
 (seqlocked groups read as one snapshot each, single-writer words, metrics observers). The
-production block is node/shared_state.py's `SharedState` (a shared-memory mapping); the unit
-tests and the simulator run the same role classes over node/memory_state.py's `MemoryState`
+production block is node/block/shared_state.py's `SharedState` (a shared-memory mapping); the unit
+tests and the simulator run the same role classes over node/block/memory_state.py's `MemoryState`
 (plain attributes). Declaring the methods once lets a test hold both to it
 (tests/unit/test_state_protocol.py), so a method a role starts calling cannot exist on one and
 be missing, or take other arguments, on the other.
@@ -18,17 +18,17 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ipc.codes import Role
-from node.shared_state import LedgerView, MemberView, PeerView, QuorumView, SnapshotView
+from node.block.shared_state import LedgerView, MemberView, PeerView, QuorumView, SnapshotView
 
 
 class Observer(Protocol):
-    """A histogram's hot-path observer (node/histogram.py's HistogramWriter)."""
+    """A histogram's hot-path observer (node/observe/histogram.py's HistogramWriter)."""
 
     def observe(self, value: int) -> None: ...
 
 
 class ReplyCounter(Protocol):
-    """The handler's replies-by-type-and-code matrix (node/request_counts.py)."""
+    """The handler's replies-by-type-and-code matrix (node/observe/request_counts.py)."""
 
     def count_reply(self, msg: object) -> None: ...
 

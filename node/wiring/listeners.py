@@ -22,7 +22,7 @@ from pathlib import Path
 import zmq
 
 from ipc.codes import Role
-from node.channels import ROLE, decode_role_msg, open_channel
+from node.wiring.channels import ROLE, decode_role_msg, open_channel
 
 
 @dataclass(frozen=True, slots=True)

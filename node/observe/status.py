@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ipc import protocol as P
-from node.shared_state import SharedState, monotonic_ms
+from node.block.shared_state import SharedState, monotonic_ms
 from node.store.layout import DATA_DIR, INDEX_DIR
 
 

@@ -1,4 +1,4 @@
-"""Fixed-bucket histograms that live in the shared state block (node/shared_state.py).
+"""Fixed-bucket histograms that live in the shared state block (node/block/shared_state.py).
 
 Why fixed buckets in shared memory: the roles that observe latencies (handler, dispatchers, the
 store's flush thread) must not take a lock or send a message per observation, and the process

@@ -30,10 +30,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ipc.codes import Role
-from node import request_counts
-from node.histogram import HistogramSpec, cumulative
-from node.shared_state import PEER_ARRAYS, SharedState, monotonic_ms
-from node.status import store_bytes
+from node.block.shared_state import PEER_ARRAYS, SharedState, monotonic_ms
+from node.observe import request_counts
+from node.observe.histogram import HistogramSpec, cumulative
+from node.observe.status import store_bytes
 
 log = logging.getLogger("dledger.metrics")
 

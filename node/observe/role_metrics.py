@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from node.block.state_protocol import Observer, StateBlock
 from node.core.pending import Pending
-from node.state_protocol import Observer, StateBlock
 from node.store.base import LogStore
 
 

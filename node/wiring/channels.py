@@ -11,7 +11,7 @@ duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 |---|---|---|---|---|
 | data port | tcp host:port | handler (ROUTER) | clients, peers' dispatchers, handlers (follower reads) and electors (lost term/vote file) (DEALER) | `ipc.protocol` frames |
 | elector port | tcp host:port+1 | elector (ROUTER) | peers' electors (DEALER) | `ipc.protocol` VOTE / HEARTBEAT / TAKE_LEADERSHIP |
-| role | ipc elector.pub | elector (PUB) | handler, dispatchers, ack checker, `node.listeners` (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
+| role | ipc elector.pub | elector (PUB) | handler, dispatchers, ack checker, `node.wiring.listeners` (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
 | control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (answered with `LEADERSHIP_CONFIRMED` once a quorum round that started after it landed: a wake-up; the block's quorum-heartbeat time is the answer) |
 | appended | ipc appended.pub | handler (PUB) | dispatchers, ack checker (SUB, conflated) | ASCII ledger end index |
 | ack | ipc ack.pull | ack checker (PULL) | dispatchers (PUSH) | `ACK_MSG`: peer slot, match index |

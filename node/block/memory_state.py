@@ -1,4 +1,4 @@
-"""The shared block in plain memory: node/state_protocol.py's `StateBlock` over attributes.
+"""The shared block in plain memory: node/block/state_protocol.py's `StateBlock` over attributes.
 
 Why: the unit tests and the simulator (tools/sim) run the real role classes in one process;
 both need a block with SharedState's semantics (a read is one snapshot of its group, a write
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipc.codes import Role
-from node.shared_state import (
+from node.block.shared_state import (
     FIELDS,
     HISTOGRAMS,
     NO_INDEX,
