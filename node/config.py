@@ -505,7 +505,8 @@ def adopt_store_file_sizes(cfg: NodeConfig, sources: dict[str, str]
     say so as a problem: the node could not map its files, and the user must decide."""
     from node.store.layout import existing_file_sizes
 
-    found = existing_file_sizes(cfg.store_dir)
+    found = existing_file_sizes(cfg.store_dir, {"data_file_size": cfg.data_file_size,
+                                                 "index_file_size": cfg.index_file_size})
     changes: dict[str, int] = {}
     problems: list[str] = []
     for name, size in found.items():

@@ -241,16 +241,32 @@ def read_layout(store_dir: str | os.PathLike[str]) -> StoreLayout:
     return StoreLayout(d, list_segments(d / DATA_DIR), list_segments(d / INDEX_DIR), read_checkpoint(d))
 
 
-def existing_file_sizes(store_dir: str | os.PathLike[str]) -> dict[str, int]:
+def existing_file_sizes(store_dir: str | os.PathLike[str], configured: dict[str, int] | None = None
+                        ) -> dict[str, int]:
     """The segment file size a store was created with, per list (`data_file_size`,
-    `index_file_size`), read from its first file; {} for a store with no files yet. A store's
-    sizes are fixed at creation: a node opened with others cannot map its files."""
+    `index_file_size`), where its files say so unambiguously; {} for a store with no files. A
+    store's sizes are fixed at creation: a node opened with others cannot map its files.
+
+    Damage (a truncated file, a deleted one: the store's open reports and repairs it) must not
+    pass for another size. With two or more files: the most common length (the larger one on a
+    tie: truncation only shrinks), if every file's name (its start offset) is a multiple of it;
+    else nothing is said. One file gives only its length: it counts when it is larger than
+    `configured` (truncation never grows a file) or a power of two (the sizes operators and
+    tools choose; a torn length hardly ever is one), and is left out otherwise."""
     out: dict[str, int] = {}
     for option, sub in (("data_file_size", DATA_DIR), ("index_file_size", INDEX_DIR)):
         d = Path(store_dir) / sub
         if not d.is_dir():
             continue
-        sizes = sorted({p.stat().st_size for p in d.iterdir() if SEGMENT_NAME.match(p.name)})
-        if sizes:
-            out[option] = sizes[-1]  # a torn last file is smaller; the store's open reports it
+        files = sorted((int(p.name), p.stat().st_size) for p in d.iterdir() if SEGMENT_NAME.match(p.name))
+        if len(files) >= 2:
+            lengths = [n for _s, n in files]
+            common = max(set(lengths), key=lambda n: (lengths.count(n), n))
+            if common > 0 and all(start % common == 0 for start, _n in files):
+                out[option] = common
+        elif files:
+            size = files[0][1]
+            bigger = configured is not None and size > configured.get(option, size)
+            if size > 0 and (bigger or size & (size - 1) == 0):
+                out[option] = size
     return out

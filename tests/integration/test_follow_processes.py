@@ -10,7 +10,7 @@ import pytest
 from cluster import process_cpu_seconds, wait_for
 
 from ipc import protocol as P
-from ipc.client import DLedgerClient, DLedgerError
+from ipc.client import ClientClosedError, DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 
 
@@ -86,16 +86,15 @@ def test_follow_sees_every_committed_entry_once_through_a_leader_kill_and_a_foll
     lead = c.wait_leader(timeout=15)
     c.wait_converged()
     seen: list = []
-    stop = threading.Event()
     errors: list[BaseException] = []
+    rc = client(c)  # closed below: that ends the reader's follow, wherever it waits
 
     def reader() -> None:
         try:
-            with client(c) as rc:
-                for e in rc.follow(0, wait_ms=500):
-                    seen.append(e)
-                    if stop.is_set():
-                        return
+            for e in rc.follow(0, wait_ms=500):
+                seen.append(e)
+        except ClientClosedError:
+            return
         except BaseException as ex:  # noqa: BLE001 - reported by the test
             errors.append(ex)
 
@@ -118,8 +117,12 @@ def test_follow_sees_every_committed_entry_once_through_a_leader_kill_and_a_foll
         c.nodes[other].start()
         write(150)
         last = max(acked)
-    wait_for(lambda: errors or (seen and seen[-1].index >= last), 60, f"the reader to reach index {last}")
-    stop.set()
+    try:
+        wait_for(lambda: errors or (seen and seen[-1].index >= last), 60, f"the reader to reach index {last}")
+    finally:
+        rc.close()
+        t.join(30)
+    assert not t.is_alive(), "the follow did not end when its client closed"
     assert not errors, errors
     idx = [e.index for e in seen]
     assert idx == list(range(idx[0], idx[0] + len(idx))), "a gap or a repeat"
@@ -128,7 +131,6 @@ def test_follow_sees_every_committed_entry_once_through_a_leader_kill_and_a_foll
     for i, b in acked.items():
         assert bodies[i] == b, f"entry {i}"
     assert sum(1 for e in seen if e.type == "NORMAL") >= len(acked)
-    t.join(10)
 
 
 def test_follow_below_the_log_begin_is_the_documented_error(make_cluster):
