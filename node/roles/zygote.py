@@ -37,6 +37,7 @@ import atexit
 import ctypes
 import importlib
 import json
+import logging
 import os
 import runpy
 import signal
@@ -114,9 +115,16 @@ def _run_role(req: dict) -> None:
         code = 1
     finally:
         try:
+            # The exit path must not be interrupted or print a traceback: a second signal
+            # during logging's shutdown, or a handler the role inherited from the zygote whose
+            # stream is gone, would otherwise print "Exception ignored in atexit callback".
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            logging.raiseExceptions = False
             atexit._run_exitfuncs()  # what a normal interpreter exit runs (logging's flush...)
             sys.stdout.flush()
             sys.stderr.flush()
+        except Exception:  # noqa: BLE001, S110 - exiting anyway: nothing left to tell it to
+            pass
         finally:
             os._exit(code)
 

@@ -234,20 +234,26 @@ def test_top_once_json_and_table(make_cluster, tmp_path) -> None:
     ("taken", 1, "(metrics port): Address already in use"),
 ])
 def test_bad_metrics_port_is_one_line(tmp_path, port, code, text) -> None:
-    holder = socket.socket()
-    try:
-        if port == "taken":
-            holder.bind(("127.0.0.1", 0))
-            holder.listen()
-            port = holder.getsockname()[1]
-        data = _free_port()
-        held = holder.getsockname()[1]  # 0 when nothing is held
-        while held and held in (data, data + 1):  # the elector listens on the data port + 1
-            data = _free_port()
-        r = dledger("server", "--id", "n0", "--peers", f"n0-127.0.0.1:{data}",
-                    "--store-dir", str(tmp_path / "n0"), "--metrics-port", str(port), timeout=60)
-    finally:
-        holder.close()
+    from node.wiring.ports import free_port_pairs
+
+    for attempt in range(3):  # another process may take the data or elector port meanwhile
+        holder = socket.socket()
+        try:
+            metrics = port
+            if port == "taken":
+                holder.bind(("127.0.0.1", 0))
+                holder.listen()
+                metrics = holder.getsockname()[1]
+            held = holder.getsockname()[1]  # 0 when nothing is held
+            data = free_port_pairs(1)[0]  # the data port and the elector's, data + 1, both free
+            while held and held in (data, data + 1):
+                data = free_port_pairs(1)[0]
+            r = dledger("server", "--id", "n0", "--peers", f"n0-127.0.0.1:{data}",
+                        "--store-dir", str(tmp_path / f"n{attempt}"), "--metrics-port", str(metrics), timeout=60)
+        finally:
+            holder.close()
+        if f"cannot listen on 127.0.0.1:{data}" not in r.stderr and f"127.0.0.1:{data + 1}" not in r.stderr:
+            break
     assert r.returncode == code, r
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "INFO" not in ln]
     assert len(lines) == 1 and text in lines[0], r.stderr
