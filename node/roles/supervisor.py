@@ -80,6 +80,10 @@ class RoleProc:
     recent_restarts: deque[int] = field(default_factory=deque)  # when, within the window
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class ForkedRole:
     """A role forked by the zygote and handed to us by the kernel: the part of Popen's interface
     the supervisor uses (pid, poll, wait, send_signal, kill, returncode), over waitpid/kill.
@@ -283,8 +287,12 @@ class Supervisor:
         base = [sys.executable, "-m", "node.roles.zygote", "--fd", str(theirs.fileno()), "--title-room"]
         room = title_room([self._role_cmd(r) for r in self.roles]) - title_room([base]) + 64
         try:
+            # SIGINT ignored from exec on (an ignored signal stays ignored through exec): a
+            # Ctrl-C while the zygote imports would print a KeyboardInterrupt traceback; the
+            # supervisor stops it (SIGTERM, or the parent-death signal) and it ignores Ctrl-C.
             self._zygote = subprocess.Popen([*base, "." * max(1, room)], stdin=subprocess.DEVNULL,
-                                            close_fds=True, pass_fds=(theirs.fileno(),))
+                                            close_fds=True, pass_fds=(theirs.fileno(),),
+                                            preexec_fn=_ignore_sigint)
         except OSError as e:
             log.warning("%s cannot start the zygote (%s): roles start as fresh interpreters",
                         self.node, e)

@@ -158,7 +158,10 @@ def fork_role(req: dict) -> int:
 
 
 def _on_stop(_signum: int, _frame: object) -> None:
-    raise SystemExit(0)
+    """Stop at once, quietly: the zygote holds nothing to close (no store file, no ZeroMQ),
+    and an exception raised from a signal handler can land in the interpreter's own shutdown
+    and print "Exception ignored ... SystemExit" (a Ctrl-C during a group's start-up did)."""
+    os._exit(0)
 
 
 def serve(sock: socket.socket) -> int:
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, AttributeError):  # pragma: no cover - non-Linux
         pass
     signal.signal(signal.SIGTERM, _on_stop)
-    signal.signal(signal.SIGINT, _on_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     try:
         return serve(socket.socket(fileno=args.fd))
     except (SystemExit, KeyboardInterrupt, BrokenPipeError, ConnectionResetError):
