@@ -23,26 +23,20 @@ import math
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
 from ipc.entry_codec import HEADER_SIZE
 from ipc.sockets import PeersError, parse_peers
-from tools.pipeline.datasource import OptionError, _bool, _int, normalize_options
+from tools.pipeline.datasource import SCHEMA, OptionError, _bool, _int, normalize_options
 from tools.pipeline.netclient import fetch_blob, group_range
 
 log = logging.getLogger("dledger.pipeline")
 
-NET_SCHEMA = StructType([
-    StructField("node", StringType()),
-    StructField("index", LongType()),
-    StructField("term", LongType()),
-    StructField("pos", LongType()),
-    StructField("size", IntegerType()),
-    StructField("type", StringType()),
-    StructField("body", BinaryType()),
-])
+NET_SCHEMA = StructType([f for f in SCHEMA.fields if f.name not in ("body_crc", "crc_ok", "error")])
+"""The file source's columns less what only a forensic read of files has: the network never
+serves a damaged entry, so there is no CRC verdict or decode error to report."""
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_PARTITION_ENTRIES = 65536
