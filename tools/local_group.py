@@ -29,6 +29,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import Role
 from node.config import LOCAL_DATA_FILE_SIZE, LOCAL_INDEX_FILE_SIZE
+from node.host.interpreter import child_env
 from node.host.rundirs import make_owned_tempdir, release
 from node.roles.runtime import die_with_parent
 from node.wiring.ports import free_port_pairs
@@ -69,12 +70,12 @@ class LocalGroup:
             log = open(self.root / f"{x}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 self.procs[x] = subprocess.Popen(
-                    [sys.executable, "-m", "tools.cli", "server", "--id", x, "--peers", self.peers,
+                    [sys.executable, "-P", "-m", "tools.cli", "server", "--id", x, "--peers", self.peers,
                      "--group", self.group, "--store-dir", str(self.root / x),
                      "--data-file-size", str(LOCAL_DATA_FILE_SIZE),
                      "--index-file-size", str(LOCAL_INDEX_FILE_SIZE), *self.extra],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                    cwd=self.cwd, env=None if self.cwd is None else {**os.environ, "PYTHONPATH": self.cwd},
+                    cwd=self.cwd, env=child_env(root=self.cwd),  # --code-dir: that checkout's code
                     # If the tool dies without close() (SIGKILL, the OOM killer), each server
                     # gets SIGTERM and stops cleanly instead of running on unowned.
                     preexec_fn=die_with_parent)

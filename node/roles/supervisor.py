@@ -40,6 +40,7 @@ from pathlib import Path
 
 from node.block.shared_state import SharedState, monotonic_ms
 from node.config import NodeConfig
+from node.host.interpreter import child_env, module_command
 from node.host.rundirs import make_owned_tempdir, release
 from node.roles.runtime import EXIT_FATAL, fatal_file, state_name
 from node.roles.zygote import title_room
@@ -284,14 +285,14 @@ class Supervisor:
             return
         self._subreaper = True
         ours, theirs = socket.socketpair()
-        base = [sys.executable, "-m", "node.roles.zygote", "--fd", str(theirs.fileno()), "--title-room"]
+        base = module_command("node.roles.zygote", "--fd", str(theirs.fileno()), "--title-room")
         room = title_room([self._role_cmd(r) for r in self.roles]) - title_room([base]) + 64
         try:
             # SIGINT ignored from exec on (an ignored signal stays ignored through exec): a
             # Ctrl-C while the zygote imports would print a KeyboardInterrupt traceback; the
             # supervisor stops it (SIGTERM, or the parent-death signal) and it ignores Ctrl-C.
             self._zygote = subprocess.Popen([*base, "." * max(1, room)], stdin=subprocess.DEVNULL,
-                                            close_fds=True, pass_fds=(theirs.fileno(),),
+                                            close_fds=True, pass_fds=(theirs.fileno(),), env=child_env(),
                                             preexec_fn=_ignore_sigint)
         except OSError as e:
             log.warning("%s cannot start the zygote (%s): roles start as fresh interpreters",
@@ -344,7 +345,8 @@ class Supervisor:
         assert self.run_dir is not None
         cmd = self._role_cmd(r)
         fatal_file(self.run_dir, r.beat_role).unlink(missing_ok=True)  # a previous run's reason
-        r.proc = self._fork(r, cmd) or subprocess.Popen(cmd, stdin=subprocess.DEVNULL, close_fds=True)
+        r.proc = self._fork(r, cmd) or subprocess.Popen([cmd[0], "-P", *cmd[1:]], stdin=subprocess.DEVNULL,
+                                                        close_fds=True, env=child_env())
         r.started_ms = monotonic_ms()
         r.restart_at_ms = None
         log.info("%s started %s pid=%d%s", self.node, r.name, r.proc.pid,

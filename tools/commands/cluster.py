@@ -48,6 +48,7 @@ from node.config import (
     configure_logging,
     format_size,
 )
+from node.host.interpreter import child_env, module_command
 from node.wiring.ports import free_port_pairs
 from tools.cli import EXIT_USAGE, CliError
 
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stop["now"] = True
 
-    env = dict(os.environ)
+    env = child_env()
     env["PYTHONWARNINGS"] = ",".join(x for x in (env.get("PYTHONWARNINGS"), TRACKER_WARNING_FILTER) if x)
     # Signals first, the temporary directory second: a SIGTERM at any moment after this
     # line ends in the `finally` that removes it.
@@ -223,12 +224,12 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.nodes):
             if stop["now"]:
                 break
-            cmd = [sys.executable, "-m", "tools.cli", "server", "--id", f"n{i}", "--peers", peers,
-                   "--store-dir", str(root / f"n{i}"), *flags]
+            cmd = module_command("tools.cli", "server", "--id", f"n{i}", "--peers", peers,
+                                 "--store-dir", str(root / f"n{i}"), *flags)
             if options.get("metrics_port"):  # --metrics-port P: node i serves P + i
                 cmd += ["--metrics-port", str(int(options["metrics_port"]) + i)]
             if debug:
-                cmd.insert(3, "--debug")
+                cmd.insert(4, "--debug")
             # die_with_parent: a cluster killed with SIGKILL still stops its nodes (SIGTERM).
             # process_group=0: the terminal's Ctrl-C (SIGINT to the foreground process group)
             # reaches this command only; the nodes, interrupted in the middle of their imports,
