@@ -86,7 +86,7 @@ def test_bench_verifies_only_what_retention_kept():
                         "--server-arg=--disk-space-ratio-to-clean=0.0001",
                         "--server-arg=--data-file-size=1048576", "--server-arg=--max-body-size=65536"],
                        cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, (r.stderr[-2000:], r.stdout[:1500])
     v = json.loads(r.stdout)["verified"]
     assert v["mismatched"] == 0 and v["deleted_by_retention"] > 0 and v["checked"] > 0, v
 
