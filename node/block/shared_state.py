@@ -520,6 +520,22 @@ def segment_name(group: str, node_id: str, store_dir: str | os.PathLike[str]) ->
     return "dl_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+def stop_resource_tracker() -> None:
+    """Stop this process's multiprocessing resource tracker and reap it (the supervisor calls
+    this last, after unlinking its block). Left running, the tracker outlives the supervisor by
+    a moment, is orphaned to PID 1 and stays in the node's process group until PID 1 reaps it
+    (over a second on some hosts): whoever waits for the node's process group to be gone waits
+    for that too. No-op when no tracker was started. `_stop` is CPython's own (3.8+) way to end
+    the tracker: it closes the tracker's pipe and waits for the process."""
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    stop = getattr(tracker, "_stop", None)
+    if stop is not None:
+        try:
+            stop()
+        except (OSError, ChildProcessError):
+            pass
+
+
 def check_platform() -> None:
     """Refuse CPUs whose memory model the seqlock does not cover (see the module docstring)."""
     machine = platform.machine()

@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.block.shared_state import SharedState, monotonic_ms
+from node.block.shared_state import SharedState, monotonic_ms, stop_resource_tracker
 from node.config import NodeConfig
 from node.host.interpreter import child_env, module_command
 from node.host.rundirs import make_owned_tempdir, release
@@ -558,6 +558,7 @@ class Supervisor:
             self.state.unlink()
             self.state.close()
             self.state = None
+        stop_resource_tracker()  # reaped here, not orphaned to PID 1 inside our process group
         (self.store_dir / "run.json").unlink(missing_ok=True)
         if self.run_dir is not None and self._own_run_dir:
             release(self.run_dir, self._run_dir_fd)
