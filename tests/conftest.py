@@ -12,18 +12,6 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs two workers), every Spark test goes to one worker:
-    the Spark session is one per process and costs seconds of JVM start-up, so one worker
-    starts one JVM instead of each starting its own."""
-    import pytest
-
-    spark_dir = ROOT / "tests" / "spark"
-    for item in items:
-        if spark_dir in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 def pytest_runtest_logreport(report):
     """With DLEDGER_TEST_TIMES=FILE, one line per test phase as it ends ("setup|call|teardown
     seconds outcome nodeid"): the durations of a run that is stopped or times out are still
