@@ -125,8 +125,15 @@ class RoleContext:
 
     def bell(self, bell: channels.Bell, slot: int | None = None) -> Doorbell:
         """This role's end of a declared doorbell (node.wiring.channels), in the run directory:
-        the same pipe for every process of the node, and again for a restarted role."""
-        return channels.open_bell(self.run_dir, bell, self.role, slot)
+        the same pipe for every process of the node, and again for a restarted role.
+
+        A run directory where no named pipe can be made (a file system without FIFOs, a file
+        in the way) stops the node with one line (`fatal`): a restart would fail the same way."""
+        try:
+            return channels.open_bell(self.run_dir, bell, self.role, slot)
+        except OSError as e:
+            self.fatal(f"cannot open the doorbell {bell.file_name(slot)} in the run directory "
+                       f"{self.run_dir}: {e.strerror or e}")
 
     def should_stop(self) -> bool:
         """True once SIGTERM/SIGINT arrived or the supervisor is gone."""
