@@ -15,11 +15,16 @@ wake-ups) as p50/p99/mean µs, for:
   block. It cannot be polled together with sockets: a role would need a second thread (or a
   busy poll) to wait on it beside its ZeroMQ sockets, so it is here as the floor only.
 
+``--fanout N`` measures one ringer waking N waiters and waiting for all their answers (the
+handler waking its dispatchers): ZeroMQ as the old "appended" hint (one PUB send, N conflated
+SUBs), doorbells as now (one per waiter, rung in turn).
+
 ``--busy N`` starts N processes spinning beside the two (a busy machine: the wake-up then also
 waits for a core). The spinners are stopped by PID when the run ends.
 
   .venv/bin/python -m tools.bench.wakeup --count 5000
   .venv/bin/python -m tools.bench.wakeup --count 5000 --busy 2
+  .venv/bin/python -m tools.bench.wakeup --count 5000 --fanout 2
 """
 
 from __future__ import annotations
@@ -238,6 +243,135 @@ def run_kind(kind: str, count: int) -> list[float]:
             c()
 
 
+# ---- fan-out: one ringer, N waiters (the handler waking its dispatchers) -----------------------
+FANOUT_KINDS = ("zmq", "eventfd", "pipe")
+
+
+def _fanout_echo(kind: str, setup: dict, i: int, stop: mp.Event, ready: mp.Event) -> None:
+    """Waiter i: answer every wake-up on its own way back until told to stop."""
+    if kind == "zmq":
+        ctx = sockets.make_context()
+        down = sockets.sub(ctx, setup["down"], conflate=True)  # as the old "appended" SUB
+        up = sockets.push(ctx, setup["up"])
+        poller = zmq.Poller()
+        poller.register(down, zmq.POLLIN)
+    else:
+        (rd, _), (_, wr) = setup["fds"][i]
+        poller = zmq.Poller()
+        poller.register(rd, zmq.POLLIN)
+    ready.set()
+    try:
+        while not stop.is_set() and os.getppid() != 1:
+            if not poller.poll(100):
+                continue
+            if kind == "zmq":
+                sockets.drain(down)
+                up.send(b"a")
+            elif kind == "eventfd":
+                os.eventfd_read(rd)
+                os.eventfd_write(wr, 1)
+            else:
+                os.read(rd, 4096)
+                os.write(wr, b"\0")
+    finally:
+        if kind == "zmq":
+            ctx.destroy(linger=0)
+
+
+def run_fanout(kind: str, count: int, n: int) -> list[float]:
+    """`count` rounds of: ring `n` waiters (one ZeroMQ PUB send, or one doorbell each, rung in
+    turn as the handler rings its dispatchers), wait until every one answered; each round's µs."""
+    mpc = mp.get_context("fork")
+    tmp = tempfile.TemporaryDirectory(prefix="dl-wakeup-")
+    setup: dict = {"down": "ipc://" + os.path.join(tmp.name, "down.pub"),
+                   "up": "ipc://" + os.path.join(tmp.name, "up.pull")}
+    fds: list[int] = []
+    ctx = None
+    if kind == "zmq":
+        ctx = sockets.make_context()
+        pub = sockets.pub(ctx, setup["down"])
+        pull = sockets.pull(ctx, setup["up"])
+    else:
+        setup["fds"] = [_fds(kind) for _ in range(n)]
+        fds = sorted({fd for pairs in setup["fds"] for pair in pairs for fd in pair})
+    stop = mpc.Event()
+    readies = [mpc.Event() for _ in range(n)]
+    kids = [mpc.Process(target=_fanout_echo, args=(kind, setup, i, stop, readies[i]), daemon=True)
+            for i in range(n)]
+    for k in kids:
+        k.start()
+    poller = zmq.Poller()
+    if kind == "zmq":
+        poller.register(pull, zmq.POLLIN)
+    else:
+        for (_, (rd, _)) in setup["fds"]:
+            poller.register(rd, zmq.POLLIN)
+
+    def ring() -> None:
+        if kind == "zmq":
+            pub.send(b"1")
+        else:
+            for ((_, wr), _) in setup["fds"]:
+                if kind == "eventfd":
+                    os.eventfd_write(wr, 1)
+                else:
+                    os.write(wr, b"\0")
+
+    def answers(timeout_ms: int) -> int:
+        got = 0
+        for sock_or_fd, _ in poller.poll(timeout_ms):
+            if kind == "zmq":
+                while True:
+                    try:
+                        pull.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    got += 1
+            elif kind == "eventfd":
+                got += os.eventfd_read(sock_or_fd)
+            else:
+                got += len(os.read(sock_or_fd, 4096))
+        return got
+
+    try:
+        for r in readies:
+            if not r.wait(30):
+                raise RuntimeError(f"{kind}: a waiter did not start")
+        for _ in range(200):  # SUBs join late: ring until every waiter answers one round
+            ring()
+            got, deadline = 0, time.monotonic() + 0.05
+            while got < n and time.monotonic() < deadline:
+                got += answers(10)
+            if got >= n:
+                break
+        else:
+            raise RuntimeError(f"{kind}: the waiters did not all answer")
+        while answers(50):  # late answers to the warm-up rings
+            pass
+        times = []
+        clock = time.perf_counter_ns
+        for _ in range(count):
+            t0 = clock()
+            ring()
+            got = 0
+            while got < n:
+                got += answers(POLL_MS)
+            times.append((clock() - t0) / 1000)
+        return times
+    finally:
+        stop.set()
+        for k in kids:
+            k.join(10)
+            if k.is_alive():
+                k.kill()
+                k.join()
+        if ctx is not None:
+            ctx.destroy(linger=0)
+        for fd in fds:
+            os.close(fd)
+        tmp.cleanup()
+
+
 def _spin() -> None:
     while True:
         pass
@@ -254,24 +388,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy", type=int, default=0, help="processes spinning beside the two")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: " + ", ".join(KINDS))
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    ap.add_argument("--fanout", type=int, default=1,
+                    help="N > 1: one ringer wakes N waiters and waits for all (zmq: one PUB send "
+                         "to N conflated SUBs; eventfd, pipe: N doorbells rung in turn)")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
-    if bad or args.count < 10 or args.busy < 0:
-        ap.error(f"unknown kind {bad[0]!r}" if bad else "--count must be >= 10, --busy >= 0")
+    if bad or args.count < 10 or args.busy < 0 or args.fanout < 1:
+        ap.error(f"unknown kind {bad[0]!r}" if bad else "--count must be >= 10, --busy >= 0, --fanout >= 1")
     spinners = [mp.get_context("fork").Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for p in spinners:
         p.start()
     try:
-        results = {k: summary(run_kind(k, args.count)) for k in kinds}
+        if args.fanout > 1:
+            results = {k: summary(run_fanout(k, args.count, args.fanout)) for k in kinds if k in FANOUT_KINDS}
+        else:
+            results = {k: summary(run_kind(k, args.count)) for k in kinds}
     finally:
         for p in spinners:
             p.kill()
             p.join()
     if args.json:
-        print(json.dumps({"count": args.count, "busy": args.busy, "round_trip": results}))
+        print(json.dumps({"count": args.count, "busy": args.busy, "fanout": args.fanout, "round_trip": results}))
     else:
-        print(f"one round trip (two wake-ups), {args.count} each, {args.busy} busy process(es)")
+        what = (f"ring {args.fanout} waiters, until all answered" if args.fanout > 1
+                else "one round trip (two wake-ups)")
+        print(f"{what}, {args.count} each, {args.busy} busy process(es)")
         print(f"{'kind':8} {'p50 µs':>8} {'p99 µs':>8} {'mean µs':>8}")
         for k, r in results.items():
             print(f"{k:8} {r['p50_us']:8.1f} {r['p99_us']:8.1f} {r['mean_us']:8.1f}")
