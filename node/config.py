@@ -311,7 +311,7 @@ FIELD_HELP: dict[str, tuple[str, str]] = {
                                   "ratio 0-1"),
     "role_restart_max_backoff_ms": ("cap of the backoff before a dead role is restarted", "ms"),
     "stop_grace_ms": ("SIGTERM -> SIGKILL grace for the roles at stop", "ms"),
-    "run_dir": ("ipc:// sockets and config.json (path < 100 bytes); empty: /tmp/dl-ID-*, "
+    "run_dir": ("ipc:// sockets, doorbells (named pipes) and config.json (path < 100 bytes); empty: /tmp/dl-ID-*, "
                 "reclaimed by the next start if the node was killed", "DIR"),
     "log_level": ("least important log level shown (--debug: debug)", "|".join(LOG_LEVELS)),
     "log_format": ("text, or json: one object per line; timestamps ISO 8601 with offset",

@@ -5,7 +5,7 @@ applies the pure rule `node.core.replication.quorum_advance`: the quorum index o
 term's* watermarks — the leader's own ledger end and each follower's match index whose match
 term is the current term (older terms' watermarks count as -1, which is how they are "cleaned")
 — accepted only if the entry there is of the current term (Raft §5.4.2). The result goes to the
-shared block (quorum_index, quorum_term) and a wake-up to the handler, which owns the pending
+shared block (quorum_index, quorum_term) and a ring of the handler's doorbell, which owns the pending
 client replies: it advances the committed index, answers SUCCESS, and times out or fails
 (TERM_CHANGED) what cannot complete.
 
@@ -14,7 +14,7 @@ per decision, and fences its store read (the term at the quorum index) with that
 store generation (docs/contracts.md C1): a truncation that re-created a segment file must not make it
 read an old-term entry's term.
 
-I/O is injectable (docs/contracts.md C7): `run()` builds the sockets and sets a zmq `transport`
+I/O is injectable (docs/contracts.md C7): `run()` opens its doorbells and sets a `transport`
 (`commit_wakeup`); the simulator sets its own and calls `tick`.
 """
 
@@ -31,6 +31,7 @@ from node.core.replication import current_term_watermarks, quorum_advance
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
 from node.wiring import channels
+from node.wiring.doorbells import Doorbell
 
 IDLE_POLL_MS = 1000
 LEASE_POLL_MS = 5  # a LEADER without a lease looks again this often (renewals wake nobody)
@@ -41,14 +42,14 @@ class AckTransport(Protocol):
 
 
 class ZmqAckTransport:
-    def __init__(self, sock: zmq.Socket) -> None:
-        self.sock = sock
+    """The real one: the handler's doorbell (the handler also re-reads the quorum on its own
+    timer, so a ring that is lost only costs latency)."""
+
+    def __init__(self, bell: Doorbell) -> None:
+        self.bell = bell
 
     def commit_wakeup(self) -> None:
-        try:
-            self.sock.send(channels.COMMIT_MSG, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the handler also re-reads the quorum on its own timer
+        self.bell.ring()
 
 
 class AckChecker:
@@ -112,24 +113,29 @@ class AckChecker:
 
     def run(self) -> None:
         rc = self.rc
-        acks = rc.open(channels.ACK)
+        # Rung by the dispatchers when a follower's match moved, and by the handler in a
+        # 1-member group (its own end is the quorum): one doorbell for both.
+        acks = rc.bell(channels.ACK_BELL)
         roles = rc.open(channels.ROLE)
-        appended = rc.open(channels.APPENDED)  # a 1-node group's own end
-        self.transport = ZmqAckTransport(rc.open(channels.COMMIT))
+        commit = rc.bell(channels.COMMIT_BELL)
+        self.transport = ZmqAckTransport(commit)
         poller = zmq.Poller()
-        for s in (acks, roles, appended, rc.wake_fd):
+        for s in (acks.fd, roles, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         try:
             while not rc.should_stop():
                 events = dict(poller.poll(self.next_wait_ms()))
                 if rc.wake_fd in events:
                     rc.drain_wake()
-                    del events[rc.wake_fd]
-                for s in events:
-                    drain(s)
+                if acks.fd in events:
+                    acks.drain()
+                if roles in events:
+                    drain(roles)
                 self.tick()
                 rc.beat()
         finally:
+            acks.close()
+            commit.close()
             self.close()
 
 

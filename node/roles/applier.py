@@ -29,7 +29,7 @@ from typing import Protocol
 
 import zmq
 
-from ipc.sockets import drain, recv_routed, send_routed
+from ipc.sockets import recv_routed, send_routed
 from node.core.apply import (
     ParkedQuery,
     ReplayGap,
@@ -376,11 +376,11 @@ class Applier:
 
     def run(self) -> None:
         rc = self.rc
-        hints = rc.open(channels.APPLY)
+        hints = rc.bell(channels.APPLY_BELL)
         query_sock = rc.open(channels.QUERY)
         self.transport = ZmqApplierTransport(rc.open(channels.RESULTS), query_sock)
         poller = zmq.Poller()
-        for s in (hints, query_sock, rc.wake_fd):
+        for s in (hints.fd, query_sock, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         self.restore()
         try:
@@ -390,8 +390,8 @@ class Applier:
                 events = dict(poller.poll(self.next_wait_ms()))
                 if rc.wake_fd in events:
                     rc.drain_wake()
-                if hints in events:
-                    drain(hints)
+                if hints.fd in events:
+                    hints.drain()
                 if query_sock in events:
                     while True:
                         try:
@@ -401,6 +401,7 @@ class Applier:
                         if got is not None:
                             self.on_query(*got)
         finally:
+            hints.close()
             self.close()
 
 

@@ -421,11 +421,11 @@ class Dispatcher:
         sock = dealer(rc.zctx, from_source(data_address(host, port), source))
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
         roles = rc.open(channels.ROLE)
-        appended = rc.open(channels.APPENDED)
-        ack = rc.open(channels.ACK)
+        appended = rc.bell(channels.APPENDED_BELL, self.slot)
+        ack = rc.bell(channels.ACK_BELL)
         self.transport = ZmqDispatcherTransport(sock, ack, self.peer)
         poller = zmq.Poller()
-        for s in (sock, roles, appended, rc.wake_fd):
+        for s in (sock, roles, appended.fd, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         try:
             while not rc.should_stop():
@@ -433,9 +433,10 @@ class Dispatcher:
                 events = dict(poller.poll(self.next_wait_ms()))
                 if rc.wake_fd in events:
                     rc.drain_wake()
-                for s in (roles, appended):
-                    if s in events:
-                        drain(s)
+                if roles in events:
+                    drain(roles)
+                if appended.fd in events:
+                    appended.drain()
                 if sock in events:
                     for _ in range(1024):
                         try:
@@ -447,6 +448,8 @@ class Dispatcher:
                     self.flush_ack()
                 rc.beat()
         finally:
+            appended.close()
+            ack.close()
             self.close()
 
 

@@ -1,5 +1,6 @@
 """The dispatcher's transport: what `Dispatcher` sends through (the simulator gives it its
-own, docs/contracts.md C7), and the real ZeroMQ one `Dispatcher.run` builds."""
+own, docs/contracts.md C7), and the real one `Dispatcher.run` builds (ZeroMQ to the follower,
+the ack checker's doorbell in the node)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Protocol
 
 import zmq
 
-from node.wiring import channels, fault_hooks
+from node.wiring import fault_hooks
+from node.wiring.doorbells import Doorbell
 
 
 class DispatcherTransport(Protocol):
@@ -16,10 +18,10 @@ class DispatcherTransport(Protocol):
 
 
 class ZmqDispatcherTransport:
-    """The real sockets: a DEALER to the follower's data port and the PUSH to the ack checker."""
+    """The real ends: a DEALER to the follower's data port and the ack checker's doorbell."""
 
-    def __init__(self, sock: zmq.Socket, ack: zmq.Socket, peer: str) -> None:
-        self.sock, self.ack_sock, self.peer = sock, ack, peer
+    def __init__(self, sock: zmq.Socket, ack: Doorbell, peer: str) -> None:
+        self.sock, self.ack_bell, self.peer = sock, ack, peer
 
     def send(self, frame: bytes) -> bool:
         if fault_hooks.faults.drop_push() or fault_hooks.faults.blocked(self.peer):
@@ -31,7 +33,5 @@ class ZmqDispatcherTransport:
         return True
 
     def ack(self, slot: int, match_index: int) -> None:
-        try:
-            self.ack_sock.send(channels.ACK_MSG.pack(slot, match_index), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+        """Wake the ack checker; the match index itself is in the block (the peer's slot)."""
+        self.ack_bell.ring()

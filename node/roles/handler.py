@@ -88,6 +88,7 @@ from node.store.layout import LOCK_FILE
 from node.store.mmap_file import FileSizeMismatch
 from node.store.segment_store import SegmentStore
 from node.wiring import channels
+from node.wiring.doorbells import Doorbell
 
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
 
@@ -106,12 +107,13 @@ class HandlerTransport(Protocol):
 
 
 class ZmqHandlerTransport:
-    """The real sockets: the data port ROUTER, the "appended" PUB, the control DEALER and (a
-    node with a state machine) one DEALER per other member, for follower reads' read indexes."""
+    """The real ends: the data port ROUTER, the "appended" doorbells (one per dispatcher; in a
+    1-member group the ack checker's), the control DEALER and (a node with a state machine)
+    one DEALER per other member, for follower reads' read indexes."""
 
-    def __init__(self, sock: zmq.Socket, appended_pub: zmq.Socket, ctl: zmq.Socket,
+    def __init__(self, sock: zmq.Socket, appended: list[Doorbell], ctl: zmq.Socket,
                  peers: dict[str, zmq.Socket] | None = None) -> None:
-        self.sock, self.appended_pub, self.ctl = sock, appended_pub, ctl
+        self.sock, self.appended_bells, self.ctl = sock, appended, ctl
         self.peers = peers or {}
 
     def to_peer(self, peer_id: str, frame: bytes) -> bool:
@@ -129,10 +131,9 @@ class ZmqHandlerTransport:
         send_routed(self.sock, ident, frame)
 
     def appended(self, end: int) -> None:
-        try:
-            self.appended_pub.send(channels.encode_appended(end), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+        """Wake whoever reads new entries: the end index itself is in the block."""
+        for bell in self.appended_bells:
+            bell.ring()
 
     def control(self, frame: bytes) -> bool:
         try:
@@ -423,18 +424,28 @@ class Handler:
     def run(self) -> None:
         rc = self.rc
         self.open()
+        bells: list[Doorbell] = []  # every doorbell end this loop opened, closed at the end
         try:
             host, port = self.cfg.address
             sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
-            appended_pub = rc.open(channels.APPENDED)
+            # New entries wake each dispatcher; in a 1-member group the ack checker, whose
+            # quorum is this node's own end. (With followers the ack checker need not wake on
+            # an append: a follower acknowledges only what a dispatcher read after the ledger
+            # end it covers was published, so the ack's ring comes after.)
+            self_slot = self.cfg.self_slot
+            wakes = ([rc.bell(channels.ACK_BELL)] if self.single else
+                     [rc.bell(channels.APPENDED_BELL, s) for s in range(len(self.peer_ids)) if s != self_slot])
+            commits = rc.bell(channels.COMMIT_BELL)
+            bells += [*wakes, commits]
             roles = rc.open(channels.ROLE)
-            commits = rc.open(channels.COMMIT)
             ctl = rc.open(channels.CONTROL)
             peers = self._peer_sockets() if self.cfg.state_machine else {}
-            self.transport = ZmqHandlerTransport(sock, appended_pub, ctl, peers)
+            self.transport = ZmqHandlerTransport(sock, wakes, ctl, peers)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
-                self.sm_link = StateMachineLink(rc.open(channels.APPLY), rc.open(channels.RESULTS),
+                apply_bell = rc.bell(channels.APPLY_BELL)
+                bells.append(apply_bell)
+                self.sm_link = StateMachineLink(apply_bell, rc.open(channels.RESULTS),
                                                 rc.open(channels.QUERY))
                 sm_in = [self.sm_link.results, self.sm_link.query]
                 self.publish_ledger()  # the applier's first wake-up
@@ -447,7 +458,7 @@ class Handler:
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
             poller = zmq.Poller()
-            for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in, *peers.values()):
+            for s in (sock, roles, commits.fd, ctl, rc.wake_fd, *sm_in, *peers.values()):
                 poller.register(s, zmq.POLLIN)
             self.tick()
             while not rc.should_stop():
@@ -460,8 +471,8 @@ class Handler:
                 # The block is the truth and the wake-up only a hint: `tick` re-reads it every
                 # iteration (one seqlock read per burst), or a lost wake-up under steady traffic
                 # would leave a leader answering NOT_LEADER about itself.
-                if commits in events:
-                    drain(commits)
+                if commits.fd in events:
+                    commits.drain()
                     self.on_commit_wakeup()
                 if ctl in events:
                     while True:
@@ -491,6 +502,8 @@ class Handler:
                 rc.beat()
         finally:
             self.close()
+            for b in bells:
+                b.close()
 
 
 def main() -> int:

@@ -31,6 +31,7 @@ from node.block.state_protocol import StateBlock
 from node.config import NodeConfig, configure_logging
 from node.store.segment_store import disk_usage_ratio
 from node.wiring import channels
+from node.wiring.doorbells import Doorbell
 
 _PR_SET_PDEATHSIG = 1
 EXIT_FATAL = 3
@@ -121,6 +122,18 @@ class RoleContext:
     def open(self, ch: channels.Channel) -> zmq.Socket:
         """This role's end of a declared channel, opened as node.wiring.channels declares it."""
         return channels.open_channel(self.zctx, self.run_dir, ch, self.role)
+
+    def bell(self, bell: channels.Bell, slot: int | None = None) -> Doorbell:
+        """This role's end of a declared doorbell (node.wiring.channels), in the run directory:
+        the same pipe for every process of the node, and again for a restarted role.
+
+        A run directory where no named pipe can be made (a file system without FIFOs, a file
+        in the way) stops the node with one line (`fatal`): a restart would fail the same way."""
+        try:
+            return channels.open_bell(self.run_dir, bell, self.role, slot)
+        except OSError as e:
+            self.fatal(f"cannot open the doorbell {bell.file_name(slot)} in the run directory "
+                       f"{self.run_dir}: {e.strerror or e}")
 
     def should_stop(self) -> bool:
         """True once SIGTERM/SIGINT arrived or the supervisor is gone."""

@@ -13,14 +13,25 @@ duplicated wake-up costs latency, never correctness (docs/contracts.md C24).
 | elector port | tcp host:port+1 | elector (ROUTER) | peers' electors (DEALER) | `ipc.protocol` VOTE / HEARTBEAT / TAKE_LEADERSHIP |
 | role | ipc elector.pub | elector (PUB) | handler, dispatchers, ack checker, `node.wiring.listeners` (SUB) | `ROLE_MSG`: role, term, leader slot, role epoch |
 | control | ipc elector.ctl | elector (ROUTER) | handler (DEALER) | `ipc.protocol` LEADERSHIP_TRANSFER (answered with TRANSFER_RESPONSE), or `CONFIRM_LEADERSHIP` (answered with `LEADERSHIP_CONFIRMED` once a quorum round that started after it landed: a wake-up; the block's quorum-heartbeat time is the answer) |
-| appended | ipc appended.pub | handler (PUB) | dispatchers, ack checker (SUB, conflated) | ASCII ledger end index |
-| ack | ipc ack.pull | ack checker (PULL) | dispatchers (PUSH) | `ACK_MSG`: peer slot, match index |
-| commit | ipc commit.pull | handler (PULL) | ack checker (PUSH) | `COMMIT_MSG` |
-| apply | ipc apply.pull | applier (PULL) | handler (PUSH) | `APPLY_MSG`: the committed index moved |
 | results | ipc results.pull | handler (PULL) | applier (PUSH) | `encode_results`: what `apply` returned for a run of indexes |
 | query | ipc query.router | applier (ROUTER) | handler (DEALER) | `encode_query` / `encode_query_reply`: a `QueryKind` byte first: a read of the state machine at a read index, a snapshot now, or a chunk of a snapshot to install |
 
-The last three exist only on a node with a state machine (docs/statemachine.md).
+The last two exist only on a node with a state machine (docs/statemachine.md).
+
+Wake-ups that carry no data at all are doorbells (`node.wiring.doorbells`: a named pipe in the
+run directory per waiting process, polled as a raw fd in the waiter's `zmq.Poller`), declared
+here too; `open_bell` holds every role to this table:
+
+| doorbell | file | waiter | ringers | rung when |
+|---|---|---|---|---|
+| appended | appended-SLOT.bell | the dispatcher of peer SLOT | handler | entries were appended (once per burst) |
+| ack | ack.bell | ack checker | dispatchers; handler (1-member group only) | a follower's match index moved; (1 member) the leader's own end |
+| commit | commit.bell | handler | ack checker | the quorum index moved |
+| apply | apply.bell | applier | handler | the committed index moved (a node with a state machine) |
+
+They replaced four ZeroMQ hint channels (appended PUB/SUB, ack, commit and apply PUSH/PULL):
+each ZeroMQ send paid two I/O-thread hand-offs for a message that only said "look again"
+(docs/performance.md "Doorbells").
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import zmq
 from ipc import sockets
 from ipc.codes import Role
 from ipc.sockets import ipc_path
+from node.wiring.doorbells import Doorbell, bell_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +69,34 @@ class Channel:
 ROLE = Channel("elector.pub", "elector", "PUB", "SUB",
                ("handler", "dispatcher", "ack_checker", "listener"))
 CONTROL = Channel("elector.ctl", "elector", "ROUTER", "DEALER", ("handler",))
-APPENDED = Channel("appended.pub", "handler", "PUB", "SUB", ("dispatcher", "ack_checker"),
-                   conflate=True)
-ACK = Channel("ack.pull", "ack_checker", "PULL", "PUSH", ("dispatcher",))
-COMMIT = Channel("commit.pull", "handler", "PULL", "PUSH", ("ack_checker",))
-APPLY = Channel("apply.pull", "applier", "PULL", "PUSH", ("handler",))
 RESULTS = Channel("results.pull", "handler", "PULL", "PUSH", ("applier",))
 QUERY = Channel("query.router", "applier", "ROUTER", "DEALER", ("handler",))
-ALL = (ROLE, CONTROL, APPENDED, ACK, COMMIT, APPLY, RESULTS, QUERY)
+ALL = (ROLE, CONTROL, RESULTS, QUERY)
+
+
+@dataclass(frozen=True, slots=True)
+class Bell:
+    """One in-node doorbell (`node.wiring.doorbells`): `waiter` polls it, `ringers` ring it.
+    `per_peer`: one doorbell per other member's slot (each dispatcher drains its own)."""
+
+    name: str
+    waiter: str
+    ringers: tuple[str, ...]
+    per_peer: bool = False
+
+    def file_name(self, slot: int | None = None) -> str:
+        if self.per_peer:
+            if slot is None or slot < 0:
+                raise ValueError(f"doorbell {self.name!r} is one per peer: give the peer's slot")
+            return f"{self.name}-{slot}.bell"
+        return f"{self.name}.bell"
+
+
+APPENDED_BELL = Bell("appended", "dispatcher", ("handler",), per_peer=True)
+ACK_BELL = Bell("ack", "ack_checker", ("dispatcher", "handler"))
+COMMIT_BELL = Bell("commit", "handler", ("ack_checker",))
+APPLY_BELL = Bell("apply", "applier", ("handler",))
+BELLS = (APPENDED_BELL, ACK_BELL, COMMIT_BELL, APPLY_BELL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +154,17 @@ def open_channel(ctx: zmq.Context, run_dir: str | Path, channel: Channel, role: 
                      f"(binder {channel.binder}, connectors {', '.join(channel.connectors)})")
 
 
+def open_bell(run_dir: str | Path, bell: Bell, role: str, slot: int | None = None) -> Doorbell:
+    """Open `role`'s end of doorbell `bell` (the one of peer `slot` for a per-peer bell). As
+    `open_channel`: a role that neither waits on nor rings it is a wiring mistake, refused with
+    ValueError before anything is created."""
+    kind = role_kind(role)
+    if kind != bell.waiter and kind not in bell.ringers:
+        raise ValueError(f"role {role!r} has no end of doorbell {bell.name!r} "
+                         f"(waiter {bell.waiter}, ringers {', '.join(bell.ringers)})")
+    return Doorbell.open(bell_path(run_dir, bell.file_name(slot)))
+
+
 _BIND = {"PUB": sockets.pub, "PULL": sockets.pull, "ROUTER": sockets.router}
 _CONNECT = {"PUSH": sockets.push, "DEALER": sockets.dealer}
 
@@ -156,17 +199,7 @@ CONFIRM_LEADERSHIP arrived has landed (its start is already in the block). A wak
 handler serves parked reads by what the block says (docs/contracts.md C4); a lost one costs the
 handler's READ_POLL_MS fallback poll."""
 
-# ---- ack / commit ----------------------------------------------------------------------------
-ACK_MSG = struct.Struct(">qq")  # peer slot, match index: a hint for the ack checker
-COMMIT_MSG = b"c"
-
-
-def encode_appended(ledger_end_index: int) -> bytes:
-    return b"%d" % ledger_end_index
-
-
-# ---- apply / results / query (a node with a state machine) ----------------------------------
-APPLY_MSG = b"a"
+# ---- results / query (a node with a state machine) -------------------------------------------
 _RESULTS_HEAD = struct.Struct(">qI")  # first index, count
 _RESULT_LEN = struct.Struct(">i")  # -1: None (a NOOP, or apply returned None)
 

@@ -70,8 +70,8 @@ def test_a_message_crosses_each_declared_channel(ctx, tmp_path, ch):
 
 @pytest.mark.parametrize("ch", channels.ALL, ids=lambda c: c.name)
 def test_subscribers_conflate_exactly_where_declared(ctx, tmp_path, ch):
-    """APPENDED is a "latest value" hint (conflated); the role channel is counted (every role
-    change matters), so its subscribers must keep them all."""
+    """The role channel is counted (every role change matters), so its subscribers must keep
+    them all; only a "latest value" hint may be conflated."""
     for role in ch.connectors:
         s = channels.open_channel(ctx, tmp_path, ch, role)
         try:
@@ -81,10 +81,10 @@ def test_subscribers_conflate_exactly_where_declared(ctx, tmp_path, ch):
                 assert not ch.conflate, f"{ch.name}: conflate is for SUB ends only"
         finally:
             s.close(linger=0)
-    assert channels.APPENDED.conflate and not channels.ROLE.conflate
+    assert not channels.ROLE.conflate
 
 
-@pytest.mark.parametrize("ch,role", [(channels.QUERY, "dispatcher[0]"), (channels.ACK, "handler"),
+@pytest.mark.parametrize("ch,role", [(channels.QUERY, "dispatcher[0]"), (channels.RESULTS, "dispatcher[1]"),
                                      (channels.ROLE, "applier")])
 def test_a_role_without_an_end_is_refused_before_any_socket(ctx, tmp_path, ch, role):
     with pytest.raises(ValueError, match=f"has no end of channel '{re.escape(ch.name)}'"):

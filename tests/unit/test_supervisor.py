@@ -54,6 +54,17 @@ ROLES = {
         from node.roles.runtime import role_main
         raise SystemExit(role_main("handler", lambda rc: rc.fatal("/data/n0/some-file: broken\\nbadly")))
     """),
+    # the real role start-up, then its doorbell where a plain file took the name
+    "bell_role": textwrap.dedent("""
+        from node.roles.runtime import role_main
+        from node.wiring import channels
+
+        def run(rc):
+            (rc.run_dir / channels.COMMIT_BELL.file_name()).write_text("in the way")
+            rc.bell(channels.COMMIT_BELL)
+
+        raise SystemExit(role_main("handler", run))
+    """),
 }
 
 SUPERVISOR = """
@@ -108,3 +119,15 @@ def test_a_fatal_role_stops_the_node_with_its_reason(tmp_path):
     assert "ERROR n0 handler" in done.stderr and "some-file: broken badly" in done.stderr
     assert took < 15
     assert done.stderr.count("started fake") == 1, done.stderr  # never restarted
+
+
+def test_a_doorbell_that_cannot_be_opened_stops_the_node_with_one_line(tmp_path):
+    """A run directory where the named pipe cannot be made would fail every restart the same
+    way: the node stops and says why, no traceback, no crash loop."""
+    done, took = _run_supervisor(tmp_path, "bell_role")
+    assert done.returncode == 1, done.stderr
+    (line,) = _error_lines(done.stderr)
+    assert line.startswith("dledger server: error: fake: cannot open the doorbell commit.bell in the run directory ")
+    assert line.endswith(": not a named pipe (a doorbell)"), line
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("started fake") == 1, done.stderr

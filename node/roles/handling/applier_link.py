@@ -15,6 +15,7 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from node.wiring import channels
+from node.wiring.doorbells import Doorbell
 
 if TYPE_CHECKING:
     from node.block.shared_state import MemberView
@@ -25,17 +26,14 @@ SNAPSHOT_TIMEOUT_MS = 120_000  # `dledger snapshot` of a large state takes a whi
 
 
 class StateMachineLink:
-    """The handler's sockets to its node's applier: wake-ups when the committed index moves,
-    the results of applied entries, and reads at a read index."""
+    """The handler's ends to its node's applier: its doorbell, rung when the committed index
+    moves, and the sockets for the results of applied entries and reads at a read index."""
 
-    def __init__(self, hint: zmq.Socket, results: zmq.Socket, query: zmq.Socket) -> None:
+    def __init__(self, hint: Doorbell, results: zmq.Socket, query: zmq.Socket) -> None:
         self.hint, self.results, self.query = hint, results, query
 
     def committed_moved(self) -> None:
-        try:
-            self.hint.send(channels.APPLY_MSG, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the applier also looks at the block on its own timer
+        self.hint.ring()  # the applier also looks at the block on its own timer
 
     def send_query(self, frame: bytes) -> bool:
         try:
