@@ -335,6 +335,9 @@ class Elector:
                                 now_ms=self.now(), new_member=new_member)
         with self.lock:
             self._publish(Step([RoleChanged(self.core.role, self.core.term, None)], 0))
+        # Whether it may vote, decided (and said, in the log and the block) before it is ready:
+        # a store being repaired at start is announced at once, not at the first vote request.
+        self._ledger()
         self.log.info("%s elector ready term=%d voted_for=%s", self.cfg.id, self.core.term,
                       self.core.voted_for)
 
