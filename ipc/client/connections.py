@@ -17,6 +17,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ipc import protocol as P
+from ipc.security import ClientCurve
 from ipc.sockets import data_address, dealer
 
 log = logging.getLogger("dledger.client")
@@ -77,8 +78,14 @@ class Connections:
     `peers` is replaced, never mutated, when members are learned: caller threads iterate it.
     """
 
-    def __init__(self, ctx: zmq.Context, peers: Mapping[str, tuple[str, int]]) -> None:
+    def __init__(self, ctx: zmq.Context, peers: Mapping[str, tuple[str, int]],
+                 curve: ClientCurve | None = None) -> None:
         self.ctx = ctx
+        self.curve = curve  # None: plain connections; else CURVE, each member's own key
+        missing = [nid for nid in peers if curve is not None and nid not in curve.server_keys]
+        if missing:
+            raise ValueError(f"no public key for member(s) {', '.join(missing)} (expected "
+                             f"{missing[0]}.key beside the key file, or server_keys=)")
         self.peers = {nid: (h, p) for nid, (h, p) in peers.items()}
         self.nodes = {nid: Node(nid, h, p) for nid, (h, p) in self.peers.items()}
         self.order = list(self.nodes.values())
@@ -97,7 +104,8 @@ class Connections:
                 self.close(node)
 
     def open(self, node: Node) -> None:
-        node.sock = dealer(self.ctx, node.endpoint)
+        node.sock = dealer(self.ctx, node.endpoint,
+                           curve=None if self.curve is None else (self.curve, node.id))
         self.sock_node[node.sock] = node
         self.poller.register(node.sock, zmq.POLLIN)
         node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -201,7 +209,7 @@ class Connections:
             node = Node(nid, host, port)
             try:
                 self.open(node)
-            except zmq.ZMQError as e:
+            except (zmq.ZMQError, ValueError) as e:  # ValueError: no public key for it
                 self.close(node)
                 del new[nid]
                 log.warning("member %s named in METADATA has an unusable address %r: %s", nid,

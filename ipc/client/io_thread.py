@@ -57,6 +57,7 @@ from ipc.client.sessions import ClientSessions
 from ipc.client.timers import TimerQueue
 from ipc.codes import ResponseCode as RC
 from ipc.codes import is_indeterminate, is_retryable
+from ipc.security import ClientCurve
 from ipc.sockets import make_context
 
 log = logging.getLogger("dledger.client")
@@ -75,7 +76,8 @@ class ClientIO:
     """
 
     def __init__(self, peers: Mapping[str, tuple[str, int]], group: str, timeout: float,
-                 attempt_timeout: float, slots: Slots, sessions: bool) -> None:
+                 attempt_timeout: float, slots: Slots, sessions: bool,
+                 curve: ClientCurve | None = None) -> None:
         self.group = group
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
@@ -87,7 +89,7 @@ class ClientIO:
         # I/O thread only (built here, before the thread starts).
         self.ctx = make_context()
         try:
-            self.conns = Connections(self.ctx, peers)
+            self.conns = Connections(self.ctx, peers, curve)
         except BaseException:
             self.ctx.destroy(linger=0)
             raise

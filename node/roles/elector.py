@@ -35,6 +35,7 @@ import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
+from ipc.security import authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     recv_routed,
 )
@@ -338,8 +339,10 @@ class Elector:
         self.log.info("%s elector ready term=%d voted_for=%s", self.cfg.id, self.core.term,
                       self.core.voted_for)
 
-    def on_request(self, ident: bytes, frame: bytes) -> None:
-        """A frame on the elector port from a peer's elector (VOTE, HEARTBEAT, TAKE_LEADERSHIP)."""
+    def on_request(self, ident: bytes, frame: bytes,
+                   principal: tuple[str, str, str] | None = None) -> None:
+        """A frame on the elector port from a peer's elector (VOTE, HEARTBEAT, TAKE_LEADERSHIP).
+        `principal`: the sender's key (`ipc.security.parse_user_id`); None in plain mode."""
         try:
             msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)
         except P.ProtocolError as e:
@@ -350,6 +353,14 @@ class Elector:
             return
         if P.is_response(msg):
             self.state.incr("elector_bad_frames")
+            return
+        refused = authorize(principal, msg)
+        if refused is not None:  # a member's key speaking for another member: nothing changes
+            self.state.incr("elector_bad_frames")
+            self.log.warning("refused %s: %s", type(msg).__name__, refused)
+            self.transport.reply(ident, P.encode(P.error_reply(
+                frame, ResponseCode.PERMISSION_DENIED,
+                group=self.cfg.group, term=self.core.term, reason=refused[:200])))
             return
         self.mismatch.on_request(msg, self.now())
         self._run(lambda led: self.core.handle(msg, self.now(), led, ident))
@@ -435,13 +446,13 @@ class Elector:
             if tr.router in events:
                 while True:
                     try:
-                        got = recv_routed(tr.router, zmq.NOBLOCK)
+                        got = recv_routed_user(tr.router, zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if got is None:
                         self.state.incr("elector_bad_frames")
                     else:
-                        self.on_request(*got)
+                        self.on_request(got[0], got[1], parse_user_id(got[2]))
             for s in list(events):
                 if s in by_sock:
                     while True:
