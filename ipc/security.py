@@ -413,3 +413,25 @@ def recv_routed_user(sock: zmq.Socket, flags: int = 0) -> tuple[bytes, bytes, st
     except zmq.ZMQError:
         user = None
     return parts[0].bytes, frame.bytes, user or None
+
+
+def local_group_keys(d: str | os.PathLike[str], member_ids: list[str], client: str = "admin") -> Path:
+    """Keys for a local group (`dledger cluster`, `make run`): one pair per member and an
+    `admin` client, laid out as a node's key directory; the client's secret key file (beside
+    the members' public keys, so a client finds them) is returned. A directory that already
+    holds them all (a --store-dir used again) is kept: the group's clients keep working."""
+    d = Path(d)
+    key_file = d / f"{client}.key_secret"
+    wanted = [d / f"{m}.key_secret" for m in member_ids] + [key_file, d / "clients" / f"{client}.key"]
+    if all(p.exists() for p in wanted):
+        return key_file
+    if d.exists() and any(d.iterdir()):
+        raise KeyFileError([f"{d}: holds keys of another group; remove it or give --keys-dir"])
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    for m in member_ids:
+        keygen(d, m)
+    _, sec = keygen(d / "clients", client)
+    os.replace(sec, key_file)
+    (d / "clients" / "rights").write_text(f"{client} admin\n", encoding="utf-8")
+    return key_file

@@ -100,6 +100,7 @@ class DLedgerClient:
         # A secure group: our key pair (a `.key_secret` file) and the members' public keys
         # (`ID.key` beside it, or `server_keys`); KeyFileError (a ValueError) says what is wrong.
         curve = client_curve(key_file, server_keys) if key_file is not None else None
+        self.key_file = key_file  # for tools that open sockets of their own to the same group
         self._io = ClientIO(peer_map, group, self.timeout, self.attempt_timeout, self._slots, sessions,
                             curve)
         self._thread = self._io.thread

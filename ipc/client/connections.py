@@ -23,10 +23,16 @@ from ipc.sockets import data_address, dealer
 log = logging.getLogger("dledger.client")
 
 
+HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+"""Monitor events of a CURVE handshake that failed: remembered per node, so a call that gives
+up says "n0 refused our key" instead of only "no reachable leader"."""
+
+
 class Node:
     """One member as the client sees it: its socket, and what its recent silence says."""
 
-    __slots__ = ("id", "address", "endpoint", "sock", "mon", "inflight", "suspect", "unresponsive")
+    __slots__ = ("id", "address", "endpoint", "sock", "mon", "inflight", "suspect", "unresponsive",
+                 "refused")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.id = node_id
@@ -37,6 +43,7 @@ class Node:
         self.inflight = 0
         self.suspect = False  # its socket is to be recreated once nothing is in flight on it
         self.unresponsive = False  # let a deadline pass and has not answered anything since
+        self.refused = ""  # why its last CURVE handshake failed ("" = it did not): said on give-up
 
 
 class Waker:
@@ -108,7 +115,7 @@ class Connections:
                            curve=None if self.curve is None else (self.curve, node.id))
         self.sock_node[node.sock] = node
         self.poller.register(node.sock, zmq.POLLIN)
-        node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.mon_node[node.mon] = node
         self.poller.register(node.mon, zmq.POLLIN)
 
@@ -174,7 +181,12 @@ class Connections:
             except zmq.Again:
                 break
             try:
-                dropped = dropped or parse_monitor_message(event)["event"] == zmq.EVENT_DISCONNECTED
+                kind = parse_monitor_message(event)["event"]
+                dropped = dropped or kind == zmq.EVENT_DISCONNECTED
+                if kind & HANDSHAKE_FAILED and node is not None:
+                    node.refused = ("it refused our key" if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                    else "the handshake failed: a secure node and a plain client, "
+                                         "or the other way round")
             except (ValueError, KeyError, IndexError):  # pragma: no cover - a libzmq we do not know
                 continue
         return node if dropped else None
@@ -187,6 +199,7 @@ class Connections:
     def answered(self, node: Node) -> None:
         """`node` answered something: it is neither silent nor due for a new socket."""
         node.unresponsive = False
+        node.refused = ""
         if node.suspect:
             node.suspect = False
             self.suspects.discard(node)

@@ -353,8 +353,18 @@ class ClientIO:
         self.set_timer(call, at)
 
     def _give_up(self, call: Call) -> None:
-        """The deadline passed with nothing outstanding (see `give_up_error`)."""
-        self.finish(call, exc=give_up_error(call))
+        """The deadline passed with nothing outstanding (see `give_up_error`). When nothing
+        was sent and members refused our CURVE handshake, that is the reason to give: every
+        member refused: PERMISSION_DENIED; some: said after the timeout's reason."""
+        exc = give_up_error(call)
+        refused = [n for n in self.conns.order if n.refused]
+        if call.last is None and refused and not call.unsure:
+            why = "; ".join(f"{n.id}: {n.refused}" for n in refused)
+            if len(refused) == len(self.conns.order):
+                exc = DLedgerError(RC.PERMISSION_DENIED, f"no member accepted this client ({why})")
+            else:
+                exc = DLedgerError(exc.code, f"{exc.reason} ({why})")
+        self.finish(call, exc=exc)
 
     def finish(self, call: Call, result: Any = None, exc: BaseException | None = None,
                live: bool = True) -> None:

@@ -438,8 +438,12 @@ class Elector:
         by_sock = {s: p for p, s in tr.dealers.items()}
         for s in tr.dealers.values():
             poller.register(s, zmq.POLLIN)
+        counted = 0  # handshakes refused by this process's ZAP handler, as added to the block
         while not rc.should_stop():
             events = dict(poller.poll(self.next_wait_ms()))
+            if (refused := rc.auth_refused()) != counted:  # ZAP counts in its own thread
+                self.state.incr("elector_auth_refused", refused - counted)
+                counted = refused
             if rc.wake_fd in events:
                 rc.drain_wake()
             # Read everything queued before ticking (the core wants inputs before the clock).

@@ -458,6 +458,7 @@ class Handler:
                           self.store.ledger_end_term, self.store.committed_index)
             secure = rc.server_keys() is not None
             recv = recv_routed_user if secure else recv_routed
+            counted = 0  # handshakes refused by ZAP so far, as added to the block
             poller = zmq.Poller()
             for s in (sock, roles, commits, ctl, rc.wake_fd, *sm_in, *peers.values()):
                 poller.register(s, zmq.POLLIN)
@@ -503,6 +504,10 @@ class Handler:
                             self.handle_frame(got[0], got[1])
                         else:
                             self.handle_frame(*got)
+                if secure and (refused := rc.auth_refused()) != counted:
+                    # ZAP counts in its own thread; the block has one writer: this loop
+                    self.state.incr("auth_refused", refused - counted)
+                    counted = refused
                 self.tick()
                 rc.beat()
         finally:

@@ -15,7 +15,8 @@ from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from ipc.security import client_curve, keygen
 from ipc.sockets import elector_address
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, wait_for
+from tests.integration.test_metrics_health import scrape, value, with_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +54,7 @@ def secure(tmp_path: Path):
     keys = make_keys(tmp_path / "keys")
     c = Cluster(tmp_path / "group", 3, keys_dir=keys)
     c.key_file = client_key(keys, "admin")
+    c.metrics = with_metrics(c)
     c.start()
     try:
         c.wait_leader(timeout=30)
@@ -93,8 +95,10 @@ def test_rights_per_client_key(secure) -> None:
         assert "needs 'write'" in str(e.value)
     # no key at all, and a key no node knows: the handshake fails, the call ends in an error
     for kw in ({}, {"key_file": keys / "stranger" / "stranger.key_secret"}):
-        with DLedgerClient(c.peers, timeout=1.5, **kw) as cl, pytest.raises(DLedgerError):
+        with DLedgerClient(c.peers, timeout=1.5, **kw) as cl, pytest.raises(DLedgerError) as e:
             cl.append(b"never")
+        assert e.value.code == RC.PERMISSION_DENIED, e.value
+        assert ("refused our key" if kw else "handshake failed") in str(e.value)
     # an admin key can transfer
     lead = c.leader()
     target = next(n for n in MEMBERS if n != lead)
@@ -144,6 +148,12 @@ def test_forged_raft_messages_change_nothing(secure) -> None:
     finally:
         ctx.destroy(linger=0)
     assert answers == [None] * len(answers)
+    # the refused handshakes are counted, per port, on the nodes that refused them
+    for nid in MEMBERS:
+        if nid != lead:
+            wait_for(lambda nid=nid: (value(scrape(c.metrics[nid]), "dledger_auth_refused_total") or 0) >= 2
+                     and (value(scrape(c.metrics[nid]), "dledger_elector_auth_refused_total") or 0) >= 2,
+                     10, f"{nid}'s refused handshakes in its metrics")
     after = {nid: (v.term, v.leader_id, v.ledger_end_index) for nid, v in c.views().items()}
     assert after == before
     assert all(t < 3000 for t, _, _ in after.values())
