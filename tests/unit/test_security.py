@@ -162,3 +162,29 @@ def test_rights_table(user: str | None, msg: object, allowed: bool) -> None:
     assert (reason is None) == allowed, reason
     if not allowed:
         assert "\n" not in reason and len(reason) < 200
+
+
+def test_cli_bad_key_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools import cli
+
+    keygen(tmp_path / "k", "n0")
+    (tmp_path / "k" / "n1.key").write_text("garbage\n")
+    peers = "n0-127.0.0.1:20911;n1-127.0.0.1:20913"
+    runs = [
+        (["server", "--id", "n0", "--peers", peers, "--store-dir", str(tmp_path / "s"),
+          "--keys-dir", str(tmp_path / "k")], "n1.key: no public-key line"),
+        (["server", "--id", "n0", "--peers", "n0-192.0.2.1:20911", "--store-dir", str(tmp_path / "s")],
+         "plain mode binds 192.0.2.1"),
+        (["append", "--peers", peers, "--key-file", str(tmp_path / "k" / "n0.key"), "x"],
+         "holds no secret-key"),
+        (["keygen", "--out", str(tmp_path / "k"), "--name", "n0"], "exists"),
+    ]
+    for argv, want in runs:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert want in err and "Traceback" not in err, err
+    monkeypatch.setenv("DLEDGER_KEY_FILE", str(tmp_path / "missing.key_secret"))
+    assert cli.main(["metadata", "--peers", peers]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dledger metadata: error: $DLEDGER_KEY_FILE:") and "\n" not in err, err
