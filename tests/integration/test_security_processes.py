@@ -193,3 +193,86 @@ def test_member_with_wrong_key_cannot_join(tmp_path: Path) -> None:
         assert view is not None and view.ledger_end_index >= 5 and view.leader_id == lead
     finally:
         c.close()
+
+
+class _RecordingProxy:
+    """A TCP relay to `target` that keeps every byte the client sent (a wiretap)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        self.target = target
+        self.sent = bytearray()
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import select
+        import socket
+
+        self.lsock.settimeout(10)
+        try:
+            down, _ = self.lsock.accept()
+        except OSError:
+            return
+        up = socket.create_connection(self.target)
+        try:
+            while not self.stop.is_set():
+                ready, _, _ = select.select([down, up], [], [], 0.05)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if s is down:
+                        self.sent += data
+                        up.sendall(data)
+                    else:
+                        down.sendall(data)
+        finally:
+            down.close()
+            up.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.lsock.close()
+
+
+def test_recorded_frames_replayed_on_a_new_connection_are_refused(secure) -> None:
+    import socket
+
+    c, keys = secure
+    lead = c.leader()
+    host, port = c.nodes[lead].address.split(":")
+    proxy = _RecordingProxy((host, int(port)))
+    ctx = zmq.Context()
+    body = b"recorded-append"
+    try:
+        writer = client_curve(client_key(keys, "writer"))
+        r = _raw(ctx, f"tcp://127.0.0.1:{proxy.port}", (writer, lead),
+                 P.encode(P.AppendRequest(c.group, lead, body, request_id=5)), timeout_ms=5000)
+        assert isinstance(r, P.AppendResponse) and r.code == RC.SUCCESS, r
+    finally:
+        ctx.destroy(linger=0)
+        proxy.close()
+    assert len(proxy.sent) > len(body)  # the handshake and the encrypted APPEND were recorded
+    # the recording, replayed byte for byte on a new connection: the node hangs up
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(bytes(proxy.sent))
+        got = b""
+        while True:  # until the node closes the connection (a deadline from the timeout)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    with c.client() as a:  # a later append lands right after the recorded one: nothing between
+        after = a.append(b"after-replay")
+        bodies = [e.body for e in a.get_range(r.index, after.index - r.index + 1)]
+    assert bodies == [body, b"after-replay"], bodies
