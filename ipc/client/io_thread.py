@@ -354,16 +354,15 @@ class ClientIO:
 
     def _give_up(self, call: Call) -> None:
         """The deadline passed with nothing outstanding (see `give_up_error`). When nothing
-        was sent and members refused our CURVE handshake, that is the reason to give: every
-        member refused: PERMISSION_DENIED; some: said after the timeout's reason."""
+        was sent and members refused our CURVE handshake, that is the reason to give
+        (PERMISSION_DENIED, definite: nothing was sent), naming each refusal; the members not
+        named did not answer at all within the timeout."""
         exc = give_up_error(call)
         refused = [n for n in self.conns.order if n.refused]
         if call.last is None and refused and not call.unsure:
             why = "; ".join(f"{n.id}: {n.refused}" for n in refused)
-            if len(refused) == len(self.conns.order):
-                exc = DLedgerError(RC.PERMISSION_DENIED, f"no member accepted this client ({why})")
-            else:
-                exc = DLedgerError(exc.code, f"{exc.reason} ({why})")
+            rest = "" if len(refused) == len(self.conns.order) else "; no answer from the others"
+            exc = DLedgerError(RC.PERMISSION_DENIED, f"no member accepted this client ({why}{rest})")
         self.finish(call, exc=exc)
 
     def finish(self, call: Call, result: Any = None, exc: BaseException | None = None,

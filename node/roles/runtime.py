@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
 import zmq
 
@@ -112,8 +112,10 @@ class RoleContext:
     # The simulator passes its model of the disk (full while a fault says so).
     disk_usage: Callable[[str], float] = disk_usage_ratio
 
-    _keys: ServerKeys | None = field(default=None, repr=False)
-    _zap: Zap | None = field(default=None, repr=False)
+    # Set on first use, not dataclass fields: what a role reads is the methods below (the
+    # simulator's context offers the fields, and runs plain).
+    _keys: ClassVar[ServerKeys | None] = None
+    _zap: ClassVar[Zap | None] = None
 
     def server_keys(self) -> ServerKeys | None:
         """This node's keys (read once per role process), or None in plain mode."""

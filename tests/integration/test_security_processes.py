@@ -95,7 +95,7 @@ def test_rights_per_client_key(secure) -> None:
         assert "needs 'write'" in str(e.value)
     # no key at all, and a key no node knows: the handshake fails, the call ends in an error
     for kw in ({}, {"key_file": keys / "stranger" / "stranger.key_secret"}):
-        with DLedgerClient(c.peers, timeout=1.5, **kw) as cl, pytest.raises(DLedgerError) as e:
+        with DLedgerClient(c.peers, timeout=3, **kw) as cl, pytest.raises(DLedgerError) as e:
             cl.append(b"never")
         assert e.value.code == RC.PERMISSION_DENIED, e.value
         assert ("refused our key" if kw else "handshake failed") in str(e.value)
@@ -113,6 +113,7 @@ def test_rights_per_client_key(secure) -> None:
 
 def test_forged_raft_messages_change_nothing(secure) -> None:
     c, keys = secure
+    c.wait_converged()  # the new leader's NOOP everywhere: nothing of the group's own moves
     lead = c.leader()
     before = {nid: (v.term, v.leader_id, v.ledger_end_index) for nid, v in c.views().items()}
     group = c.group
