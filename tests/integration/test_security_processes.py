@@ -80,6 +80,7 @@ def _raw(ctx: zmq.Context, endpoint: str, curve: tuple | None, frame: bytes, tim
 
 def test_rights_per_client_key(secure) -> None:
     c, keys = secure
+    assert all("secure mode: CurveZMQ" in n.log_text() for n in c.nodes.values())
     with DLedgerClient(c.peers, timeout=10, key_file=client_key(keys, "writer")) as w:
         r = w.append(b"from-writer")
         assert w.get(r.index).body == b"from-writer"
@@ -277,3 +278,13 @@ def test_recorded_frames_replayed_on_a_new_connection_are_refused(secure) -> Non
         after = a.append(b"after-replay")
         bodies = [e.body for e in a.get_range(r.index, after.index - r.index + 1)]
     assert bodies == [body, b"after-replay"], bodies
+
+
+def test_a_node_without_keys_says_plain_mode(tmp_path: Path) -> None:
+    c = Cluster(tmp_path / "group", 1)
+    try:
+        c.start()
+        wait_for(lambda: "plain mode: no keys_dir" in c.nodes["n0"].log_text(), 30, "the plain-mode line")
+        c.wait_leader(timeout=30)  # and it serves plain clients, as every test harness does
+    finally:
+        c.close()

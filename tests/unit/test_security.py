@@ -188,3 +188,16 @@ def test_cli_bad_key_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert cli.main(["metadata", "--peers", peers]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dledger metadata: error: $DLEDGER_KEY_FILE:") and "\n" not in err, err
+
+
+def test_a_member_key_being_rotated_is_admitted_under_both(tmp_path: Path) -> None:
+    d = keys_dir(tmp_path)
+    old = read_key_file(d / "n1.key")[0]
+    (d / "n1.key").rename(d / "n1.prev.key")
+    (d / "n1.key_secret").unlink()
+    keygen(d, "n1")
+    new = read_key_file(d / "n1.key")[0]
+    k = load_server_keys(d, "n0", ["n0", "n1"])
+    assert k.member_keys[old] == k.member_keys[new] == "n1"
+    assert k.member_public["n1"] == new  # what n0 connects to: n1's current key
+    assert parse_user_id("member:n1") == ("member", "n1", "admin")
