@@ -201,3 +201,17 @@ def test_a_member_key_being_rotated_is_admitted_under_both(tmp_path: Path) -> No
     assert k.member_keys[old] == k.member_keys[new] == "n1"
     assert k.member_public["n1"] == new  # what n0 connects to: n1's current key
     assert parse_user_id("member:n1") == ("member", "n1", "admin")
+
+
+def test_local_group_keys_are_made_once_and_kept(tmp_path: Path) -> None:
+    from ipc.security import local_group_keys
+
+    kf = local_group_keys(tmp_path / "keys", ["n0", "n1", "n2"])
+    assert kf == tmp_path / "keys" / "admin.key_secret"
+    k = load_server_keys(tmp_path / "keys", "n2", ["n0", "n1", "n2"])
+    assert list(k.client_keys.values()) == [("admin", "admin")]
+    assert set(client_curve(kf).server_keys) >= {"n0", "n1", "n2"}
+    before = kf.read_text()
+    assert local_group_keys(tmp_path / "keys", ["n0", "n1", "n2"]) == kf and kf.read_text() == before
+    with pytest.raises(KeyFileError, match="another group"):  # a 4th member: not this group's keys
+        local_group_keys(tmp_path / "keys", ["n0", "n1", "n2", "n3"])
