@@ -58,6 +58,7 @@ class ResponseCode(IntEnum):
     SESSION_SEQ_TOO_OLD = 433  # already written, but too long ago for its index to be known
     SESSION_LIMIT = 434  # this leader opened all the session ids its term allows
     STATE_MACHINE_ERROR = 440  # the state machine raised while answering a query
+    PERMISSION_DENIED = 450  # the sender's key lacks the right for this request (not retried)
 
     @classmethod
     def name_of(cls, code: int) -> str:

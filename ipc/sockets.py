@@ -27,6 +27,7 @@ import os
 import zmq
 
 from ipc.protocol import DEFAULT_MAX_FRAME, MAX_STR
+from ipc.security import ClientCurve, ServerKeys, curve_server
 
 DEFAULT_HWM = 10_000
 """Per-socket queue bound in messages (each direction)."""
@@ -64,25 +65,33 @@ def _is_network(addr: str) -> bool:
 
 
 def router(ctx: zmq.Context, bind_addr: str, *, hwm: int = DEFAULT_HWM,
-           max_msg_size: int | None = DEFAULT_MAX_FRAME) -> zmq.Socket:
+           max_msg_size: int | None = DEFAULT_MAX_FRAME,
+           curve: tuple[ServerKeys, str] | None = None) -> zmq.Socket:
     """Server socket (handler's data port, elector port). Replies go to the sender's identity.
 
     An unroutable reply (client gone) is dropped silently, never blocks the server.
+    `curve` = (the node's keys, ZAP domain): a CURVE server; the process must run a ZAP
+    handler (`ipc.security.Zap`) or libzmq admits every key.
     """
     sock = ctx.socket(zmq.ROUTER)
     _common(sock, hwm)
     if _is_network(bind_addr):
         _network(sock, max_msg_size)
+    if curve is not None:
+        curve_server(sock, *curve)
     sock.bind(bind_addr)
     return sock
 
 
 def dealer(ctx: zmq.Context, connect_addr: str, identity: bytes | str | None = None, *,
            hwm: int = DEFAULT_HWM,
-           max_msg_size: int | None = DEFAULT_MAX_FRAME) -> zmq.Socket:
+           max_msg_size: int | None = DEFAULT_MAX_FRAME,
+           curve: tuple[ClientCurve, str] | None = None) -> zmq.Socket:
     """Client socket to one server; pipelines requests matched by request id.
 
     `identity` (e.g. the node id) makes the peer's ROUTER see a stable name across reconnects.
+    `curve` = (our CURVE identity, the member id we connect to): a CURVE client that accepts
+    only that member's key (KeyFileError when it is not known: nothing is opened).
     """
     sock = ctx.socket(zmq.DEALER)
     _common(sock, hwm)
@@ -94,9 +103,11 @@ def dealer(ctx: zmq.Context, connect_addr: str, identity: bytes | str | None = N
     if _is_network(connect_addr):
         _network(sock, max_msg_size)
     try:
+        if curve is not None:
+            curve[0].apply(sock, curve[1])
         sock.connect(connect_addr)
-    except zmq.ZMQError:
-        sock.close(linger=0)  # an address libzmq refuses: no half-made socket left behind
+    except (zmq.ZMQError, ValueError):
+        sock.close(linger=0)  # an address libzmq refuses, a member without a key: no half-made socket left behind
         raise
     return sock
 

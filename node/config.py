@@ -77,6 +77,11 @@ class NodeConfig:
     # from whatever source address the kernel picks: per-address routing or firewall rules can
     # then tell one node's peer traffic from another's (`dledger chaos` partitions use it).
     connect_from_own_host: bool = False
+    # security (docs/operations.md "Security"): a key directory makes the data and elector
+    # ports CurveZMQ servers admitting only the members' and the listed clients' keys; without
+    # one the node runs in plain mode, on loopback addresses only unless `insecure`.
+    keys_dir: str = ""
+    insecure: bool = False
     # client sessions (exactly-once appends; node/core/sessions.py, docs/client.md)
     max_sessions: int = 10_000  # sessions a leader remembers; the least recently appending go first
     session_window: int = 4_096  # per session, how many of its newest seqs keep their index
@@ -213,8 +218,30 @@ class NodeConfig:
         if self.log_format not in LOG_FORMATS:
             p.append(f"log_format: must be one of {', '.join(LOG_FORMATS)} (got {_shown(self.log_format)})")
         p.extend(_metrics_port_problems(self.metrics_port, peers.get(self.id)))
+        p.extend(self.security_problems(peers))
         if p:
             raise ConfigError(p)
+
+    def security_problems(self, peers: dict[str, tuple[str, int]]) -> list[str]:
+        """The key directory's problems (all of them), or the plain-mode rule: a node without
+        keys binds loopback addresses only, unless told `insecure`."""
+        from ipc.security import KeyFileError, is_loopback, load_server_keys
+
+        if self.keys_dir:
+            if not peers or self.id not in peers:
+                return []
+            try:
+                load_server_keys(self.keys_dir, self.id, list(peers))
+            except KeyFileError as e:
+                return e.problems
+            return []
+        if self.insecure or self.id not in peers:
+            return []
+        host = peers[self.id][0]
+        if not is_loopback(host):
+            return [f"keys_dir: none given, and plain mode binds {host} (not loopback): give "
+                    "--keys-dir, or --insecure to serve it unauthenticated"]
+        return []
 
     def path_problems(self) -> list[str]:
         """store_dir and run_dir must be (or become) directories this user can write: checked
@@ -283,6 +310,9 @@ FIELD_HELP: dict[str, tuple[str, str]] = {
     "max_body_size": ("largest body accepted (larger: UNEXPECTED_ARGUMENT)", "bytes"),
     "max_frame_size": ("ZMQ_MAXMSGSIZE of network sockets (larger frames drop the connection)",
                        "bytes"),
+    "keys_dir": ("CurveZMQ keys: ID.key per member, this node's ID.key_secret, clients/NAME.key "
+                 "and clients/rights (docs/operations.md \"Security\"); empty: plain mode", "DIR"),
+    "insecure": ("allow plain mode (no keys_dir) on a non-loopback address", "true|false"),
     "connect_from_own_host": ("connect to peers from this node's own peers-string host (an IP)",
                               "true|false"),
     "max_sessions": ("client sessions a leader remembers (least recently appending go first)",

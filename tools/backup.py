@@ -85,7 +85,7 @@ def _group_has_state_machine(client: DLedgerClient) -> bool:
     from tools.commands.group_status import GroupProbe
 
     peers = ";".join(f"{nid}-{h}:{p}" for nid, (h, p) in client.peers.items())
-    with GroupProbe(peers, client.group, timeout=client.timeout) as probe:
+    with GroupProbe(peers, client.group, timeout=client.timeout, key_file=client.key_file) as probe:
         return any(a.meta is not None and a.meta.status is not None and a.meta.status.applied_index >= 0
                    for a in probe.round())
 

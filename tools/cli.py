@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +42,7 @@ SUBCOMMANDS: dict[str, str] = {
     "health": "tools.commands.health",
     "top": "tools.commands.top",
     "completion": "tools.commands.completion",
+    "keygen": "tools.commands.keygen",
 }
 
 
@@ -73,6 +75,7 @@ HELP: dict[str, str] = {
     "health": "exit 0 only if the group has one leader, a quorum and no lagging follower",
     "top": "live view of a group (role, commits, lag, rates, p99, disk)",
     "completion": "print a bash or zsh completion script for dledger",
+    "keygen": "write a CurveZMQ key pair (NAME.key, NAME.key_secret)",
 }
 
 
@@ -186,6 +189,32 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
     running group (one definition: three copies had already drifted in their help)."""
     p.add_argument("--peers", required=True, type=peers_arg, metavar="PEERS", help=PEERS_HELP)
     p.add_argument("--group", default="default", help="group name (default: %(default)s)")
+    p.add_argument("--key-file", default=None, metavar="FILE",
+                   help="this client's CurveZMQ secret key (NAME.key_secret; the members' ID.key "
+                        "files beside it) for a secure group (default: $DLEDGER_KEY_FILE; none: "
+                        "plain)")
+
+
+def key_file_of(args: argparse.Namespace) -> str | None:
+    """The client key file for a group command: --key-file, else $DLEDGER_KEY_FILE, else None
+    (plain). Checked here, so a bad file is one line and exit 2 before anything connects."""
+    from ipc.security import KEY_FILE_ENV, KeyFileError, read_secret_key_file
+
+    path = getattr(args, "key_file", None) or os.environ.get(KEY_FILE_ENV) or None
+    if path is None:
+        return None
+    try:
+        read_secret_key_file(path)
+    except KeyFileError as e:
+        src = "--key-file" if getattr(args, "key_file", None) else f"${KEY_FILE_ENV}"
+        raise CliError(f"{src}: {e}", EXIT_USAGE) from None
+    return path
+
+
+def client_options(args: argparse.Namespace) -> dict[str, str]:
+    """`DLedgerClient`/`KVClient` keyword options from the common group arguments."""
+    path = key_file_of(args)
+    return {} if path is None else {"key_file": path}
 
 
 def _chosen(argv: Sequence[str]) -> str | None:

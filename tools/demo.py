@@ -28,8 +28,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import zmq
-
 from ipc import protocol as P
 from ipc.client import DLedgerClient, DLedgerError
 from ipc.codes import ResponseCode as RC
@@ -42,8 +40,8 @@ class _Writer(Writer):
     """tools/bench/failover.py's writer with a distinct body per append, so the log can be checked:
     keeps (ack monotonic time, term) in `acks` as its base does, and (index, body) in `entries`."""
 
-    def __init__(self, peers: str, group: str) -> None:
-        super().__init__(peers, group)
+    def __init__(self, peers: str, group: str, key_file: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(peers, group, key_file)
         self.entries: list[tuple[int, bytes]] = []
 
     def run(self) -> None:
@@ -76,10 +74,8 @@ def _wait(cond, timeout: float, what: str):  # noqa: ANN001, ANN202
 
 def _ask(g: LocalGroup, nid: str, msg: object, timeout_ms: int = 2000) -> object | None:
     """One request to one node over a fresh DEALER, as LocalGroup.meta does; None if silent."""
-    s = g.ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
+    s = g.dealer(nid)  # a CURVE client with the group's admin key
     try:
-        s.connect(f"tcp://127.0.0.1:{g.ports[g.ids.index(nid)]}")
         s.send(P.encode(msg))
         return P.decode(s.recv()) if s.poll(timeout_ms) else None
     finally:
@@ -109,12 +105,13 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)  # SIGTERM runs the finally below, too
-    g = LocalGroup(3)
+    g = LocalGroup(3, secure=True)  # the secure path, as `dledger cluster` runs it
     w: _Writer | None = None
-    print(f"DLedger for Python — a 3-node group on 127.0.0.1\n  peers: {g.peers}\n  stores: {g.root}")
+    print(f"DLedger for Python — a 3-node group on 127.0.0.1\n  peers: {g.peers}\n  stores: {g.root}"
+          f"\n  key-file: {g.key_file} (CurveZMQ: clients without a key the group knows are refused)")
     try:
         g.start()
-        with DLedgerClient(g.peers, g.group, timeout=10.0) as c:
+        with DLedgerClient(g.peers, g.group, timeout=10.0, key_file=g.key_file) as c:
             lead, term = g.wait_leader(timeout=30)
             m = _wait(lambda: (x := c.metadata(timeout=1.0)).leader_id == lead and all(
                 n.alive and n.ledger_end_index >= 0 for n in x.nodes) and x, 10, "every node to follow")
@@ -148,7 +145,7 @@ def main() -> int:
                   f"(session {sid:#x}, seq 1)\n  -> index {first.index}; suppose that reply was lost: "
                   "it is resent after the failover below")
 
-            w = _Writer(g.peers, g.group)
+            w = _Writer(g.peers, g.group, g.key_file)
             w.start()
             if w.first_ack_after(time.monotonic(), term - 1, time.monotonic() + 10) is None:
                 raise RuntimeError("the writer got no append acknowledged within 10 s")

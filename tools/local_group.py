@@ -43,9 +43,11 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 class LocalGroup:
     def __init__(self, n: int, extra_args: list[str] | None = None, root: str | None = None,
-                 group: str = "default", hosts: list[str] | None = None) -> None:
+                 group: str = "default", hosts: list[str] | None = None, secure: bool = False) -> None:
         """`hosts`: one loopback address per node (default 127.0.0.1 for all); distinct ones
-        let routing rules cut one node off (`dledger chaos` partitions)."""
+        let routing rules cut one node off (`dledger chaos` partitions). `secure`: CurveZMQ keys
+        for the group under its directory (`key_file`: an admin client's); plain by default, a
+        loopback test harness (docs/operations.md "Security")."""
         self._own_root = root is None
         self._root_fd: int | None = None
         if root:
@@ -62,6 +64,23 @@ class LocalGroup:
         self.procs: dict[str, subprocess.Popen] = {}
         self.cwd: str | None = None  # run the servers from another checkout (tools/bench/restart.py)
         self.ctx = zmq.Context()
+        self.key_file: Path | None = None
+        self._curve = None
+        if secure:
+            from ipc.security import client_curve, local_group_keys
+
+            self.key_file = local_group_keys(self.root / "keys", self.ids)
+            self._curve = client_curve(self.key_file)
+            self.extra += ["--keys-dir", str(self.root / "keys")]
+
+    def dealer(self, nid: str) -> zmq.Socket:
+        """A DEALER to node `nid`'s data port (a CURVE client when the group is secure)."""
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.apply(s, nid)
+        s.connect(f"tcp://{self.hosts[nid]}:{self.ports[self.ids.index(nid)]}")
+        return s
 
     # ---- processes -------------------------------------------------------------------------
     def start(self, nid: str | None = None) -> LocalGroup:
@@ -127,10 +146,8 @@ class LocalGroup:
 
     # ---- queries ---------------------------------------------------------------------------
     def meta(self, nid: str, timeout_ms: int = 200) -> P.MetadataResponse | None:
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
+        s = self.dealer(nid)
         try:
-            s.connect(f"tcp://{self.hosts[nid]}:{self.ports[self.ids.index(nid)]}")
             s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
             if s.poll(timeout_ms):
                 m = P.decode(s.recv())
@@ -147,10 +164,8 @@ class LocalGroup:
         poller = zmq.Poller()
         try:
             for nid in nids:
-                s = self.ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
+                s = self.dealer(nid)
                 socks[s] = nid
-                s.connect(f"tcp://{self.hosts[nid]}:{self.ports[self.ids.index(nid)]}")
                 s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
                 poller.register(s, zmq.POLLIN)
             deadline = time.monotonic() + timeout_ms / 1000

@@ -47,6 +47,7 @@ from ipc.client.results import (
 )
 from ipc.codes import ResponseCode as RC
 from ipc.codes import is_retryable
+from ipc.security import client_curve
 from ipc.sockets import parse_peers
 
 DEFAULT_TIMEOUT = 3.0
@@ -72,7 +73,9 @@ class DLedgerClient:
     def __init__(self, peers: str | Mapping[str, tuple[str, int]], group: str = "default",
                  timeout: float = DEFAULT_TIMEOUT, *, attempt_timeout: float | None = None,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 max_body_size: int = P.DEFAULT_MAX_BODY, sessions: bool = True) -> None:
+                 max_body_size: int = P.DEFAULT_MAX_BODY, sessions: bool = True,
+                 key_file: str | os.PathLike[str] | None = None,
+                 server_keys: Mapping[str, bytes] | str | os.PathLike[str] | None = None) -> None:
         peer_map = parse_peers(peers) if isinstance(peers, str) else dict(peers)
         if not peer_map:
             raise ValueError("no peers")
@@ -94,7 +97,12 @@ class DLedgerClient:
         self._closed = False
         self._slots = Slots(max_in_flight)
         self._closed_event = threading.Event()
-        self._io = ClientIO(peer_map, group, self.timeout, self.attempt_timeout, self._slots, sessions)
+        # A secure group: our key pair (a `.key_secret` file) and the members' public keys
+        # (`ID.key` beside it, or `server_keys`); KeyFileError (a ValueError) says what is wrong.
+        curve = client_curve(key_file, server_keys) if key_file is not None else None
+        self.key_file = key_file  # for tools that open sockets of their own to the same group
+        self._io = ClientIO(peer_map, group, self.timeout, self.attempt_timeout, self._slots, sessions,
+                            curve)
         self._thread = self._io.thread
         try:
             self._io.start()

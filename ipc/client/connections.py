@@ -17,15 +17,22 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ipc import protocol as P
+from ipc.security import ClientCurve
 from ipc.sockets import data_address, dealer
 
 log = logging.getLogger("dledger.client")
 
 
+HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+"""Monitor events of a CURVE handshake that failed: remembered per node, so a call that gives
+up says "n0 refused our key" instead of only "no reachable leader"."""
+
+
 class Node:
     """One member as the client sees it: its socket, and what its recent silence says."""
 
-    __slots__ = ("id", "address", "endpoint", "sock", "mon", "inflight", "suspect", "unresponsive")
+    __slots__ = ("id", "address", "endpoint", "sock", "mon", "inflight", "suspect", "unresponsive",
+                 "refused")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.id = node_id
@@ -36,6 +43,7 @@ class Node:
         self.inflight = 0
         self.suspect = False  # its socket is to be recreated once nothing is in flight on it
         self.unresponsive = False  # let a deadline pass and has not answered anything since
+        self.refused = ""  # why its last CURVE handshake failed ("" = it did not): said on give-up
 
 
 class Waker:
@@ -77,8 +85,14 @@ class Connections:
     `peers` is replaced, never mutated, when members are learned: caller threads iterate it.
     """
 
-    def __init__(self, ctx: zmq.Context, peers: Mapping[str, tuple[str, int]]) -> None:
+    def __init__(self, ctx: zmq.Context, peers: Mapping[str, tuple[str, int]],
+                 curve: ClientCurve | None = None) -> None:
         self.ctx = ctx
+        self.curve = curve  # None: plain connections; else CURVE, each member's own key
+        missing = [nid for nid in peers if curve is not None and nid not in curve.server_keys]
+        if missing:
+            raise ValueError(f"no public key for member(s) {', '.join(missing)} (expected "
+                             f"{missing[0]}.key beside the key file, or server_keys=)")
         self.peers = {nid: (h, p) for nid, (h, p) in peers.items()}
         self.nodes = {nid: Node(nid, h, p) for nid, (h, p) in self.peers.items()}
         self.order = list(self.nodes.values())
@@ -97,10 +111,11 @@ class Connections:
                 self.close(node)
 
     def open(self, node: Node) -> None:
-        node.sock = dealer(self.ctx, node.endpoint)
+        node.sock = dealer(self.ctx, node.endpoint,
+                           curve=None if self.curve is None else (self.curve, node.id))
         self.sock_node[node.sock] = node
         self.poller.register(node.sock, zmq.POLLIN)
-        node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.mon_node[node.mon] = node
         self.poller.register(node.mon, zmq.POLLIN)
 
@@ -166,7 +181,12 @@ class Connections:
             except zmq.Again:
                 break
             try:
-                dropped = dropped or parse_monitor_message(event)["event"] == zmq.EVENT_DISCONNECTED
+                kind = parse_monitor_message(event)["event"]
+                dropped = dropped or kind == zmq.EVENT_DISCONNECTED
+                if kind & HANDSHAKE_FAILED and node is not None:
+                    node.refused = ("it refused our key" if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                    else "the handshake failed: a secure node and a plain client, "
+                                         "or the other way round")
             except (ValueError, KeyError, IndexError):  # pragma: no cover - a libzmq we do not know
                 continue
         return node if dropped else None
@@ -179,6 +199,7 @@ class Connections:
     def answered(self, node: Node) -> None:
         """`node` answered something: it is neither silent nor due for a new socket."""
         node.unresponsive = False
+        node.refused = ""
         if node.suspect:
             node.suspect = False
             self.suspects.discard(node)
@@ -201,7 +222,7 @@ class Connections:
             node = Node(nid, host, port)
             try:
                 self.open(node)
-            except zmq.ZMQError as e:
+            except (zmq.ZMQError, ValueError) as e:  # ValueError: no public key for it
                 self.close(node)
                 del new[nid]
                 log.warning("member %s named in METADATA has an unusable address %r: %s", nid,

@@ -57,6 +57,7 @@ from ipc.client.sessions import ClientSessions
 from ipc.client.timers import TimerQueue
 from ipc.codes import ResponseCode as RC
 from ipc.codes import is_indeterminate, is_retryable
+from ipc.security import ClientCurve
 from ipc.sockets import make_context
 
 log = logging.getLogger("dledger.client")
@@ -75,7 +76,8 @@ class ClientIO:
     """
 
     def __init__(self, peers: Mapping[str, tuple[str, int]], group: str, timeout: float,
-                 attempt_timeout: float, slots: Slots, sessions: bool) -> None:
+                 attempt_timeout: float, slots: Slots, sessions: bool,
+                 curve: ClientCurve | None = None) -> None:
         self.group = group
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
@@ -87,7 +89,7 @@ class ClientIO:
         # I/O thread only (built here, before the thread starts).
         self.ctx = make_context()
         try:
-            self.conns = Connections(self.ctx, peers)
+            self.conns = Connections(self.ctx, peers, curve)
         except BaseException:
             self.ctx.destroy(linger=0)
             raise
@@ -351,8 +353,17 @@ class ClientIO:
         self.set_timer(call, at)
 
     def _give_up(self, call: Call) -> None:
-        """The deadline passed with nothing outstanding (see `give_up_error`)."""
-        self.finish(call, exc=give_up_error(call))
+        """The deadline passed with nothing outstanding (see `give_up_error`). When nothing
+        was sent and members refused our CURVE handshake, that is the reason to give
+        (PERMISSION_DENIED, definite: nothing was sent), naming each refusal; the members not
+        named did not answer at all within the timeout."""
+        exc = give_up_error(call)
+        refused = [n for n in self.conns.order if n.refused]
+        if call.last is None and refused and not call.unsure:
+            why = "; ".join(f"{n.id}: {n.refused}" for n in refused)
+            rest = "" if len(refused) == len(self.conns.order) else "; no answer from the others"
+            exc = DLedgerError(RC.PERMISSION_DENIED, f"no member accepted this client ({why}{rest})")
+        self.finish(call, exc=exc)
 
     def finish(self, call: Call, result: Any = None, exc: BaseException | None = None,
                live: bool = True) -> None:

@@ -18,7 +18,7 @@ Peers are named by *slot*: the position of the peer id in the configured peers l
 (:func:`monotonic_ms`), which Linux keeps system-wide, so they are comparable across processes
 (not across reboots or hosts). Indices are -1 when the ledger is empty.
 
-Layout (``P = 4480 + 256*p`` is the base of peer slot ``p``; records are 256 bytes so two
+Layout (``P = 4608 + 256*p`` is the base of peer slot ``p``; records are 256 bytes so two
 dispatchers never write the same cache line; sections of different writers start on 64-byte
 boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket histograms
 (node/observe/histogram.py) and the request matrix (node/observe/request_counts.py) -- each with one writer). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
@@ -53,6 +53,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 200 | int64 | leader_changes | elector | - |
 | 208 | int64 | last_leader_change_ms | elector | - |
 | 216 | int64 | not_voting | elector | - |
+| 224 | int64 | elector_auth_refused | elector | - |
 | 256 | int64 | ledger_seq | handler | ledger (seq) |
 | 264 | int64 | ledger_begin_index | handler | ledger |
 | 272 | int64 | ledger_end_index | handler | ledger |
@@ -76,6 +77,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 416 | int64 | unchecked_end_index | handler | - |
 | 424 | int64 | fetches | handler | - |
 | 432 | int64 | fetched_entries | handler | - |
+| 440 | int64 | auth_refused | handler | - |
 | 448 | int64 | quorum_seq | ack_checker | quorum (seq) |
 | 456 | int64 | quorum_index | ack_checker | quorum |
 | 464 | int64 | quorum_term | ack_checker | quorum |
@@ -93,7 +95,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 576 | int64[14] | append_latency_ms | handler | - |
 | 704 | int64[14] | append_batch_entries | handler | - |
 | 832 | int64[14] | fsync_us | handler | - |
-| 960 | int64[440] | requests | handler | - |
+| 960 | int64[451] | requests | handler | - |
 | P+0 | int64 | peer[p].seq | dispatcher[p] | peer[p] (seq) |
 | P+8 | int64 | peer[p].match_index | dispatcher[p] | peer[p] |
 | P+16 | int64 | peer[p].match_term | dispatcher[p] | peer[p] |
@@ -106,7 +108,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | P+72 | int64 | peer[p].match_pos | dispatcher[p] | - |
 | P+80 | int64[14] | peer[p].replication_latency_ms | dispatcher[p] | - |
 
-Total size: ``4480 + 256 * n_peers`` bytes (layout version 4: version 3 had no metrics
+Total size: ``4608 + 256 * n_peers`` bytes (layout version 4: version 3 had no metrics
 words, histograms or request matrix and 128-byte peer records). The record of ``self_slot`` is never written (no
 dispatcher pushes to itself; the ack checker takes this node's own watermark from the ledger
 group).
@@ -304,7 +306,7 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         None,
         ("elector_beat_ms", "votes_requested", "votes_granted", "elections_started",
          "heartbeats_sent", "role_changes", "elector_bad_frames", "elections_won",
-         "leader_changes", "last_leader_change_ms", "not_voting"),
+         "leader_changes", "last_leader_change_ms", "not_voting", "elector_auth_refused"),
         None,
     )
     out += f
@@ -323,7 +325,7 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         ("handler_beat_ms", "appends", "append_errors", "gets", "push_requests", "bad_frames",
          "entries_appended", "commits_published", "store_unwritable_ms", "pending_appends",
          "bytes_appended", "ledger_end_pos", "retention_files_deleted", "repair_index",
-         "unchecked_end_index", "fetches", "fetched_entries"), None,
+         "unchecked_end_index", "fetches", "fetched_entries", "auth_refused"), None,
     )
     out += f
     # ack checker: quorum index+term are a pair, so they get a seqlock too

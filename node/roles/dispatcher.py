@@ -418,7 +418,8 @@ class Dispatcher:
         rc = self.rc
         host, port = self.cfg.peer_map[self.peer]
         source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
-        sock = dealer(rc.zctx, from_source(data_address(host, port), source))
+        sock = dealer(rc.zctx, from_source(data_address(host, port), source),
+                      curve=rc.peer_curve(self.peer))
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
         roles = rc.open(channels.ROLE)
         appended = rc.bell(channels.APPENDED_BELL, self.slot)

@@ -35,6 +35,7 @@ import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode, Role, VoteResult
+from ipc.security import authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     recv_routed,
 )
@@ -341,8 +342,10 @@ class Elector:
         self.log.info("%s elector ready term=%d voted_for=%s", self.cfg.id, self.core.term,
                       self.core.voted_for)
 
-    def on_request(self, ident: bytes, frame: bytes) -> None:
-        """A frame on the elector port from a peer's elector (VOTE, HEARTBEAT, TAKE_LEADERSHIP)."""
+    def on_request(self, ident: bytes, frame: bytes,
+                   principal: tuple[str, str, str] | None = None) -> None:
+        """A frame on the elector port from a peer's elector (VOTE, HEARTBEAT, TAKE_LEADERSHIP).
+        `principal`: the sender's key (`ipc.security.parse_user_id`); None in plain mode."""
         try:
             msg = P.decode(frame, max_frame=MAX_ELECTOR_FRAME)
         except P.ProtocolError as e:
@@ -353,6 +356,14 @@ class Elector:
             return
         if P.is_response(msg):
             self.state.incr("elector_bad_frames")
+            return
+        refused = authorize(principal, msg)
+        if refused is not None:  # a member's key speaking for another member: nothing changes
+            self.state.incr("elector_bad_frames")
+            self.log.warning("refused %s: %s", type(msg).__name__, refused)
+            self.transport.reply(ident, P.encode(P.error_reply(
+                frame, ResponseCode.PERMISSION_DENIED,
+                group=self.cfg.group, term=self.core.term, reason=refused[:200])))
             return
         self.mismatch.on_request(msg, self.now())
         self._run(lambda led: self.core.handle(msg, self.now(), led, ident))
@@ -430,21 +441,25 @@ class Elector:
         by_sock = {s: p for p, s in tr.dealers.items()}
         for s in tr.dealers.values():
             poller.register(s, zmq.POLLIN)
+        counted = 0  # handshakes refused by this process's ZAP handler, as added to the block
         while not rc.should_stop():
             events = dict(poller.poll(self.next_wait_ms()))
+            if (refused := rc.auth_refused()) != counted:  # ZAP counts in its own thread
+                self.state.incr("elector_auth_refused", refused - counted)
+                counted = refused
             if rc.wake_fd in events:
                 rc.drain_wake()
             # Read everything queued before ticking (the core wants inputs before the clock).
             if tr.router in events:
                 while True:
                     try:
-                        got = recv_routed(tr.router, zmq.NOBLOCK)
+                        got = recv_routed_user(tr.router, zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     if got is None:
                         self.state.incr("elector_bad_frames")
                     else:
-                        self.on_request(*got)
+                        self.on_request(got[0], got[1], parse_user_id(got[2]))
             for s in list(events):
                 if s in by_sock:
                     while True:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zmq
 
+from ipc.security import ELECTOR_DOMAIN
 from ipc.sockets import dealer, elector_address, from_source, router, send_routed
 from node.roles.runtime import RoleContext
 from node.wiring import channels, fault_hooks
@@ -19,14 +20,16 @@ class ZmqElectorTransport:
     def __init__(self, rc: RoleContext, peers: list[str]) -> None:
         cfg = rc.cfg
         host, port = cfg.address
-        self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME)
+        self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME,
+                             curve=rc.curve_server(ELECTOR_DOMAIN))
         self.pub = rc.open(channels.ROLE)
         self.ctl = rc.open(channels.CONTROL)
         self.dealers: dict[str, zmq.Socket] = {}
         source = host if cfg.connect_from_own_host else None
         for peer in peers:
             h, p = cfg.peer_map[peer]
-            self.dealers[peer] = dealer(rc.zctx, from_source(elector_address(h, p), source))
+            self.dealers[peer] = dealer(rc.zctx, from_source(elector_address(h, p), source),
+                                        curve=rc.peer_curve(peer))
 
     def send(self, peer: str, frame: bytes) -> bool:
         """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""

@@ -66,7 +66,8 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
     for peer in cfg.peer_ids:
         if peer != cfg.id:
             h, p = cfg.peer_map[peer]
-            socks[peer] = dealer(rc.zctx, from_source(data_address(h, p), source))
+            socks[peer] = dealer(rc.zctx, from_source(data_address(h, p), source),
+                                 curve=rc.peer_curve(peer))
     poller = zmq.Poller()
     for sk in socks.values():
         poller.register(sk, zmq.POLLIN)

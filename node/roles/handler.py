@@ -49,6 +49,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from ipc.security import DATA_DOMAIN, authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     data_address,
     dealer,
@@ -150,6 +151,9 @@ class Handler:
         self.log = rc.log
         self.state = rc.state
         self.peer_ids = self.cfg.peer_ids
+        # Who sent the frame being handled (`ipc.security.parse_user_id` of its ZAP User-Id);
+        # None: plain mode, or a caller without a network (the simulator, unit tests).
+        self.principal: tuple[str, str, str] | None = None
         self.peer_map = self.cfg.peer_map
         self.single = len(self.peer_ids) == 1
         # store, lock, transport and sm_link: a simulator replaces them after construction, so
@@ -305,6 +309,11 @@ class Handler:
             self.state.incr("bad_frames")
             self.replies.error(ident, msg, RC.UNKNOWN_GROUP, f"this is group {self.cfg.group!r}")
             return None
+        refused = authorize(self.principal, msg)
+        if refused is not None:
+            self.state.incr("bad_frames")
+            self.replies.error(ident, msg, RC.PERMISSION_DENIED, refused)
+            return None
         return msg
 
     def _serve(self, ident: bytes, msg: P.Message, frame: bytes) -> None:
@@ -418,7 +427,7 @@ class Handler:
             if pid != self.cfg.id:
                 h, p = self.peer_map[pid]
                 out[pid] = dealer(self.rc.zctx, from_source(data_address(h, p), source),
-                                  max_msg_size=self.cfg.max_frame_size)
+                                  max_msg_size=self.cfg.max_frame_size, curve=self.rc.peer_curve(pid))
         return out
 
     def run(self) -> None:
@@ -427,7 +436,8 @@ class Handler:
         bells: list[Doorbell] = []  # every doorbell end this loop opened, closed at the end
         try:
             host, port = self.cfg.address
-            sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size)
+            sock = router(rc.zctx, data_address(host, port), max_msg_size=self.cfg.max_frame_size,
+                          curve=rc.curve_server(DATA_DOMAIN))
             # New entries wake each dispatcher; in a 1-member group the ack checker, whose
             # quorum is this node's own end. (With followers the ack checker need not wake on
             # an append: a follower acknowledges only what a dispatcher read after the ledger
@@ -457,6 +467,9 @@ class Handler:
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
+            secure = rc.server_keys() is not None
+            recv = recv_routed_user if secure else recv_routed
+            counted = 0  # handshakes refused by ZAP so far, as added to the block
             poller = zmq.Poller()
             for s in (sock, roles, commits.fd, ctl, rc.wake_fd, *sm_in, *peers.values()):
                 poller.register(s, zmq.POLLIN)
@@ -491,13 +504,21 @@ class Handler:
                 if sock in events:
                     for _ in range(512):  # a burst, then timers and the stop flag
                         try:
-                            got = recv_routed(sock, zmq.NOBLOCK)
+                            got = recv(sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         if got is None:
                             self.state.incr("bad_frames")
+                        elif secure:
+                            # the sender's key, from ZAP: checked per request (_decode_checked)
+                            self.principal = parse_user_id(got[2])
+                            self.handle_frame(got[0], got[1])
                         else:
                             self.handle_frame(*got)
+                if secure and (refused := rc.auth_refused()) != counted:
+                    # ZAP counts in its own thread; the block has one writer: this loop
+                    self.state.incr("auth_refused", refused - counted)
+                    counted = refused
                 self.tick()
                 rc.beat()
         finally:

@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
 import zmq
 
+from ipc.security import ClientCurve, ServerKeys, Zap, load_server_keys, member_curve
 from ipc.sockets import ipc_path, make_context
 from node.block.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
 from node.block.state_protocol import StateBlock
@@ -112,6 +113,38 @@ class RoleContext:
     # The simulator passes its model of the disk (full while a fault says so).
     disk_usage: Callable[[str], float] = disk_usage_ratio
 
+    # Set on first use, not dataclass fields: what a role reads is the methods below (the
+    # simulator's context offers the fields, and runs plain).
+    _keys: ClassVar[ServerKeys | None] = None
+    _zap: ClassVar[Zap | None] = None
+
+    def server_keys(self) -> ServerKeys | None:
+        """This node's keys (read once per role process), or None in plain mode."""
+        if not self.cfg.keys_dir:
+            return None
+        if self._keys is None:
+            self._keys = load_server_keys(self.cfg.keys_dir, self.cfg.id, self.cfg.peer_ids)
+        return self._keys
+
+    def curve_server(self, domain: str) -> tuple[ServerKeys, str] | None:
+        """`ipc.sockets.router`'s `curve` for a public port of this role, starting the process's
+        ZAP handler on first use (a CURVE server without one would admit any key)."""
+        keys = self.server_keys()
+        if keys is None:
+            return None
+        if self._zap is None:
+            self._zap = Zap(self.zctx, keys)
+        return keys, domain
+
+    def peer_curve(self, peer_id: str) -> tuple[ClientCurve, str] | None:
+        """`ipc.sockets.dealer`'s `curve` to member `peer_id`'s public ports: as this member."""
+        keys = self.server_keys()
+        return None if keys is None else (member_curve(keys), peer_id)
+
+    def auth_refused(self) -> int:
+        """Handshakes this process's ZAP handler refused (unknown keys)."""
+        return 0 if self._zap is None else self._zap.refused
+
     def ipc(self, name: str) -> str:
         return ipc_path(self.run_dir, name)
 
@@ -167,6 +200,8 @@ class RoleContext:
         raise SystemExit(EXIT_FATAL)
 
     def close(self) -> None:
+        if self._zap is not None:
+            self._zap.stop()
         self.zctx.destroy(linger=0)
         self.state.close()
 

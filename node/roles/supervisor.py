@@ -499,6 +499,13 @@ class Supervisor:
             self._install_signals()
             log.info("%s node starting: group=%s peers=%s store=%s roles=%s", self.node, self.cfg.group,
                      self.cfg.peers, self.store_dir, ",".join(r.name for r in self.roles))
+            if self.cfg.keys_dir:
+                log.info("%s secure mode: CurveZMQ on the data and elector ports, keys from %s",
+                         self.node, self.cfg.keys_dir)
+            else:
+                log.warning("%s plain mode: no keys_dir, anyone who reaches the data and elector "
+                            "ports is a member and a client%s", self.node,
+                            " (--insecure: on a non-loopback address)" if self.cfg.insecure else "")
             self._spawn_handler_first()
             self._loop()
         finally:

@@ -205,6 +205,18 @@ class Cluster:
             self.flags += ["--" + k.replace("_", "-"), str(v)]
         self.ctx = zmq.Context()
         self.monitor: Monitor | None = None
+        # A secure group (keys_dir=...): the key file this harness and `client()` speak with.
+        self.key_file: Path | None = None
+
+    def _dealer(self, node_id: str) -> zmq.Socket:
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        if self.key_file is not None:
+            from ipc.security import client_curve
+
+            client_curve(self.key_file).apply(s, node_id)
+        s.connect(f"tcp://{self.nodes[node_id].address}")
+        return s
 
     def start(self) -> Cluster:
         for node in self.nodes.values():
@@ -214,10 +226,8 @@ class Cluster:
     # ---- queries ---------------------------------------------------------------------------
     def request(self, node_id: str, msg: P.Message, timeout: float = 0.5) -> P.Message | None:
         """One request to one node's data port; None if it does not answer in time."""
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
+        s = self._dealer(node_id)
         try:
-            s.connect(f"tcp://{self.nodes[node_id].address}")
             s.send(P.encode(msg))
             if s.poll(int(timeout * 1000)):
                 return P.decode(s.recv())
@@ -241,10 +251,8 @@ class Cluster:
             for nid, n in self.nodes.items():
                 if not n.alive or n.stopped:
                     continue
-                s = self.ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
+                s = self._dealer(nid)
                 socks[s] = nid
-                s.connect(f"tcp://{n.address}")
                 s.send(P.encode(P.MetadataRequest(self.group, nid, request_id=1)))
                 poller.register(s, zmq.POLLIN)
             deadline = time.monotonic() + timeout
@@ -325,6 +333,8 @@ class Cluster:
         from ipc.client import DLedgerClient
 
         kw.setdefault("timeout", 10.0)
+        if self.key_file is not None:
+            kw.setdefault("key_file", self.key_file)
         return DLedgerClient(self.peers, group=self.group, **kw)
 
     def converged(self, among: list[str] | None = None) -> bool:

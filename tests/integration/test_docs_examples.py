@@ -52,11 +52,14 @@ def readme_cluster(tmp_path):
     try:
         peers = p.stdout.readline().strip()
         assert re.fullmatch(r"n0-127\.0\.0\.1:\d+;n1-127\.0\.0\.1:\d+;n2-127\.0\.0\.1:\d+", peers), peers
+        second = p.stdout.readline().strip()  # secure by default: the admin client's key
+        assert second.startswith("key-file: "), second
+        key_file = second.removeprefix("key-file: ")
         from ipc.client import DLedgerClient
 
-        with DLedgerClient(peers, timeout=2.0) as c:
+        with DLedgerClient(peers, timeout=2.0, key_file=key_file) as c:
             wait_for(lambda: c.metadata().leader_id, 60, "a leader")
-        yield peers
+        yield peers, key_file
     finally:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -67,8 +70,8 @@ def readme_cluster(tmp_path):
                 p.wait()
 
 
-def test_readme_examples_run_against_dledger_cluster(readme_cluster, capsys):
-    peers = readme_cluster
+def test_readme_examples_run_against_dledger_cluster(readme_cluster, capsys, monkeypatch):
+    peers, key_file = readme_cluster
     snippets = _python_snippets()
     assert len(snippets) >= 2 and all("<peers>" in s for s in snippets), \
         "the README's snippets must take the peers string `dledger cluster` prints"
@@ -76,12 +79,15 @@ def test_readme_examples_run_against_dledger_cluster(readme_cluster, capsys):
     for code in snippets:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(code.replace("<peers>", peers), "README.md", "exec"), {})  # noqa: S102
+            code = code.replace("<peers>", peers).replace("<key-file>", key_file)
+            exec(compile(code, "README.md", "exec"), {})  # noqa: S102
         printed.append(out.getvalue())
     assert any("b'w'" in p for p in printed), printed  # the KV snippet: the value after the cas
     # the log snippet: the body read back, then the log followed up to that entry
     assert any(p.startswith("b'body'\n") and p.strip().endswith("NORMAL b'body'") for p in printed), printed
 
+    monkeypatch.setenv("DLEDGER_KEY_FILE", key_file)  # the README's `export DLEDGER_KEY_FILE=...`
+    assert 'export DLEDGER_KEY_FILE="<key-file>"' in README
     commands = _client_commands()
     assert {c[0] for c in commands} >= {"metadata", "append", "get", "kv"}
     for argv in commands:

@@ -22,7 +22,8 @@ SPEC_TABLE = {
 
 # Ours, beyond DLedger's (client sessions, docs/client.md "Sessions"): numbers DLedger does not use.
 OUR_CODES = {430: "SESSION_EXPIRED", 431: "SESSION_SEQ_GAP", 432: "SESSION_SEQ_INVALID",
-             433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT", 440: "STATE_MACHINE_ERROR"}
+             433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT", 440: "STATE_MACHINE_ERROR",
+             450: "PERMISSION_DENIED"}
 
 
 def test_response_codes_are_exactly_the_spec_table_plus_ours():

@@ -71,6 +71,9 @@ class FakeRC:
     def should_stop(self) -> bool:
         return self.passes >= MAX_PASSES
 
+    def peer_curve(self, _peer: str) -> None:
+        return None  # plain mode, as RoleContext without a keys_dir
+
 
 def test_a_request_that_could_not_be_sent_yet_is_retried_without_waiting_an_ask_interval(tmp_path):
     """The peers bind after our first attempt (a group starting together): the requests that

@@ -80,10 +80,10 @@ def elector_events(root: Path, nodes: list[str], t0_wall: float, t1_wall: float)
 class Writer(threading.Thread):
     """Sequential appends of 128-byte bodies; keeps (ack monotonic time, entry term)."""
 
-    def __init__(self, peers: str, group: str) -> None:
+    def __init__(self, peers: str, group: str, key_file: str | os.PathLike[str] | None = None) -> None:
         super().__init__(name="bench-writer", daemon=True)
         from ipc.client import DLedgerClient  # only this tool's writer needs the client
-        self.client = DLedgerClient(peers, group)
+        self.client = DLedgerClient(peers, group, key_file=key_file)
         self.stop = threading.Event()
         self.acks: list[tuple[float, int]] = []
         self.errors = 0

@@ -42,6 +42,7 @@ import argparse
 import concurrent.futures
 import gc
 import json
+import os
 import random
 import resource
 import struct
@@ -58,6 +59,7 @@ from tools.bench.record import Recorder, percentile_ms
 from tools.cli import (
     CliError,
     fraction,
+    key_file_of,
     nonneg_float,
     nonneg_int,
     peers_arg,
@@ -105,6 +107,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-request client timeout in seconds (default: %(default)s)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra `dledger server` argument for --local, repeatable (default: none)")
+    p.add_argument("--secure", action="store_true",
+                   help="--local: a secure group (CurveZMQ keys made for it, docs/operations.md "
+                        "\"Security\"); default: plain, as a loopback bench")
+    p.add_argument("--key-file", default=None, metavar="FILE",
+                   help="--peers: this client's secret key for a secure group (default: "
+                        "$DLEDGER_KEY_FILE; none: plain)")
     p.add_argument("--kv", action="store_true",
                    help="bench the KV store (--state-machine kv): puts and linearizable gets "
                         "(default: the log)")
@@ -130,9 +138,11 @@ def _body(seq: int, size: int) -> bytes:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, peers: str) -> None:
+    def __init__(self, args: argparse.Namespace, peers: str, key_file: str | os.PathLike[str] | None = None
+                 ) -> None:
         self.a = args
         self.peers = peers
+        self.key_file = key_file  # a secure group: the client's secret key
         self.stop_at = 0.0
         self.seq = 0
         self.seq_lock = threading.Lock()
@@ -155,7 +165,7 @@ class Bench:
         self.progress = progress
         with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
                            max_in_flight=max(a.concurrency, 1),
-                           max_body_size=body_limit(a.server_arg)) as c:
+                           max_body_size=body_limit(a.server_arg), key_file=self.key_file) as c:
             c.metadata()  # find the leader before the clock starts mattering
             self._prepare(c)
             t0 = time.perf_counter()
@@ -298,8 +308,9 @@ class KVBench(Bench):
     PRELOAD_BATCH = 64
     OPS = ("put", "get")
 
-    def __init__(self, args: argparse.Namespace, peers: str) -> None:
-        super().__init__(args, peers)
+    def __init__(self, args: argparse.Namespace, peers: str,
+                 key_file: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(args, peers, key_file)
         self.keys = [b"k%07d" % i for i in range(args.keys)]
         self.last: dict[int, tuple[int, int]] = {}  # key number -> (revision, seq) of the newest put
         self.doubtful: set[int] = set()
@@ -513,7 +524,7 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
                    for s in rec.seconds if start + s.t + 1 <= end]
         requests = rec.requests
         errors_by_code = dict(sorted(rec.errors_by_code.items()))
-    keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers"]
+    keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers", "secure"]
     if unit == "ops":
         keys += ["kv_op", "keys"]
     res = {
@@ -526,6 +537,7 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
         "config": {k: getattr(args, k) for k in keys},
         "samples": samples,
     }
+    res["config"]["secure"] = bool(getattr(args, "secure", False) or getattr(args, "key_file", None))
     if unit == "ops" and args.kv_op == "mixed":  # closed above: nothing records any more
         res["by_op"] = {op: _figures(rec.hist[op], rec.entries[op], span) for op in ("put", "get")}
     return res
@@ -628,11 +640,13 @@ def run(args: argparse.Namespace) -> int:
     progress = BenchProgress(quiet=args.json)
     progress.phase("start-up")
     try:
+        key_file = None if args.local else key_file_of(args)
         if args.local:
-            group = LocalGroup(args.local, server_args, group=args.group).start()
+            group = LocalGroup(args.local, server_args, group=args.group, secure=args.secure).start()
             peers = group.peers
+            key_file = group.key_file
             group.wait_leader()
-        bench = KVBench(args, peers) if args.kv else Bench(args, peers)
+        bench = KVBench(args, peers, key_file) if args.kv else Bench(args, peers, key_file)
         rss_before = group.rss_by_process() if group else {}
         leader_before = group.leader() if group else None
         sampler = _RssSampler(group) if group else None

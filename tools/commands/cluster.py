@@ -19,9 +19,16 @@ option is passed to each `dledger server` (see `dledger server --help`).
 
 With --metrics-port P, node i serves its metrics on port P + i.
 
+Secure by default: the group's CurveZMQ keys are made under the stores' directory (keys/, kept
+with --store-dir and used again) and the second line says `key-file: PATH`, the secret key of
+an `admin` client; give it to client commands with --key-file or export it once as
+DLEDGER_KEY_FILE. --insecure runs the nodes in plain mode (no keys, no second line); --keys-dir
+DIR uses your keys (second line only when DIR/admin.key_secret exists).
+
 Example:
   dledger cluster --nodes 3
   dledger cluster --nodes 3 --base-port 20911 --log-format json
+  export DLEDGER_KEY_FILE=<the path after key-file:>
   dledger metadata --peers "<the printed peers string>" --json
 """
 
@@ -183,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                         if args.cluster_store_dir else None)
             options[name] = format_size(existing or small)
     try:  # validate once here so a bad option is one clear message, not N crashed servers
-        build_config({}, {**options, "id": "n0", "peers": peers,
+        cfg0 = build_config({}, {**options, "id": "n0", "peers": peers,
                           "store_dir": str(Path(args.cluster_store_dir or "/tmp") / "n0")})
     except ConfigError as e:
         for problem in e.problems:
@@ -219,6 +226,21 @@ def run(args: argparse.Namespace) -> int:
 
             root, root_fd = make_owned_tempdir(TEMP_PREFIX)
         print(peers, flush=True)
+        # Secure by default: keys for this group (a --keys-dir of the user's is used as it is),
+        # and the admin client's key file on the second line, for --key-file/$DLEDGER_KEY_FILE.
+        if not cfg0.keys_dir and not cfg0.insecure:
+            from ipc.security import KeyFileError, local_group_keys
+
+            try:
+                key_file = local_group_keys(root / "keys", [f"n{i}" for i in range(args.nodes)])
+            except (KeyFileError, OSError) as e:
+                raise CliError(f"cannot make the group's keys: {e}") from None
+            flags += ["--keys-dir", str(root / "keys")]
+            print(f"key-file: {key_file}", flush=True)
+        elif cfg0.keys_dir:
+            key_file = Path(cfg0.keys_dir) / "admin.key_secret"
+            if key_file.exists():
+                print(f"key-file: {key_file}", flush=True)
         from node.roles.runtime import die_with_parent
 
         for i in range(args.nodes):

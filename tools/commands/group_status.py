@@ -10,6 +10,7 @@ answer to an earlier round is ignored.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from ipc.security import client_curve
 from ipc.sockets import data_address, parse_peers
 
 
@@ -43,8 +45,11 @@ class NodeAnswer:
 class GroupProbe:
     """Persistent per-node sockets; `round()` asks everyone and waits up to `timeout` s."""
 
-    def __init__(self, peers: str, group: str = "default", timeout: float = 1.0) -> None:
+    def __init__(self, peers: str, group: str = "default", timeout: float = 1.0,
+                 key_file: str | os.PathLike[str] | None = None) -> None:
         self.peers = parse_peers(peers)
+        # a secure group: every probe socket is a CURVE client with this key (ipc.security)
+        curve = client_curve(key_file) if key_file is not None else None
         self.group = group
         self.timeout = timeout
         self.ctx = zmq.Context()
@@ -55,7 +60,14 @@ class GroupProbe:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 16)
             s.setsockopt(zmq.MAXMSGSIZE, P.DEFAULT_MAX_FRAME)
-            s.connect(data_address(host, port))
+            try:
+                if curve is not None:
+                    curve.apply(s, nid)
+                s.connect(data_address(host, port))
+            except (zmq.ZMQError, ValueError):
+                s.close(linger=0)
+                self.close()
+                raise
             self.socks[nid] = s
 
     def round(self) -> list[NodeAnswer]:
@@ -166,12 +178,13 @@ def member_set_problem(answers: list[NodeAnswer]) -> str | None:
     return None
 
 
-def node_extras(peers: str, group: str, timeout: float) -> dict[str, dict[str, object]]:
+def node_extras(peers: str, group: str, timeout: float,
+                key_file: str | os.PathLike[str] | None = None) -> dict[str, dict[str, object]]:
     """Per node id: `lag` (entries behind the leader, leader's view; None for the leader and
     when unknown), `version`, `store_bytes`, `disk_usage_ratio` -- what `dledger metadata`
     adds to the documented fields of `dledger metadata --json` (docs/client.md "CLI") (None where a
     node did not answer with a status trailer)."""
-    with GroupProbe(peers, group, timeout=timeout) as probe:
+    with GroupProbe(peers, group, timeout=timeout, key_file=key_file) as probe:
         view = read_group(probe.round())
     out: dict[str, dict[str, object]] = {}
     for a in view.answers:

@@ -30,7 +30,7 @@ import json
 import sys
 import time
 
-from tools.cli import add_group_arguments, nonneg_float, nonneg_int, positive_float
+from tools.cli import add_group_arguments, key_file_of, nonneg_float, nonneg_int, positive_float
 from tools.commands.group_status import GroupProbe, GroupView, member_set_problem, read_group
 
 DEFAULT_MAX_LAG = 10_000
@@ -81,7 +81,8 @@ def verdict(view: GroupView, n_peers: int, max_lag: int) -> tuple[bool, str]:
 
 def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.wait
-    with GroupProbe(args.peers, args.group, timeout=args.timeout) as probe:
+    with GroupProbe(args.peers, args.group, timeout=args.timeout,
+                    key_file=key_file_of(args)) as probe:
         while True:
             view = read_group(probe.round())
             n = len(view.answers)

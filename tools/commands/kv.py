@@ -40,7 +40,7 @@ import argparse
 import json
 import sys
 
-from tools.cli import CliError, positive_int
+from tools.cli import CliError, client_options, positive_int
 from tools.commands.metadata import EXIT_DEFINITE, EXIT_USAGE, add_client_arguments, cli_error
 
 JSON_SHAPES = {"put": 'one {"revision"} object', "get": "one object: key, value, revision, "
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                                    "give VALUE or --value-file PATH, not both")
         value = _read_value(args.value_file) if args.value_file is not None else _b(args.value)
     try:
-        kv = KVClient(args.peers, args.group, timeout=args.timeout)
+        kv = KVClient(args.peers, args.group, timeout=args.timeout, **client_options(args))
     except (PeersError, ProtocolError, ValueError) as e:
         raise CliError(f"bad --peers/--group: {e}", EXIT_USAGE) from None
     try:

@@ -27,7 +27,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from tools.cli import CliError, add_group_arguments, positive_float
+from tools.cli import CliError, add_group_arguments, client_options, key_file_of, positive_float
 
 if TYPE_CHECKING:
     from ipc.client import DLedgerClient
@@ -52,8 +52,9 @@ def open_client(args: argparse.Namespace) -> DLedgerClient:
 
     if args.timeout <= 0:
         raise CliError("--timeout must be > 0", EXIT_USAGE)
+    options = client_options(args)
     try:
-        return DLedgerClient(args.peers, args.group, timeout=args.timeout)
+        return DLedgerClient(args.peers, args.group, timeout=args.timeout, **options)
     except (PeersError, ProtocolError, ValueError) as e:
         raise CliError(f"bad --peers/--group: {e}", EXIT_USAGE) from None
 
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from tools.commands.group_status import node_extras
 
     # lag, version, disk: one more METADATA round (with the status trailer), for both outputs
-    extras = node_extras(args.peers, args.group, min(args.timeout, 1.0))
+    extras = node_extras(args.peers, args.group, min(args.timeout, 1.0), key_file_of(args))
     if args.json:
         d = m.to_dict()
         blank = {"lag": None, "version": None, "store_bytes": None, "disk_usage_ratio": None}

@@ -15,6 +15,10 @@ value marked with its source) as TOML that --config loads again, or as JSON, and
 Each node listens on its peers port (clients, pushes) and on port + 1 (elector): nodes on one
 host need ports at least 2 apart.
 
+Security: --keys-dir DIR makes both ports CurveZMQ (members and listed clients only, rights per
+client key; `dledger keygen`, docs/operations.md "Security"). Without it the node runs in plain
+mode, says so in its log, and binds a loopback address only, unless --insecure.
+
 Example:
   dledger server --id n0 --peers "n0-127.0.0.1:20911;n1-127.0.0.1:20913;n2-127.0.0.1:20915" \\
                  --store-dir /var/lib/dledger/n0

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.observe.histogram import LATENCY_MS, quantile
-from tools.cli import CliError, add_group_arguments, positive_float
+from tools.cli import CliError, add_group_arguments, key_file_of, positive_float
 from tools.commands.group_status import GroupProbe, GroupView, NodeAnswer, read_group
 
 
@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(record=bool(args.save_svg), width=None if sys.stdout.isatty() else 132)
     prev: dict[str, NodeAnswer] = {}
     last = None
-    with GroupProbe(args.peers, args.group, timeout=args.timeout) as probe:
+    with GroupProbe(args.peers, args.group, timeout=args.timeout,
+                    key_file=key_file_of(args)) as probe:
 
         def sample() -> tuple[GroupView, list[Row]]:
             view = read_group(probe.round())
