@@ -47,6 +47,9 @@ def test_a_cluster_started_from_a_project_with_namesake_packages_runs_ours(tmp_p
     try:
         peers = p.stdout.readline().strip()
         assert peers.startswith("n0-127.0.0.1:"), (peers, p.stderr.read() if p.poll() is not None else "")
+        key_line = p.stdout.readline().strip()  # a secure group: the admin client's key file
+        assert key_line.startswith("key-file: "), key_line
+        env["DLEDGER_KEY_FILE"] = key_line.split(": ", 1)[1]
 
         def leader() -> bool:
             assert not marker.exists(), f"a namesake package was imported as {marker.read_text()!r}"
