@@ -239,3 +239,29 @@ def test_index_start_and_latest_start(spark: SparkSession, group: Cluster, tmp_p
             [(first + i, b"new-%d" % i) for i in range(5)]
     finally:
         q.stop()
+
+
+def test_a_secure_group_is_read_with_the_key_file_option(spark: SparkSession, tmp_path: Path) -> None:
+    """A group with CurveZMQ keys: option keyFile (a client secret key with the members' public
+    keys beside it) reaches the executors' clients; a key file that cannot be used is an option
+    error at load(), before any job."""
+    from ipc.security import local_group_keys
+
+    keys = tmp_path / "keys"
+    key_file = local_group_keys(keys, ["n0", "n1", "n2"])
+    c = Cluster(tmp_path / "g", 3, keys_dir=keys, **SMALL_FILES)
+    c.key_file = key_file
+    c.start()
+    try:
+        c.wait_leader(30)
+        with c.client() as cl:
+            cl.append_batch([body(i) for i in range(200)])
+        c.wait_converged(30)
+        df = spark.read.format("dledger").option("peers", c.peers).option("keyFile", str(key_file)).load()
+        assert _normal_bodies(spark, df) == [body(i) for i in range(200)]
+        jobs = _jobs(spark)
+        with pytest.raises(Exception, match="keyFile"):
+            spark.read.format("dledger").option("peers", c.peers).option("keyFile", str(tmp_path / "none")).load()
+        assert _jobs(spark) == jobs
+    finally:
+        c.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tools.cli import CliError
+from tools.cli import CliError, key_file_of
 from tools.commands.dump import open_reader
 from tools.commands.metadata import add_json_argument
 
@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--store-dir", metavar="DIR", help="the node's store directory (required: this or --peers)")
     src.add_argument("--peers", metavar="PEERS", help="the group's members (id-host:port;...): read over the network (required: this or --store-dir)")
     parser.add_argument("--group", default="default", help="group name, with --peers (default: default)")
+    parser.add_argument("--key-file", default=None, metavar="FILE",
+                        help="with --peers: this client's CurveZMQ secret key for a secure group (the "
+                             "members' ID.key files beside it; default: $DLEDGER_KEY_FILE; none: plain)")
     parser.add_argument("--from", dest="from_index", type=int, metavar="N",
                         help="first index, with --peers (default: the group's begin)")
     parser.add_argument("--to", dest="to_index", type=int, metavar="N",
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         for name in ("from_index", "to_index"):
             if getattr(args, name) is not None and getattr(args, name) < 0:
                 raise CliError(f"--{name.split('_')[0]} must be >= 0", 2)
-        _check_group(args.peers, args.group)
+        key_file = key_file_of(args)
+        _check_group(args.peers, args.group, key_file)
     from tools.pipeline.export import export_committed, export_network, output_exists
 
     if output_exists(args.out) and not args.overwrite:
@@ -75,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
                                  node=args.node)
         else:
             n = export_network(spark, args.peers, args.out, group=args.group, overwrite=args.overwrite,
-                               from_index=args.from_index, to_index=args.to_index)
+                               from_index=args.from_index, to_index=args.to_index, key_file=key_file)
     print(json.dumps({"rows": n, "out": args.out}) if args.json else f"{n} rows written to {args.out}")
     return 0
 
 
-def _check_group(peers: str, group: str) -> None:
+def _check_group(peers: str, group: str, key_file: str | None) -> None:
     """One METADATA round before Spark starts: an unreachable group is one line, not a JVM
     start and a Python traceback from the planner."""
     from ipc.client import DLedgerClient, DLedgerError
@@ -88,7 +92,7 @@ def _check_group(peers: str, group: str) -> None:
     from tools.pipeline.netclient import group_range
 
     try:
-        with DLedgerClient(peers, group=group, sessions=False) as c:
+        with DLedgerClient(peers, group=group, sessions=False, key_file=key_file) as c:
             group_range(c)
     except DLedgerError as e:
         raise cli_error(e, f"group {group!r} at {peers}: ") from None

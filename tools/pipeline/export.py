@@ -45,11 +45,13 @@ def export_committed(spark: SparkSession, store_dir: str, out: str, *, overwrite
 
 def export_network(spark: SparkSession, peers: str, out: str, *, group: str = "default",
                    overwrite: bool = False, from_index: int | None = None,
-                   to_index: int | None = None) -> int:
+                   to_index: int | None = None, key_file: str | None = None) -> int:
     """Write a running group's committed entries ([from, to], default the whole committed log
     when the job is planned) to Parquet at `out`, read from its members by the executors;
     returns rows written (read back from the files)."""
     reader = spark.read.format("dledger").option("peers", peers).option("group", group)
+    if key_file is not None:
+        reader = reader.option("keyFile", key_file)
     if from_index is not None:
         reader = reader.option("fromIndex", str(from_index))
     if to_index is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -42,7 +43,7 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_PARTITION_ENTRIES = 65536
 FETCH_ENTRIES = 4096  # entries asked per fetch: ~4 MiB of 1 KiB entries, a node's answer cap
 
-_COMMON = frozenset({"peers", "group", "timeout"})
+_COMMON = frozenset({"peers", "group", "timeout", "keyfile"})
 BATCH_OPTIONS = _COMMON | {"fromindex", "toindex", "includenoop", "partitionentries"}
 STREAM_OPTIONS = _COMMON | {"startingindex", "maxentriespertrigger", "includenoop",
                             "failondataloss", "partitionentries"}
@@ -98,10 +99,12 @@ class NetOptions:
         if pe is not None and pe < 1:
             raise OptionError("option partitionEntries must be >= 1")
         self.partition_entries = pe or DEFAULT_PARTITION_ENTRIES
+        self.key_file = key_file_option(o)
 
     def client(self) -> DLedgerClient:
         try:
-            return DLedgerClient(self.peers, group=self.group, timeout=self.timeout, sessions=False)
+            return DLedgerClient(self.peers, group=self.group, timeout=self.timeout, sessions=False,
+                                 key_file=self.key_file)
         except Exception as e:  # a bad group name is a ProtocolError: say it as an option error
             raise OptionError(f"option group {self.group!r}: {e}") from None
 
@@ -110,6 +113,22 @@ class NetOptions:
         if v is not None and v < 0:
             raise OptionError(f"option {key} must be >= 0")
         return v
+
+
+def key_file_option(o: Mapping[str, str]) -> str | None:
+    """Option keyFile (default: $DLEDGER_KEY_FILE on the driver): the client secret key for a
+    secure group, checked here so that a bad file is an option error before any job; the path
+    travels to the executors, which must see the same file (a shared path on a cluster)."""
+    from ipc.security import KEY_FILE_ENV, KeyFileError, read_secret_key_file
+
+    path = (o.get("keyfile") or os.environ.get(KEY_FILE_ENV) or "").strip()
+    if not path:
+        return None
+    try:
+        read_secret_key_file(path)
+    except KeyFileError as e:
+        raise OptionError(f"option keyFile: {e}") from None
+    return os.path.abspath(path)
 
 
 def check_read_options(options: Mapping[str, str]) -> None:
@@ -134,9 +153,10 @@ class NetPartition(InputPartition):
     Pickled to executors: plain values only."""
 
     def __init__(self, peers: str, group: str, timeout: float, from_index: int, to_index: int,
-                 read_from: str | None, include_noop: bool, fail_on_data_loss: bool = True) -> None:
+                 read_from: str | None, include_noop: bool, fail_on_data_loss: bool = True,
+                 key_file: str | None = None) -> None:
         super().__init__((from_index, to_index))
-        self.peers, self.group, self.timeout = peers, group, timeout
+        self.peers, self.group, self.timeout, self.key_file = peers, group, timeout, key_file
         self.from_index, self.to_index, self.read_from = from_index, to_index, read_from
         self.include_noop, self.fail_on_data_loss = include_noop, fail_on_data_loss
 
@@ -157,7 +177,8 @@ def split_range(opts: NetOptions, lo: int, hi: int, include_noop: bool,
         a = lo + j * width
         b = min(hi, a + width - 1)
         parts.append(NetPartition(opts.peers, opts.group, opts.timeout, a, b,
-                                  opts.members[j % len(opts.members)], include_noop, fail_on_data_loss))
+                                  opts.members[j % len(opts.members)], include_noop, fail_on_data_loss,
+                                  opts.key_file))
     return parts
 
 
@@ -171,7 +192,8 @@ def read_partition(p: NetPartition) -> Iterator:
     Each answer is one FETCH's raw entries (any member), checked as arrays (net_arrow.py)."""
     from tools.pipeline.net_arrow import blob_to_batch
 
-    client = DLedgerClient(p.peers, group=p.group, timeout=p.timeout, sessions=False)
+    client = DLedgerClient(p.peers, group=p.group, timeout=p.timeout, sessions=False,
+                           key_file=getattr(p, "key_file", None))
     prefer = p.read_from
     try:
         i = p.from_index
