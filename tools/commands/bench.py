@@ -524,7 +524,7 @@ def summarize(rec: Recorder, args: argparse.Namespace) -> dict:
                    for s in rec.seconds if start + s.t + 1 <= end]
         requests = rec.requests
         errors_by_code = dict(sorted(rec.errors_by_code.items()))
-    keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers", "secure"]
+    keys = ["size", "duration", "count", "concurrency", "batch", "mode", "warmup", "local", "peers"]
     if unit == "ops":
         keys += ["kv_op", "keys"]
     res = {
