@@ -167,6 +167,26 @@ class Node:
         return segment_name(self.cluster.group, self.id, os.path.abspath(self.store_dir))
 
 
+def wait_after_signal(proc: subprocess.Popen, timeout: float, what: str) -> int:
+    """`proc.wait(timeout)`; past it, an AssertionError that says how the process treats
+    signals (its /proc status) and where its threads are (py-spy, when installed): a command
+    that ignores Ctrl-C must say why in the test's failure, not only that it timed out."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        except OSError:
+            status = []
+        sig = [ln for ln in status if ln.startswith(("State", "SigBlk", "SigIgn", "SigCgt"))]
+        spy = Path(sys.executable).parent / "py-spy"
+        dump = "(no py-spy)"
+        if spy.exists():
+            dump = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True,
+                                  text=True, timeout=60).stdout
+        raise AssertionError(f"{what}: still running {timeout}s later; {sig}\n{dump}") from None
+
+
 def group_has_live_process(pgid: int) -> bool:
     """Whether process group `pgid` has a member that is not a zombie (a /proc scan)."""
     for p in Path("/proc").iterdir():

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from cluster import ROOT, Cluster, wait_for
+from cluster import ROOT, Cluster, wait_after_signal, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -242,7 +242,7 @@ def test_get_follow_prints_entries_as_they_commit_and_stops_on_ctrl_c(group):
         assert [r["body"] for r in lines] == ["live-0", "live-1", "live-2"]
         assert {"index", "term", "pos", "type", "body_b64"} <= set(lines[0])
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        assert wait_after_signal(proc, 30, "get --follow after SIGINT") == 0
         assert b"Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:

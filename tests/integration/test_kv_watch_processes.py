@@ -11,7 +11,7 @@ import sys
 import threading
 
 import pytest
-from cluster import ROOT, wait_for
+from cluster import ROOT, wait_after_signal, wait_for
 
 from ipc.client import KVClient
 from ipc.kv_watch import KVCompactedError
@@ -134,7 +134,7 @@ def test_dledger_kv_watch_prints_changes_and_stops_on_ctrl_c(make_cluster):
             assert [(x["type"], x["key"], x["revision"]) for x in rows][0] == ("PUT", "cfg/a", r)
             assert rows[1]["type"] == "DELETE" and rows[1]["key"] == "cfg/a"
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 0
+            assert wait_after_signal(proc, 30, "kv watch after SIGINT") == 0
             assert b"Traceback" not in proc.stderr.read()
         finally:
             if proc.poll() is None:
