@@ -167,13 +167,15 @@ class Node:
         return segment_name(self.cluster.group, self.id, os.path.abspath(self.store_dir))
 
 
-def wait_after_signal(proc: subprocess.Popen, timeout: float, what: str) -> int:
-    """`proc.wait(timeout)`; past it, an AssertionError that says how the process treats
-    signals (its /proc status) and where its threads are (py-spy, when installed): a command
-    that ignores Ctrl-C must say why in the test's failure, not only that it timed out."""
+def wait_after_signal(proc: subprocess.Popen, timeout: float, what: str) -> tuple[int, bytes]:
+    """(exit code, stderr) of `proc` once it exits, reading its pipes meanwhile (a child that
+    fills a pipe nobody reads blocks in its write and never exits); past `timeout`, an
+    AssertionError that says how the process treats signals (its /proc status), what it wrote
+    to stderr and where its threads are (py-spy, when installed)."""
     try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+        _out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err or b""
+    except subprocess.TimeoutExpired as e:
         try:
             status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
         except OSError:
@@ -184,7 +186,9 @@ def wait_after_signal(proc: subprocess.Popen, timeout: float, what: str) -> int:
         if spy.exists():
             dump = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True,
                                   text=True, timeout=60).stdout
-        raise AssertionError(f"{what}: still running {timeout}s later; {sig}\n{dump}") from None
+        err = e.stderr or b""
+        raise AssertionError(f"{what}: still running {timeout}s later; {sig}\nstderr (last 3000 "
+                             f"bytes): {err[-3000:]!r}\n{dump}") from None
 
 
 def group_has_live_process(pgid: int) -> bool:
