@@ -167,6 +167,17 @@ class Node:
         return segment_name(self.cluster.group, self.id, os.path.abspath(self.store_dir))
 
 
+def interruptible() -> None:
+    """`preexec_fn` for a command a test will stop with SIGINT: SIGINT and SIGQUIT back to their
+    defaults, as a terminal starts a command. A test run started in the background of a
+    non-interactive shell (`make test &`) ignores both, a child inherits that through exec, and
+    Python then never raises KeyboardInterrupt in it (found with the signal state in a failure)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def wait_after_signal(proc: subprocess.Popen, timeout: float, what: str) -> tuple[int, bytes]:
     """(exit code, stderr) of `proc` once it exits, reading its pipes meanwhile (a child that
     fills a pipe nobody reads blocks in its write and never exits); past `timeout`, an

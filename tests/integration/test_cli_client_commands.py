@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from cluster import ROOT, Cluster, wait_after_signal, wait_for
+from cluster import ROOT, Cluster, interruptible, wait_after_signal, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -216,7 +216,7 @@ def test_a_refused_transfer_says_why(group):
 def _follow(peers: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tools.cli", "get", "--peers", peers, "--follow", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT),
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=interruptible)
 
 
 def test_get_follow_prints_entries_as_they_commit_and_stops_on_ctrl_c(group):

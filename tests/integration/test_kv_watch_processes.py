@@ -11,7 +11,7 @@ import sys
 import threading
 
 import pytest
-from cluster import ROOT, wait_after_signal, wait_for
+from cluster import ROOT, interruptible, wait_after_signal, wait_for
 
 from ipc.client import KVClient
 from ipc.kv_watch import KVCompactedError
@@ -126,7 +126,7 @@ def test_dledger_kv_watch_prints_changes_and_stops_on_ctrl_c(make_cluster):
         proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "kv", "watch", "--peers", c.peers, "cfg/",
                                  "--prefix", "--from-revision", str(r), "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT),
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=interruptible)
         try:
             kv.delete(b"cfg/a")
             import json
