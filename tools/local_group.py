@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import Role
 from node.config import LOCAL_DATA_FILE_SIZE, LOCAL_INDEX_FILE_SIZE
-from node.host.interpreter import child_env
+from node.host.interpreter import child_env, module_command
 from node.host.rundirs import make_owned_tempdir, release
 from node.roles.runtime import die_with_parent
 from node.wiring.ports import free_port_pairs
@@ -89,10 +88,10 @@ class LocalGroup:
             log = open(self.root / f"{x}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 self.procs[x] = subprocess.Popen(
-                    [sys.executable, "-P", "-m", "tools.cli", "server", "--id", x, "--peers", self.peers,
-                     "--group", self.group, "--store-dir", str(self.root / x),
-                     "--data-file-size", str(LOCAL_DATA_FILE_SIZE),
-                     "--index-file-size", str(LOCAL_INDEX_FILE_SIZE), *self.extra],
+                    module_command("tools.cli", "server", "--id", x, "--peers", self.peers,
+                                   "--group", self.group, "--store-dir", str(self.root / x),
+                                   "--data-file-size", str(LOCAL_DATA_FILE_SIZE),
+                                   "--index-file-size", str(LOCAL_INDEX_FILE_SIZE), *self.extra),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                     cwd=self.cwd, env=child_env(root=self.cwd),  # --code-dir: that checkout's code
                     # If the tool dies without close() (SIGKILL, the OOM killer), each server
