@@ -617,8 +617,11 @@ def add_node_arguments(parser: Any, skip: tuple[str, ...] = (),
         metavar = _METAVARS.get(unit) or (unit if unit.isupper() else unit.split()[0].upper())
         if "|" in unit:
             metavar = "{" + unit.replace("|", ",") + "}" if name.startswith("log_") or name == "flush_mode" else "BOOL"
+        # A true/false option given alone means true (`--insecure`, as the docs write it);
+        # `--insecure false` still says it in full.
+        bare = {"nargs": "?", "const": "true"} if metavar == "BOOL" else {}
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
-                            help=help_text(name, (defaults or {}).get(name)))
+                            help=help_text(name, (defaults or {}).get(name)), **bare)
 
 
 def cli_values(args: Any) -> dict[str, Any]:

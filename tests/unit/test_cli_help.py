@@ -113,3 +113,15 @@ def test_operations_md_lists_every_server_option_with_its_default():
         else:
             want = str(d) if d != "" else "(none)"
         assert rows[flag] == want, f"--{flag}: docs/operations.md says {rows[flag]}, the code {want}"
+
+
+@pytest.mark.parametrize("command", ["server", "cluster"])
+def test_a_true_false_option_alone_means_true(command):
+    """docs/operations.md writes `dledger cluster --insecure`: a BOOL option given alone is
+    true, and the full form still parses (it was "expected one argument" before)."""
+    parser = cli.build_parser([command])
+    alone = parser.parse_args([command, "--insecure"])
+    assert alone.insecure == "true"
+    spelled = parser.parse_args([command, "--insecure", "false"])
+    assert spelled.insecure == "false"
+    assert parser.parse_args([command]).insecure is None
