@@ -156,6 +156,7 @@ class Handler:
         self.principal: tuple[str, str, str] | None = None
         self.peer_map = self.cfg.peer_map
         self.single = len(self.peer_ids) == 1
+        self._push_check_warming = False  # _warm_push_check started (once per process)
         # store, lock, transport and sm_link: a simulator replaces them after construction, so
         # the parts read them from here at each use.
         self.store = SegmentStore(self.cfg.store_config())
@@ -247,7 +248,21 @@ class Handler:
 
     def sync_role(self) -> None:
         """Input: the elector published a role change (a hint; `tick` also syncs every turn)."""
-        self.leadership.sync(self.state.read_member(), self.now())
+        member = self.state.read_member()
+        self.leadership.sync(member, self.now())
+        if member.role == Role.FOLLOWER and not self._push_check_warming:
+            self._warm_push_check()
+
+    def _warm_push_check(self) -> None:
+        """Import numpy (the follower's push checks, node/store/push_check.py) in the background
+        once this node first follows a leader, not at start: three nodes starting together on
+        two cores spent ~0.1 s of CPU each on it while they were electing their first leader
+        (docs/performance.md "Start time"). The first push waits for the import only if it comes
+        before the import is done (the store imports the module on first use); a leader never
+        needs it."""
+        self._push_check_warming = True
+        threading.Thread(target=importlib.import_module, args=("node.store.push_check",),
+                         name="warm-push-check", daemon=True).start()
 
     def on_commit_wakeup(self) -> None:
         """Input: the ack checker says the quorum index moved."""
@@ -460,10 +475,6 @@ class Handler:
                 sm_in = [self.sm_link.results, self.sm_link.query]
                 self.publish_ledger()  # the applier's first wake-up
             rc.beat()  # first beat = "ledger published": the elector waits for it before voting
-            # numpy (the push checks) after serving, not before: ~0.1 s less to start; the
-            # first push waits for the import only if it comes before it is done.
-            threading.Thread(target=importlib.import_module, args=("node.store.push_check",),
-                             name="warm-push-check", daemon=True).start()
             self.log.info("serving on %s:%d; ledger begin=%d end=%d term=%d committed=%d", host, port,
                           self.store.ledger_begin_index, self.store.ledger_end_index,
                           self.store.ledger_end_term, self.store.committed_index)
