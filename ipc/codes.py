@@ -147,3 +147,43 @@ __all__ = [
     "is_indeterminate",
     "is_retryable",
 ]
+
+
+class MsgType(IntEnum):
+    """The first byte of every frame (ipc/protocol.py): a request, or its reply (request | 0x80).
+    Here, with the other wire numbers, so the block's request counters name types without
+    importing the codec."""
+
+    APPEND = 1
+    BATCH_APPEND = 2
+    GET = 3
+    METADATA = 4
+    LEADERSHIP_TRANSFER = 5
+    PUSH = 6
+    VOTE = 7
+    HEARTBEAT = 8
+    TAKE_LEADERSHIP = 9
+    MULTI = 10
+    OPEN_SESSION = 11
+    QUERY = 12
+    SNAPSHOT = 13
+    READ_INDEX = 14
+    FETCH = 15
+    INSTALL = 20
+    APPEND_RESPONSE = 0x81
+    BATCH_APPEND_RESPONSE = 0x82
+    GET_RESPONSE = 0x83
+    METADATA_RESPONSE = 0x84
+    TRANSFER_RESPONSE = 0x85
+    PUSH_RESPONSE = 0x86
+    VOTE_RESPONSE = 0x87
+    HEARTBEAT_RESPONSE = 0x88
+    TAKE_LEADERSHIP_RESPONSE = 0x89
+    MULTI_RESPONSE = 0x8A
+    OPEN_SESSION_RESPONSE = 0x8B
+    QUERY_RESPONSE = 0x8C
+    SNAPSHOT_RESPONSE = 0x8D
+    READ_INDEX_RESPONSE = 0x8E
+    FETCH_RESPONSE = 0x8F
+    INSTALL_RESPONSE = 0x94
+    ERROR_RESPONSE = 0xFF

@@ -92,15 +92,15 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
 
-from ipc.codes import Role, VoteResult
+from ipc.codes import MsgType, Role, VoteResult  # MsgType: re-exported (its home is ipc/codes.py)
+from ipc.peers import MAX_STR  # noqa: F401 - longest group / node id, in UTF-8 bytes (re-exported)
 
 VERSION = 1
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 """Largest frame `decode` accepts by default (also a sane ZMQ_MAXMSGSIZE)."""
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 """Largest single client body by default (RocketMQ's default max message size)."""
-MAX_STR = 64
-"""Longest group / node id, in UTF-8 bytes."""
+
 MAX_LONG_STR = 255
 """Longest address / error reason, in UTF-8 bytes."""
 MAX_BATCH_COUNT = 100_000
@@ -132,42 +132,6 @@ _INDEX_RECORD_SIZE = 32  # node/store/codec.py INDEX_SIZE
 
 class ProtocolError(ValueError):
     """A frame (or a message to encode) that is not well-formed. The only error decode raises."""
-
-
-class MsgType(IntEnum):
-    APPEND = 1
-    BATCH_APPEND = 2
-    GET = 3
-    METADATA = 4
-    LEADERSHIP_TRANSFER = 5
-    PUSH = 6
-    VOTE = 7
-    HEARTBEAT = 8
-    TAKE_LEADERSHIP = 9
-    MULTI = 10
-    OPEN_SESSION = 11
-    QUERY = 12
-    SNAPSHOT = 13
-    READ_INDEX = 14
-    FETCH = 15
-    INSTALL = 20
-    APPEND_RESPONSE = 0x81
-    BATCH_APPEND_RESPONSE = 0x82
-    GET_RESPONSE = 0x83
-    METADATA_RESPONSE = 0x84
-    TRANSFER_RESPONSE = 0x85
-    PUSH_RESPONSE = 0x86
-    VOTE_RESPONSE = 0x87
-    HEARTBEAT_RESPONSE = 0x88
-    TAKE_LEADERSHIP_RESPONSE = 0x89
-    MULTI_RESPONSE = 0x8A
-    OPEN_SESSION_RESPONSE = 0x8B
-    QUERY_RESPONSE = 0x8C
-    SNAPSHOT_RESPONSE = 0x8D
-    READ_INDEX_RESPONSE = 0x8E
-    FETCH_RESPONSE = 0x8F
-    INSTALL_RESPONSE = 0x94
-    ERROR_RESPONSE = 0xFF
 
 
 class PushKind(IntEnum):

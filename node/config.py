@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ipc.sockets import format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
+from ipc.peers import format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
 from node.core.election_types import ElectionConfig
 from node.observe.logfmt import LOG_FORMATS, LOG_LEVELS, configure_logging  # noqa: F401 - re-exported
 from node.store.base import (

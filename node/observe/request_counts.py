@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ipc.codes import ResponseCode
-from ipc.protocol import ErrorResponse, MsgType
+from ipc.codes import MsgType, ResponseCode
 
 REQUEST_TYPES: Final = (MsgType.APPEND, MsgType.BATCH_APPEND, MsgType.GET, MsgType.METADATA,
                         MsgType.LEADERSHIP_TRANSFER, MsgType.PUSH, MsgType.OPEN_SESSION,
@@ -53,15 +52,16 @@ class RequestCounter:
 
     def count_reply(self, msg: object) -> None:
         """One reply message (anything with ``TYPE`` and ``code``; ERRORs name their request).
-        A typed reply's row is cached by class: this runs once per reply on the handler's path."""
+        Each reply class's row is cached (-1 for ERROR, whose row is the request it names): this
+        runs once per reply on the handler's path."""
         cls = type(msg)
-        if cls is ErrorResponse:
+        row = self._class_rows.get(cls)
+        if row is None:
+            t = int(msg.TYPE)  # type: ignore[attr-defined]
+            row = -1 if t == _ERROR else self._rows.get(t & 0x7F, self._other_row)
+            self._class_rows[cls] = row
+        if row < 0:  # an ERROR: the row of the request it names
             row = self._rows.get(msg.request_type, self._other_row)  # type: ignore[attr-defined]
-        else:
-            row = self._class_rows.get(cls)
-            if row is None:
-                row = self._rows.get(int(msg.TYPE) & 0x7F, self._other_row)  # type: ignore[attr-defined]
-                self._class_rows[cls] = row
         i = self._base + row + self._cols.get(msg.code, self._other_col)  # type: ignore[attr-defined]
         self._w[i] = self._w[i] + 1
 

@@ -27,23 +27,15 @@ import zmq
 
 from ipc.security import ClientCurve, ServerKeys, Zap, load_server_keys, member_curve
 from ipc.sockets import ipc_path, make_context
-from node.block.shared_state import SegmentNotFound, SharedState, monotonic_ms, segment_name
+from node.block.shared_state import SegmentNotFound, SharedState, monotonic_ms
 from node.block.state_protocol import StateBlock
 from node.config import NodeConfig, configure_logging
+from node.roles.names import EXIT_FATAL, FATAL_FILE_PREFIX, fatal_file, state_name  # noqa: F401 - re-exported
 from node.store.segment_store import disk_usage_ratio
 from node.wiring import channels
 from node.wiring.doorbells import Doorbell
 
 _PR_SET_PDEATHSIG = 1
-EXIT_FATAL = 3
-"""A role's exit code for "cannot work, do not restart me": the supervisor stops the node."""
-FATAL_FILE_PREFIX = "fatal-"
-"""`RUN_DIR/fatal-<role>` holds the one-line reason of a role's fatal stop (RoleContext.fatal)."""
-
-
-def fatal_file(run_dir: str | os.PathLike[str], role: str) -> Path:
-    """Where role `role` ("elector", "dispatcher[2]"...) leaves the reason of its fatal stop."""
-    return Path(run_dir) / f"{FATAL_FILE_PREFIX}{role}"
 
 
 def die_with_parent() -> None:
@@ -210,8 +202,6 @@ def load_run_config(path: str | os.PathLike[str]) -> NodeConfig:
     return NodeConfig.from_json(Path(path).read_text(encoding="utf-8"))
 
 
-def state_name(cfg: NodeConfig) -> str:
-    return segment_name(cfg.group, cfg.id, os.path.abspath(cfg.store_dir))
 
 
 def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | None = None) -> int:

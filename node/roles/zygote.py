@@ -51,6 +51,8 @@ PRELOAD = frozenset({"node.roles.handler", "node.roles.elector", "node.roles.dis
                      "node.roles.ack_checker", "node.roles.applier"})
 """The role modules imported into the zygote before the first fork of each (import has no side
 effect in these; anything else is imported by the forked child only)."""
+FIRST_ROLE = "node.roles.handler"
+"""Imported at once, before the first request: the supervisor always starts the handler first."""
 REPARENT_POLL_S = 0.0005
 REPARENT_TRIES = 10_000  # a forked role waits this many polls (5 s idle) to be the supervisor's child
 _PR_SET_PDEATHSIG = 1
@@ -134,6 +136,7 @@ def fork_role(req: dict) -> int:
     module = req["module"]
     if module in PRELOAD:
         importlib.import_module(module)  # once per module: later forks inherit it
+        importlib.import_module("crc32c")  # the push run CRC's, imported lazily by the store
     r, w = os.pipe()
     mid = os.fork()
     if mid == 0:  # the intermediate: fork the role, say its pid, exit (handing it over)
@@ -187,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         pass
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    try:  # the handler is always the first request: import it while the supervisor makes the block
+        importlib.import_module(FIRST_ROLE)
+        importlib.import_module("crc32c")
+    except Exception:  # noqa: BLE001, S110 - its request imports it again and answers the error
+        pass
     try:
         return serve(socket.socket(fileno=args.fd))
     except (SystemExit, KeyboardInterrupt, BrokenPipeError, ConnectionResetError):

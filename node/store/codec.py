@@ -29,8 +29,6 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from crc32c import crc32c as _crc32c  # the push run CRC only: see "Push run CRC" above
-
 # The entry format itself is the client's too (it decodes GET answers): it lives in
 # ipc/entry_codec.py and is re-exported here, so the store's modules keep importing it from here.
 from ipc.entry_codec import (  # noqa: F401
@@ -74,8 +72,17 @@ class IndexRecord:
     term: int
 
 
+_crc32c = None
+"""`crc32c.crc32c`, imported on first use: the package reads its own distribution metadata when
+imported (~15 ms of CPU), which the supervisor and the CLI, who import this module for its
+constants, never need. The role zygote imports the package once for every role it forks."""
+
+
 def push_run_crc(index_records: bytes | memoryview, entries: bytes | memoryview) -> int:
     """The run CRC of an APPEND push (definition above): records first, then entries."""
+    global _crc32c
+    if _crc32c is None:
+        from crc32c import crc32c as _crc32c  # see "Push run CRC" above
     return _crc32c(entries, _crc32c(index_records))
 
 

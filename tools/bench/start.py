@@ -1,6 +1,7 @@
 """Start time of a brand-new local group, to its first agreed leader (docs/performance.md "Start time").
 
     python -m tools.bench.start [--nodes 3] [--runs 5] [--code-dir DIR ...] [--json]
+    python -m tools.bench.start --cluster secure|plain [--runs 5]   # `dledger cluster` itself
 
 Each run starts a fresh group of `--nodes` `dledger server` processes at once (LocalGroup,
 empty stores) and polls every node's METADATA until they all name one leader in one term:
@@ -31,12 +32,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
+import psutil
+
+from ipc.client import DLedgerClient
+from node.host.interpreter import child_env, module_command
 from tools.local_group import LocalGroup
 
 PHASES = ("supervisor", "serving", "elector_up", "elector_ready", "elected", "all_know", "seen")
@@ -44,8 +52,13 @@ PHASES = ("supervisor", "serving", "elector_up", "elector_ready", "elected", "al
 
 def _node_events(log: Path) -> dict[str, float]:
     """Wall-clock times of one node's start-up lines (the first of each)."""
+    return _events(log.read_text(errors="replace").splitlines())
+
+
+def _events(lines: list[str]) -> dict[str, float]:
+    """Wall-clock times of the first of each start-up line among one node's JSON log lines."""
     out: dict[str, float] = {}
-    for line in log.read_text(errors="replace").splitlines():
+    for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
@@ -78,6 +91,72 @@ def start_once(nodes: int, code: str | None, timeout: float) -> dict[str, float]
         events = [_node_events(g.root / f"{x}.log") for x in g.ids]
     finally:
         g.close()
+    return _phases(events, t0_wall, seen, cpu)
+
+
+def cluster_once(nodes: int, secure: bool, timeout: float) -> dict[str, float]:
+    """One `dledger cluster --nodes N` as a user runs it (secure unless `secure` is False): the
+    same phases, from launch of the command, the CLI's own start included. "seen" is this tool's
+    client (polling every member with 50 ms attempts) finding one leader named by all."""
+    cmd = [*module_command("tools.cli"), "cluster", "--nodes", str(nodes), "--log-format", "json"]
+    if not secure:
+        cmd.append("--insecure")
+    lines: list[str] = []
+    t0_wall, t0 = time.time(), time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=child_env())
+    try:
+        assert proc.stdout is not None
+        peers = proc.stdout.readline().strip()
+        key = proc.stdout.readline().split("key-file:", 1)[1].strip() if secure else None
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        client = DLedgerClient(peers, key_file=key, timeout=timeout, attempt_timeout=0.05)
+        try:
+            while True:
+                m = client.metadata()
+                if m.leader_id and all(n.alive and n.leader == m.leader_id for n in m.nodes):
+                    break
+                if time.monotonic() - t0 > timeout:
+                    raise TimeoutError(f"no agreed leader within {timeout} s")
+        finally:
+            client.close()
+        seen = time.monotonic() - t0
+        cpu = _tree_cpu(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    reader.join(timeout=10)
+    by_node: dict[str, list[str]] = {}
+    for line in lines:
+        try:
+            by_node.setdefault(json.loads(line).get("node", "?"), []).append(line)
+        except ValueError:
+            continue
+    return _phases([_events(v) for k, v in sorted(by_node.items()) if k != "?"], t0_wall, seen, cpu)
+
+
+def _tree_cpu(pid: int) -> float:
+    """User + system CPU of `pid` and every live process below it."""
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _phases(events: list[dict[str, float]], t0_wall: float, seen: float,
+            cpu: float) -> dict[str, float]:
+    """Each phase's time from launch: medians over the nodes, but "elected" is the first
+    leader's, "all_know" the last node's, "seen" and "cpu" the group's."""
     out: dict[str, float] = {}
     for key in PHASES[:-3]:
         got = [e[key] - t0_wall for e in events if key in e]
@@ -103,10 +182,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the servers from this checkout (repeatable, in turn; '.' is this one)")
     ap.add_argument("--timeout", type=float, default=60, help="seconds one start may take")
     ap.add_argument("--json", action="store_true", help="one JSON object per version")
+    ap.add_argument("--cluster", choices=("secure", "plain"), default=None,
+                    help="time `dledger cluster` itself (its CLI included; secure is its default) "
+                         "instead of N `dledger server` processes")
     args = ap.parse_args(argv)
     for code in args.code_dir or ["."]:
         cwd = None if code == "." else os.path.abspath(code)
-        samples = [start_once(args.nodes, cwd, args.timeout) for _ in range(args.runs)]
+        if args.cluster:
+            if cwd is not None:
+                ap.error("--cluster runs this checkout only")
+            code = f"dledger cluster ({args.cluster})"
+            samples = [cluster_once(args.nodes, args.cluster == "secure", args.timeout)
+                       for _ in range(args.runs)]
+        else:
+            samples = [start_once(args.nodes, cwd, args.timeout) for _ in range(args.runs)]
         med = {k: round(statistics.median([s[k] for s in samples if k in s]), 3)
                for k in PHASES if any(k in s for s in samples)}
         row = {"code": code, "nodes": args.nodes, "runs": args.runs,
