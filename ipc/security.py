@@ -147,6 +147,23 @@ class ServerKeys:
     client_keys: dict[bytes, tuple[str, str]] = field(default_factory=dict)  # key -> (name, right)
 
 
+def client_key_file(given: str | None, given_as: str) -> str | None:
+    """The client's secret key file: `given` (named `given_as` in errors: "--key-file", "option
+    keyFile"), else $DLEDGER_KEY_FILE, else None (plain mode). Read here, once, so that a bad
+    file is one error where it is named, before anything connects; the CLI and the Spark
+    source both take their key this way. Raises KeyFileError naming the path's source."""
+    path, source = (given or "").strip(), given_as
+    if not path:
+        path, source = os.environ.get(KEY_FILE_ENV, "").strip(), f"${KEY_FILE_ENV}"
+    if not path:
+        return None
+    try:
+        read_secret_key_file(path)
+    except KeyFileError as e:
+        raise KeyFileError([f"{source}: {e}"]) from None
+    return os.path.abspath(path)
+
+
 def load_server_keys(keys_dir: str | os.PathLike[str], self_id: str,
                      member_ids: list[str]) -> ServerKeys:
     """Read a node's key directory (layout in the module docstring); every problem found is

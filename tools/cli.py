@@ -198,17 +198,12 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
 def key_file_of(args: argparse.Namespace) -> str | None:
     """The client key file for a group command: --key-file, else $DLEDGER_KEY_FILE, else None
     (plain). Checked here, so a bad file is one line and exit 2 before anything connects."""
-    from ipc.security import KEY_FILE_ENV, KeyFileError, read_secret_key_file
+    from ipc.security import KeyFileError, client_key_file
 
-    path = getattr(args, "key_file", None) or os.environ.get(KEY_FILE_ENV) or None
-    if path is None:
-        return None
     try:
-        read_secret_key_file(path)
+        return client_key_file(getattr(args, "key_file", None), "--key-file")
     except KeyFileError as e:
-        src = "--key-file" if getattr(args, "key_file", None) else f"${KEY_FILE_ENV}"
-        raise CliError(f"{src}: {e}", EXIT_USAGE) from None
-    return path
+        raise CliError(str(e), EXIT_USAGE) from None
 
 
 def client_options(args: argparse.Namespace) -> dict[str, str]:
@@ -335,7 +330,6 @@ def print_json_error(message: str, exit_code: int, code: str | None = None) -> N
 def quiet_stdout() -> None:
     """After EPIPE on stdout: point it at /dev/null so the interpreter's final flush does not
     print "Exception ignored ... BrokenPipeError" (Python's documented recipe)."""
-    import os
 
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -215,3 +215,23 @@ def test_local_group_keys_are_made_once_and_kept(tmp_path: Path) -> None:
     assert local_group_keys(tmp_path / "keys", ["n0", "n1", "n2"]) == kf and kf.read_text() == before
     with pytest.raises(KeyFileError, match="another group"):  # a 4th member: not this group's keys
         local_group_keys(tmp_path / "keys", ["n0", "n1", "n2", "n3"])
+
+
+def test_client_key_file_names_where_a_bad_path_came_from(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule for the CLI (--key-file) and the Spark source (option keyFile): the given path,
+    else $DLEDGER_KEY_FILE, else plain; a bad file's error names its source."""
+    from ipc.security import KeyFileError, client_key_file
+
+    keygen(tmp_path / "k", "c1")
+    good = tmp_path / "k" / "c1.key_secret"
+    monkeypatch.delenv("DLEDGER_KEY_FILE", raising=False)
+    assert client_key_file(None, "--key-file") is None
+    assert client_key_file(str(good), "--key-file") == str(good.resolve())
+    monkeypatch.setenv("DLEDGER_KEY_FILE", str(good))
+    assert client_key_file("", "option keyFile") == str(good.resolve())
+    with pytest.raises(KeyFileError, match=r"^option keyFile: .*c1\.key"):
+        client_key_file(str(tmp_path / "k" / "c1.key"), "option keyFile")  # public half only
+    monkeypatch.setenv("DLEDGER_KEY_FILE", str(tmp_path / "missing"))
+    with pytest.raises(KeyFileError, match=r"^\$DLEDGER_KEY_FILE: "):
+        client_key_file(None, "--key-file")

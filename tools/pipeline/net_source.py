@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -119,16 +118,12 @@ def key_file_option(o: Mapping[str, str]) -> str | None:
     """Option keyFile (default: $DLEDGER_KEY_FILE on the driver): the client secret key for a
     secure group, checked here so that a bad file is an option error before any job; the path
     travels to the executors, which must see the same file (a shared path on a cluster)."""
-    from ipc.security import KEY_FILE_ENV, KeyFileError, read_secret_key_file
+    from ipc.security import KeyFileError, client_key_file
 
-    path = (o.get("keyfile") or os.environ.get(KEY_FILE_ENV) or "").strip()
-    if not path:
-        return None
     try:
-        read_secret_key_file(path)
+        return client_key_file(o.get("keyfile"), "option keyFile")
     except KeyFileError as e:
-        raise OptionError(f"option keyFile: {e}") from None
-    return os.path.abspath(path)
+        raise OptionError(str(e)) from None
 
 
 def check_read_options(options: Mapping[str, str]) -> None:
