@@ -100,8 +100,7 @@ def backup(client: DLedgerClient, out: Path, data_file_size: int, index_file_siz
     if lead is None or not lead.alive:
         raise BackupError("the group has no leader now: its committed index is not known")
     last = lead.committed_index
-    begins = [n.ledger_begin_index for n in md.nodes if n.alive and n.ledger_begin_index >= 0]
-    first = min(begins, default=0)
+    first = md.lowest_begin()
     if last < first:
         raise BackupError("the group's log is empty: nothing to back up")
     sm = _group_has_state_machine(client)

@@ -280,8 +280,9 @@ class DLedgerClient:
         return follow_mod.follow(self, first, max_entries, max_bytes, wait_ms, read_from, include_noop)
 
     def resolve_index(self, where: int | str, timeout: float | None = None) -> int:
-        """An index from ``"earliest"`` (the lowest ledger begin of the members that answer; 0
-        for an empty log), ``"latest"`` (the leader's committed index + 1), or an int >= 0."""
+        """An index from ``"earliest"`` (`Metadata.lowest_begin`: the lowest ledger begin of the
+        members that answer and hold entries; 0 for an empty log), ``"latest"`` (the leader's
+        committed index + 1), or an int >= 0."""
         if isinstance(where, int) and not isinstance(where, bool):
             if where < 0:
                 raise DLedgerError(RC.UNEXPECTED_ARGUMENT, f"index must be >= 0, not {where}")
@@ -294,7 +295,7 @@ class DLedgerClient:
             md = self.metadata(max(0.1, deadline - time.monotonic()))
             alive = [n for n in md.nodes if n.alive]
             if where == "earliest" and alive:
-                return max(0, min(n.ledger_begin_index for n in alive))
+                return md.lowest_begin()
             lead = next((n for n in alive if n.id == md.leader_id), None)
             if where == "latest" and lead is not None:
                 return lead.committed_index + 1

@@ -85,6 +85,15 @@ class Metadata:
     def node(self, node_id: str) -> NodeInfo | None:
         return next((n for n in self.nodes if n.id == node_id), None)
 
+    def lowest_begin(self) -> int:
+        """The lowest first index any answering member holds: its ledger begin, skipping members
+        with an empty log (begin -1: a new member, or one that lost its disk, holds nothing to
+        read); 0 when no answering member holds an entry. "earliest" for reads, followers and
+        backups alike."""
+        begins = [n.ledger_begin_index for n in self.nodes
+                  if n.alive and n.ledger_begin_index is not None and n.ledger_begin_index >= 0]
+        return min(begins, default=0)
+
 
 class DLedgerError(Exception):
     """A call that did not succeed. ``code`` is DLedger's numeric response code.

@@ -118,3 +118,24 @@ def test_a_named_member_that_is_starting_is_asked_again_within_the_timeout(make_
             c.query(b"abc", read_from="n1", timeout=0.5)
         assert ei.value.code == RC.LEADER_PENDING_FULL
         assert n0.count(P.QueryRequest) == 0
+
+
+def test_earliest_skips_members_with_an_empty_log():
+    """"earliest" is the lowest first index a member holds: a member whose log is empty (begin
+    -1: new, or back from a lost disk) holds nothing, so it must not pull "earliest" down to 0
+    below a begin that retention moved (a follow from 0 would be refused). The same rule serves
+    `resolve_index`, the Spark source's group range and `dledger backup`."""
+    from types import SimpleNamespace
+
+    from ipc.client import DLedgerClient
+    from ipc.client.results import Metadata, NodeInfo
+
+    def node(nid, begin, alive=True):
+        return NodeInfo(nid, "127.0.0.1:1", "FOLLOWER", 3, "n0", begin, 900, 899, alive)
+
+    md = Metadata("g", "n0", 3, [node("n0", 500), node("n1", -1), node("n2", 480, alive=False)])
+    assert md.lowest_begin() == 500
+    stub = SimpleNamespace(timeout=1.0, metadata=lambda timeout=None: md)
+    assert DLedgerClient.resolve_index(stub, "earliest") == 500
+    empty = Metadata("g", "n0", 3, [node("n0", -1), node("n1", -1)])
+    assert empty.lowest_begin() == 0

@@ -35,12 +35,10 @@ def group_range(client: DLedgerClient, timeout: float | None = None) -> GroupRan
     if not live:
         raise DLedgerError(RC.TIMEOUT, "no member of the group answered METADATA")
     lead = m.node(m.leader_id) if m.leader_id else None
-    begins = [n.ledger_begin_index for n in live if n.ledger_begin_index is not None
-              and n.ledger_begin_index >= 0]
     if lead is not None and lead.alive and lead.ledger_begin_index is not None and lead.ledger_begin_index >= 0:
-        begin = lead.ledger_begin_index
+        begin = lead.ledger_begin_index  # what the leader holds: every task can read it somewhere
     else:
-        begin = min(begins) if begins else 0
+        begin = m.lowest_begin()
     committed = max(n.committed_index for n in live)
     return GroupRange(begin, committed, m.leader_id)
 
