@@ -156,6 +156,17 @@ class MemoryStore:
             size += len(b)
         return b"".join(out), len(out)
 
+    def get_checked(self, index: int, max_count: int, max_bytes: int) -> tuple[bytes, int]:
+        """`get_raw`, every entry decoded and checked (index, CRC): SegmentStore.get_checked."""
+        blob, n = self.get_raw(index, max_count, max_bytes)
+        try:
+            for k, (_off, e) in enumerate(codec.iter_entries(blob)):
+                if e.index != index + k:
+                    raise CorruptEntry(f"entry {index + k}: the log holds index {e.index} there")
+        except codec.CodecError as e:
+            raise CorruptEntry(f"entries from {index}: {e}") from e
+        return blob, n
+
     def term_at(self, index: int) -> int:
         b = self.log_base
         if b is not None and index == b.index:

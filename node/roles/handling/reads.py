@@ -63,10 +63,7 @@ def committed_blob(h: Handler, index: int, count: int, max_bytes: int) -> bytes:
     parts, i, left, size = [], index, count, 0
     try:
         while left > 0 and size < max_bytes:
-            blob, n = s.get_raw(i, left, max_bytes - size)
-            for k, (_off, e) in enumerate(codec.iter_entries(blob)):
-                if e.index != i + k:
-                    raise CorruptEntry(f"entry {i + k}: the data file holds index {e.index} there")
+            blob, n = s.get_checked(i, left, max_bytes - size)
             parts.append(bytes(blob))
             size += len(blob)
             i += n
