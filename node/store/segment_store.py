@@ -465,8 +465,11 @@ class SegmentStore:
         if i > end or self.ledger_begin_index < 0:
             self._unchecked_end = -1
             return False
-        if i != self._scrub_next:
-            self._scrub_next, self._scrub_prev = i, None  # retention deleted what was left
+        if i != self._scrub_next or i == self.ledger_begin_index:
+            # Retention deleted what was left, or exactly the file the scrub had just finished:
+            # either way entry i is now the log's first, and the previous one (whose end the
+            # continuity check compares with) is gone with its file.
+            self._scrub_next, self._scrub_prev = i, None
         try:
             n, last_term, run_end = self._scrub_run(i, end, max_bytes)
         except (StoreError, OSError, struct.error, codec.CodecError) as e:
@@ -1098,12 +1101,14 @@ class SegmentStore:
         file. Raises CorruptEntry naming the first bad entry (IndexOutOfRange outside the log)."""
         rec = self.index_record(index)
         f = self.data.find(rec.pos)
-        if f is None or rec.size < HEADER_SIZE or rec.pos + rec.size > f.start + f.wrote:
+        # The file's end, not its write position: a file below the checkpoint that recovery did
+        # not walk has none (its entries are where the index records say, as the scrub reads them).
+        if f is None or rec.size < HEADER_SIZE or rec.pos + rec.size > f.end:
             raise CorruptEntry(f"entry {index}: pos {rec.pos} size {rec.size} not in a data file")
         xf = self.index.find(index * INDEX_SIZE)
         xrel = index * INDEX_SIZE - xf.start
         k_max = min(max(max_count, 1), self.ledger_end_index - index + 1, (xf.size - xrel) // INDEX_SIZE)
-        limit = min(f.start + f.wrote, rec.pos + max(max_bytes, rec.size))
+        limit = min(f.end, rec.pos + max(max_bytes, rec.size))
         unpack, mm = INDEX.unpack_from, xf.mm
 
         def fits(j: int) -> bool:  # entries index .. index+j-1 end within this file and the budget

@@ -95,3 +95,45 @@ def test_the_memory_store_checks_the_same_way():
     m._entries[4] = m._entries[4][:-1] + bytes([m._entries[4][-1] ^ 1])  # entry 4's last body byte
     with pytest.raises(CorruptEntry):
         m.get_checked(2, 5, 1 << 20)
+
+
+def test_files_recovery_did_not_walk_are_read_too(tmp_path):
+    """After a clean stop the store reopens from its checkpoint without walking the files below
+    it (docs/store.md "Recovery"): their entries are served, checked, byte for byte as before."""
+    s = _store(tmp_path, n=120)
+    before = _read_all(s, s.get_raw, 1000, 1 << 20)
+    s.close()
+    s = SegmentStore(StoreConfig(store_dir=str(tmp_path / "s"), data_file_size=1 << 12,
+                                 index_file_size=1 << 12))
+    s.open()
+    try:
+        assert len(s.data.files) > 3
+        got = _read_all(s, s.get_checked, 1000, 1 << 20)
+        assert b"".join(b for _i, _n, b in got) == b"".join(b for _i, _n, b in before)
+    finally:
+        s.close()
+
+
+def test_the_scrub_goes_on_after_retention_deletes_the_file_it_just_finished(tmp_path):
+    """Retention deletes only what the scrub checked; when the scrub had just finished a file and
+    retention deleted exactly that file, the scrub's next entry became the log's first and its
+    continuity check still looked for the deleted file's end: a healthy leader called its own
+    first entry damaged and stopped (seen in the full-disk retention test)."""
+    s = _store(tmp_path, n=120)
+    s.set_committed_index(s.ledger_end_index)
+    s.close()
+    cfg = StoreConfig(store_dir=str(tmp_path / "s"), data_file_size=1 << 12, index_file_size=1 << 12)
+    s = SegmentStore(cfg)
+    s.open()
+    try:
+        assert s.unchecked_end >= 0  # below the checkpoint: left to the scrub
+        second = s.data.files[1].start
+        while s.scrub_step(1 << 20):  # one file a step: stop where the second file begins
+            if s.index_record(s._scrub_next).pos == second:
+                break
+        assert s.index_record(s._scrub_next).pos == second
+        assert s.delete_before(s._scrub_next) == 1  # the first file goes
+        s.scrub()  # the rest, from the new first entry: no damage
+        assert s.unchecked_end == -1
+    finally:
+        s.close()
