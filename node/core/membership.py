@@ -155,10 +155,12 @@ def _problem(members: tuple[Member, ...]) -> str:
     return ""
 
 
-def bootstrap_configuration(peers: str, keys: Mapping[str, str] | None = None) -> Configuration:
-    """The configuration before any configuration entry: every `--peers` member a voter."""
+def bootstrap_configuration(peers: str | Mapping[str, tuple[str, int]],
+                            keys: Mapping[str, str] | None = None) -> Configuration:
+    """The configuration before any configuration entry: every `--peers` member a voter, in
+    the peers order (a string, or the parsed ``{id: (host, port)}``)."""
     try:
-        parsed = parse_peers(peers)
+        parsed = parse_peers(peers) if isinstance(peers, str) else peers
     except PeersError as e:
         raise ConfigurationError(str(e)) from None
     keys = keys or {}

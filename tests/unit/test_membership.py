@@ -423,3 +423,34 @@ def test_2015_bug_check_change_refuses_the_second_change(shape):
     assert check_change(cx, y, LeaderState(7, 7), CAUGHT) == RC.SUCCESS
     cxy = apply_change(cx, y, 8)
     assert disjoint_majorities(cx, cxy) is None
+
+
+# --------------------------------------------------------------------------------------------
+# The counters take their voter set from a Configuration (static: identical behavior)
+# --------------------------------------------------------------------------------------------
+def test_elector_core_counts_the_voters_of_a_configuration():
+    from node.core.election import ElectorCore
+
+    static = ElectorCore("a", ["a", "b", "c"])
+    boot = ElectorCore("a", bootstrap_configuration("a-127.0.0.1:1;b-127.0.0.1:3;c-127.0.0.1:5"))
+    assert (boot.members, boot.others, boot._n) == (static.members, static.others, static._n)
+    with_learners = ElectorCore("a", config("abc", "de"))
+    assert (with_learners.members, with_learners.others, with_learners._n) == (("a", "b", "c"), ("b", "c"), 3)
+    with pytest.raises(ValueError, match="not among the voters"):
+        ElectorCore("d", config("abc", "de"))
+
+
+def test_ack_checker_watermarks_count_voters_only():
+    from node.core.replication import current_term_watermarks, quorum_index, voter_slots
+
+    c = config("abc", "de")  # slots 0..2 voters, 3..4 learners
+    peers = [(0, 0), (7, 5), (3, 5), (100, 5), (100, 5)]
+    marks = current_term_watermarks(5, 0, 9, peers, voter_slots(c))
+    assert marks == [9, 7, 3]
+    assert quorum_index(marks) == 7 == c.quorum_index({"a": 9, "b": 7, "c": 3, "d": 100, "e": 100})
+    # a static group: the bootstrap configuration's slots are every slot, as without a set
+    boot = config("abcde")
+    assert current_term_watermarks(5, 0, 9, peers, voter_slots(boot)) == current_term_watermarks(5, 0, 9, peers)
+    # a leader that removed itself (slot 0 not a voter) does not count its own log
+    gone = Configuration(tuple(member(x, x != "a") for x in "abc"), 20)
+    assert current_term_watermarks(5, 0, 9, peers[:3], voter_slots(gone)) == [7, 3]
