@@ -376,10 +376,8 @@ def check_change(current: Configuration, change: Change, leader: LeaderState,
             return RC.MEMBER_EXISTS
         if len(current.members) >= MAX_MEMBERS:
             return RC.TOO_MANY_MEMBERS
-        try:
-            Member(change.id, change.host, change.port, False, change.public_key)
-            Configuration(current.members + (
-                Member(change.id, change.host, change.port, False, change.public_key),))
+        try:  # the same checks a configuration holding it gets (id, host, port, key)
+            apply_change(current, change, current.index + 1)
         except ConfigurationError:
             return RC.UNEXPECTED_ARGUMENT
         return RC.SUCCESS

@@ -206,7 +206,7 @@ def test_bad_configurations_are_refused(members, msg):
 # --------------------------------------------------------------------------------------------
 # The entry: round trip and garbage
 # --------------------------------------------------------------------------------------------
-ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.é", min_size=1, max_size=20)
+ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789.é", min_size=1, max_size=20)  # no "_": "zz_new" is free
 
 
 @st.composite
@@ -360,21 +360,22 @@ def disjoint_majorities(a: Configuration, b: Configuration) -> tuple[frozenset, 
     return None
 
 
-@settings(max_examples=400)
-@given(configurations(max_members=9), st.data())
-def test_one_accepted_change_keeps_majorities_intersecting(c, data):
-    kind = data.draw(st.sampled_from(list(ChangeKind)))
-    if kind == ChangeKind.ADD_LEARNER:
-        change = Change(kind, "new", "10.0.0.9", 40001)
-    else:
-        change = Change(kind, data.draw(st.sampled_from(c.ids)))
+@settings(max_examples=300)
+@given(configurations(max_members=9))
+def test_one_accepted_change_keeps_majorities_intersecting(c):
+    """Every change `check_change` accepts from `c` (all of them are tried: an add, and a
+    promote and a remove of each member) leads to voters whose majorities meet c's."""
     leader = LeaderState(term_first_index=c.index + 1, committed_index=c.index + 1)
-    if check_change(c, change, leader, CAUGHT) != RC.SUCCESS:
-        return
-    after = apply_change(c, change, c.index + 2)
-    assert disjoint_majorities(c, after) is None
-    for m in majorities(after):  # and every majority of the new one is a real majority
-        assert after.is_quorum(m)
+    changes = [Change(ChangeKind.ADD_LEARNER, "zz_new", "10.0.0.9", 40001)]
+    changes += [Change(k, i) for i in c.ids for k in (ChangeKind.PROMOTE, ChangeKind.REMOVE)]
+    accepted = 0
+    for change in changes:
+        if check_change(c, change, leader, CAUGHT) != RC.SUCCESS:
+            continue
+        accepted += 1
+        after = apply_change(c, change, c.index + 2)
+        assert disjoint_majorities(c, after) is None, (change, c.voters, after.voters)
+    assert accepted >= 1  # at least the add, or removing a learner or one of several voters
 
 
 # --------------------------------------------------------------------------------------------
