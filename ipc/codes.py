@@ -59,6 +59,13 @@ class ResponseCode(IntEnum):
     SESSION_LIMIT = 434  # this leader opened all the session ids its term allows
     STATE_MACHINE_ERROR = 440  # the state machine raised while answering a query
     PERMISSION_DENIED = 450  # the sender's key lacks the right for this request (not retried)
+    # membership changes (node/core/membership.py, docs/membership.md "Refusals")
+    MEMBER_EXISTS = 460  # the id or the address is already a member's
+    LAST_VOTER = 461  # removing the only voter would leave no one to commit
+    LEARNER_BEHIND = 462  # promote refused: the learner is not caught up (or not answering)
+    MEMBERSHIP_CHANGE_IN_PROGRESS = 463  # the newest configuration is not committed yet
+    MEMBERSHIP_NO_CHANGE = 464  # the configuration already is what the change asks for
+    TOO_MANY_MEMBERS = 465  # the configuration would hold more members than there are slots
 
     @classmethod
     def name_of(cls, code: int) -> str:

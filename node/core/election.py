@@ -97,6 +97,7 @@ from node.core.heartbeat import (
     follower_timed_out,
     parse_heartbeats,
 )
+from node.core.membership import Configuration
 from node.core.vote import (
     VoteDecision,
     VoteParse,
@@ -249,7 +250,7 @@ class ElectorCore:
     interval: there is no leader to hear, and the vote rules alone keep elections safe.
     """
 
-    def __init__(self, self_id: str, members: Iterable[str], group: str = "default",
+    def __init__(self, self_id: str, members: Iterable[str] | Configuration, group: str = "default",
                  cfg: ElectionConfig | None = None, rng: random.Random | None = None, *,
                  term: int = 0, voted_for: str | None = None, now_ms: int = 0,
                  new_member: bool = False) -> None:
@@ -259,9 +260,14 @@ class ElectorCore:
         self.rng = rng if rng is not None else random.Random()
         self.self_id = self_id
         self.group = group
-        self.members: tuple[str, ...] = tuple(dict.fromkeys(members))
+        # The voters of a Configuration (docs/membership.md), or a plain id list (every one a
+        # voter: the bootstrap configuration, as tests and tools give it). Learners do not vote
+        # and are not counted: `_n` is the voter count every tally divides.
+        self.configuration: Configuration | None = members if isinstance(members, Configuration) else None
+        self.members: tuple[str, ...] = (self.configuration.voters if self.configuration is not None
+                                         else tuple(dict.fromkeys(members)))
         if self_id not in self.members:
-            raise ValueError(f"self id {self_id!r} is not among the members {self.members}")
+            raise ValueError(f"self id {self_id!r} is not among the voters {self.members}")
         self.others: tuple[str, ...] = tuple(m for m in self.members if m != self_id)
         self._member_set = frozenset(self.members)
         self._n = len(self.members)

@@ -15,12 +15,13 @@ is any object with the LogStore read methods (a MemoryStore in tests).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 from ipc.codes import ResponseCode as RC
 from node.core.install import InstallConfig, InstallSender, SendChunk
+from node.core.membership import Configuration
 from node.store.base import StoreError
 
 
@@ -44,12 +45,24 @@ def commit_index(quorum: int, term_at_quorum: int, current_term: int, committed:
 
 
 def current_term_watermarks(term: int, self_slot: int, ledger_end: int,
-                            peers: Sequence[tuple[int, int]]) -> list[int]:
-    """Every replica's watermark as the ack checker counts it: this node's own ledger end for
+                            peers: Sequence[tuple[int, int]],
+                            voter_slots: Collection[int] | None = None) -> list[int]:
+    """Every voter's watermark as the ack checker counts it: this node's own ledger end for
     `self_slot`, and each follower's (match_index, match_term) if it was earned in `term`;
-    watermarks of older terms count as -1 (that is how they are "cleaned")."""
+    watermarks of older terms count as -1 (that is how they are "cleaned").
+
+    `voter_slots` are the slots of the configuration's voters (`voter_slots`); learners' and
+    free slots are left out, so `quorum_index` takes a majority of the voters only (a leader
+    that is not a voter does not count its own log: docs/membership.md "Counting"). None:
+    every slot votes (a static group)."""
     return [ledger_end if slot == self_slot else (mi if mt == term else -1)
-            for slot, (mi, mt) in enumerate(peers)]
+            for slot, (mi, mt) in enumerate(peers) if voter_slots is None or slot in voter_slots]
+
+
+def voter_slots(config: Configuration) -> frozenset[int]:
+    """The slots of `config`'s voters while a member's slot is its position in the
+    configuration (the bootstrap rule: position in `--peers`, docs/shared_state.md)."""
+    return frozenset(i for i, m in enumerate(config.members) if m.voter)
 
 
 def quorum_advance(term: int, marks: list[int], published_index: int, published_term: int,

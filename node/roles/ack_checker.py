@@ -27,7 +27,8 @@ import zmq
 from ipc.codes import Role
 from ipc.sockets import drain
 from node.core.lease import holds_lease, lease_ms
-from node.core.replication import current_term_watermarks, quorum_advance
+from node.core.membership import bootstrap_configuration
+from node.core.replication import current_term_watermarks, quorum_advance, voter_slots
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
 from node.wiring import channels
@@ -59,6 +60,9 @@ class AckChecker:
         self.log = rc.log
         self.self_slot = rc.cfg.self_slot
         self.n = len(rc.cfg.peer_ids)
+        # The voters whose watermarks make the quorum: today the bootstrap configuration (all of
+        # --peers); the newest configuration in the log once membership changes are wired.
+        self.voter_slots = voter_slots(bootstrap_configuration(rc.cfg.peer_map))
         self.reader = StoreReader(rc.cfg.store_dir)
         self.transport: AckTransport | None = None
         self.lease = lease_ms(rc.cfg.election_config())
@@ -84,7 +88,8 @@ class AckChecker:
             else:
                 p = self.state.read_peer(slot)
                 peers.append((p.match_index, p.match_term))
-        marks = current_term_watermarks(term, self.self_slot, led.ledger_end_index, peers)
+        marks = current_term_watermarks(term, self.self_slot, led.ledger_end_index, peers,
+                                        self.voter_slots)
         prev = self.state.read_quorum()
         gen = led.store_generation
         try:

@@ -50,6 +50,7 @@ from node.core.election import (
     Send,
     Step,
 )
+from node.core.membership import bootstrap_configuration
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -331,7 +332,7 @@ class Elector:
         # history makes it record one) and nothing stored: its first campaign may come sooner.
         new_member = (self.termvote.absent and led.ledger_end_index < 0
                       and led.ledger_begin_index < 0)
-        self.core = ElectorCore(self.cfg.id, self.peer_ids, self.cfg.group,
+        self.core = ElectorCore(self.cfg.id, bootstrap_configuration(self.cfg.peer_map), self.cfg.group,
                                 self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
                                 now_ms=self.now(), new_member=new_member)
         with self.lock:

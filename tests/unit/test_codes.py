@@ -20,10 +20,12 @@ SPEC_TABLE = {
 }
 
 
-# Ours, beyond DLedger's (client sessions, docs/client.md "Sessions"): numbers DLedger does not use.
+# Ours, beyond DLedger's (client sessions, docs/client.md "Sessions"; membership, docs/membership.md): numbers DLedger does not use.
 OUR_CODES = {430: "SESSION_EXPIRED", 431: "SESSION_SEQ_GAP", 432: "SESSION_SEQ_INVALID",
              433: "SESSION_SEQ_TOO_OLD", 434: "SESSION_LIMIT", 440: "STATE_MACHINE_ERROR",
-             450: "PERMISSION_DENIED"}
+             450: "PERMISSION_DENIED", 460: "MEMBER_EXISTS", 461: "LAST_VOTER",
+             462: "LEARNER_BEHIND", 463: "MEMBERSHIP_CHANGE_IN_PROGRESS",
+             464: "MEMBERSHIP_NO_CHANGE", 465: "TOO_MANY_MEMBERS"}
 
 
 def test_response_codes_are_exactly_the_spec_table_plus_ours():
