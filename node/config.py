@@ -28,6 +28,7 @@ from typing import Any
 
 from ipc.peers import format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
 from node.core.election_types import ElectionConfig
+from node.core.membership import MAX_MEMBERS
 from node.observe.logfmt import LOG_FORMATS, LOG_LEVELS, configure_logging  # noqa: F401 - re-exported
 from node.store.base import (
     DEFAULT_DATA_FILE_SIZE,
@@ -160,6 +161,8 @@ class NodeConfig:
             p.extend(f"peers: {m}" for m in conflicts)
             if not conflicts:
                 peers = parse_peers(self.peers)
+                if len(peers) > MAX_MEMBERS:  # the configuration's limit (docs/membership.md)
+                    p.append(f"peers: {len(peers)} members, at most {MAX_MEMBERS}")
         if not self.id:
             p.append("id: required")
         elif peers and self.id not in peers:

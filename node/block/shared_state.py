@@ -95,7 +95,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 576 | int64[14] | append_latency_ms | handler | - |
 | 704 | int64[14] | append_batch_entries | handler | - |
 | 832 | int64[14] | fsync_us | handler | - |
-| 960 | int64[451] | requests | handler | - |
+| 960 | int64[517] | requests | handler | - |
 | P+0 | int64 | peer[p].seq | dispatcher[p] | peer[p] (seq) |
 | P+8 | int64 | peer[p].match_index | dispatcher[p] | peer[p] |
 | P+16 | int64 | peer[p].match_term | dispatcher[p] | peer[p] |

@@ -455,3 +455,16 @@ def test_ack_checker_watermarks_count_voters_only():
     # a leader that removed itself (slot 0 not a voter) does not count its own log
     gone = Configuration(tuple(member(x, x != "a") for x in "abc"), 20)
     assert current_term_watermarks(5, 0, 9, peers[:3], voter_slots(gone)) == [7, 3]
+
+
+def test_a_group_of_more_members_than_a_configuration_holds_is_refused_at_start(tmp_path):
+    """The elector and the ack checker build the bootstrap configuration from --peers: a peers
+    string past MAX_MEMBERS is one line from the config check, not a role crashing at start."""
+    from node.config import ConfigError, NodeConfig
+    from node.core.membership import MAX_MEMBERS
+
+    peers = ";".join(f"n{i}-127.0.0.1:{20000 + 2 * i}" for i in range(MAX_MEMBERS + 1))
+    with pytest.raises(ConfigError, match=f"at most {MAX_MEMBERS}"):
+        NodeConfig(id="n0", peers=peers, store_dir=str(tmp_path / "s")).validate()
+    ok = ";".join(f"n{i}-127.0.0.1:{20000 + 2 * i}" for i in range(MAX_MEMBERS))
+    NodeConfig(id="n0", peers=ok, store_dir=str(tmp_path / "s")).validate()
