@@ -46,6 +46,7 @@ from node.store.base import StoreConfig
 from node.store.codec import HEADER_SIZE
 from node.store.layout import CHECKPOINT_FILE, DATA_DIR, INDEX_DIR, list_segments
 from node.store.segment_store import SegmentStore
+from node.store.term_vote import TermVoteFile
 from tools.local_group import LocalGroup
 
 GIB = 1 << 30
@@ -160,6 +161,11 @@ def bench_size(gib: float, args: argparse.Namespace) -> list[dict]:
         n = write_store(base / "n2", int(gib * GIB), args.entry_size)
         for x in ("n0", "n1"):
             copy_tail(base / "n2", base / x)
+        for x in ("n0", "n1", "n2"):
+            # Each ran in term 1 and was stopped: its term/vote file says so. Without one a
+            # node with a log counts as having lost its term state and waits for the others'
+            # terms before it votes (docs/election.md), and n0 and n1 never elect before n2.
+            TermVoteFile(base / x).save(1, None)
         gen_s = time.monotonic() - t
         for code in args.code_dir or [None]:
             g = LocalGroup(3, extra_args=["--log-format", "json"], root=str(base))
