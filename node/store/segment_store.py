@@ -76,7 +76,7 @@ from node.store.layout import (
     read_checkpoint,
     write_checkpoint,
 )
-from node.store.mmap_file import MappedFileList, StoreIOError, fsync_dir
+from node.store.mmap_file import MappedFile, MappedFileList, StoreIOError, fsync_dir
 
 log = logging.getLogger("dledger.store")
 
@@ -508,27 +508,8 @@ class SegmentStore:
                 if magic != MAGIC_BLANK or size != pf.end - prev_end:
                     raise CorruptEntry(f"{pf.path.name}@{prev_end - pf.start}: no BLANK marker "
                                        f"after the file's last entry (magic {magic}, size {size})")
-        # The run: consecutive records whose entries lie in this data file, within max_bytes.
-        xf = self.index.find(i * INDEX_SIZE)
-        xrel = i * INDEX_SIZE - xf.start
-        k_max = min(end - i + 1, (xf.size - xrel) // INDEX_SIZE, max_bytes // HEADER_SIZE + 1)
-        limit = min(f.end, rec.pos + max(max_bytes, rec.size))
-        unpack, mm = INDEX.unpack_from, xf.mm
-
-        def fits(j: int) -> bool:  # entries i .. i+j-1 end within this file and the budget
-            _m, pos, size, _x, _t = unpack(mm, xrel + (j - 1) * INDEX_SIZE)
-            return rec.pos <= pos and pos + size <= limit
-
-        n = longest_fitting_run(k_max, fits)
-        _m, pos, size, _x, _t = unpack(mm, xrel + (n - 1) * INDEX_SIZE)
-        run_end = pos + size if n > 1 else rec.pos + rec.size
-        recs = xf.view[xrel: xrel + n * INDEX_SIZE]
-        mv = f.view[rec.pos - f.start: run_end - f.start]
-        try:
-            _push_check().check_run(mv, recs, n, verify_bodies=True)
-        except StoreError:
-            self._first_bad_entry(i, mv, recs, n)  # names the entry; the run's error otherwise
-            raise
+        mv, recs, n, run_end = self._checked_run(i, rec, f, min(end - i + 1, max_bytes // HEADER_SIZE + 1),
+                                                 max_bytes)
         last_term = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)[4]
         return n, last_term, run_end
 
@@ -1105,13 +1086,30 @@ class SegmentStore:
         # not walk has none (its entries are where the index records say, as the scrub reads them).
         if f is None or rec.size < HEADER_SIZE or rec.pos + rec.size > f.end:
             raise CorruptEntry(f"entry {index}: pos {rec.pos} size {rec.size} not in a data file")
-        xf = self.index.find(index * INDEX_SIZE)
-        xrel = index * INDEX_SIZE - xf.start
-        k_max = min(max(max_count, 1), self.ledger_end_index - index + 1, (xf.size - xrel) // INDEX_SIZE)
+        count = min(max(max_count, 1), self.ledger_end_index - index + 1)
+        try:
+            mv, _recs, n, _end = self._checked_run(index, rec, f, count, max_bytes)
+        except CorruptEntry:
+            raise
+        except StoreError as e:  # a run that fails as a whole (no entry alone): damage too
+            raise CorruptEntry(f"entries {index}-{index + count - 1}: {e}") from e
+        return mv, n
+
+    def _checked_run(self, i: int, rec: codec.IndexRecord, f: MappedFile, max_count: int,
+                     max_bytes: int) -> tuple[memoryview, memoryview, int, int]:
+        """The run from entry `i` (its record `rec`, in data file `f`): consecutive records whose
+        entries lie in this file, at most `max_count` of them and ~`max_bytes` of data (at least
+        one), checked with push_check.check_run (bodies included). (entries, their index
+        records, count, data position past the last). The scrub and `get_checked` read runs
+        this way. Raises CorruptEntry naming the first entry that fails on its own, else the
+        run's StoreError."""
+        xf = self.index.find(i * INDEX_SIZE)
+        xrel = i * INDEX_SIZE - xf.start
+        k_max = min(max_count, (xf.size - xrel) // INDEX_SIZE)
         limit = min(f.end, rec.pos + max(max_bytes, rec.size))
         unpack, mm = INDEX.unpack_from, xf.mm
 
-        def fits(j: int) -> bool:  # entries index .. index+j-1 end within this file and the budget
+        def fits(j: int) -> bool:  # entries i .. i+j-1 end within this file and the budget
             _m, pos, size, _x, _t = unpack(mm, xrel + (j - 1) * INDEX_SIZE)
             return rec.pos <= pos and pos + size <= limit
 
@@ -1122,10 +1120,10 @@ class SegmentStore:
         mv = f.view[rec.pos - f.start: run_end - f.start]
         try:
             _push_check().check_run(mv, recs, n, verify_bodies=True)
-        except StoreError as e:
-            self._first_bad_entry(index, mv, recs, n)  # names the entry when one fails alone
-            raise CorruptEntry(f"entries {index}-{index + n - 1}: {e}") from e
-        return mv, n
+        except StoreError:
+            self._first_bad_entry(i, mv, recs, n)  # names the entry; the run's error otherwise
+            raise
+        return mv, recs, n, run_end
 
     def term_at(self, index: int) -> int:
         """The term of entry `index`; for the log base (the snapshot's last entry, just before
