@@ -40,6 +40,27 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every live process below it; [] once it has exited."""
+    try:
+        proc = psutil.Process(pid)
+        return [proc.pid, *(c.pid for c in proc.children(recursive=True))]
+    except psutil.Error:  # it exited meanwhile
+        return []
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of those of `pids` still alive."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 class LocalGroup:
     def __init__(self, n: int, extra_args: list[str] | None = None, root: str | None = None,
                  group: str = "default", hosts: list[str] | None = None, secure: bool = False) -> None:
@@ -108,27 +129,11 @@ class LocalGroup:
 
     def pids(self) -> list[int]:
         """Every process of every node (supervisors and their role children)."""
-        out: list[int] = []
-        for p in self.procs.values():
-            if p.poll() is not None:
-                continue
-            try:
-                proc = psutil.Process(p.pid)
-                out += [proc.pid, *(c.pid for c in proc.children(recursive=True))]
-            except psutil.Error:  # it exited meanwhile
-                pass
-        return out
+        return [pid for p in self.procs.values() if p.poll() is None for pid in process_tree(p.pid)]
 
     def cpu_seconds(self) -> float:
         """User + system CPU of every live process of the group."""
-        total = 0.0
-        for pid in self.pids():
-            try:
-                t = psutil.Process(pid).cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-        return total
+        return cpu_seconds(self.pids())
 
     def rss_by_process(self) -> dict[int, int]:
         """Anonymous resident memory (bytes) per pid: to check memory stays flat under load.

@@ -202,8 +202,6 @@ def load_run_config(path: str | os.PathLike[str]) -> NodeConfig:
     return NodeConfig.from_json(Path(path).read_text(encoding="utf-8"))
 
 
-
-
 def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | None = None) -> int:
     """Entry point shared by every role module's `main()`."""
     ap = argparse.ArgumentParser(prog=f"dledger-{role}")

@@ -131,12 +131,18 @@ def _run_role(req: dict) -> None:
             os._exit(code)
 
 
+def _preload(module: str) -> None:
+    """Import a role module into the zygote, once (later forks inherit it), with `crc32c`, which
+    the store imports lazily for the push run CRC (node/store/codec.py)."""
+    importlib.import_module(module)
+    importlib.import_module("crc32c")
+
+
 def fork_role(req: dict) -> int:
     """Fork the role described by `req` so that it becomes the supervisor's child; its pid."""
     module = req["module"]
     if module in PRELOAD:
-        importlib.import_module(module)  # once per module: later forks inherit it
-        importlib.import_module("crc32c")  # the push run CRC's, imported lazily by the store
+        _preload(module)
     r, w = os.pipe()
     mid = os.fork()
     if mid == 0:  # the intermediate: fork the role, say its pid, exit (handing it over)
@@ -191,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     try:  # the handler is always the first request: import it while the supervisor makes the block
-        importlib.import_module(FIRST_ROLE)
-        importlib.import_module("crc32c")
+        _preload(FIRST_ROLE)
     except Exception:  # noqa: BLE001, S110 - its request imports it again and answers the error
         pass
     try:

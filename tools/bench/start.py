@@ -41,11 +41,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import psutil
-
 from ipc.client import DLedgerClient
 from node.host.interpreter import child_env, module_command
-from tools.local_group import LocalGroup
+from tools.local_group import LocalGroup, cpu_seconds, process_tree
 
 PHASES = ("supervisor", "serving", "elector_up", "elector_ready", "elected", "all_know", "seen")
 
@@ -122,7 +120,7 @@ def cluster_once(nodes: int, secure: bool, timeout: float) -> dict[str, float]:
         finally:
             client.close()
         seen = time.monotonic() - t0
-        cpu = _tree_cpu(proc.pid)
+        cpu = cpu_seconds(process_tree(proc.pid))  # the CLI and every node below it
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -134,23 +132,6 @@ def cluster_once(nodes: int, secure: bool, timeout: float) -> dict[str, float]:
         except ValueError:
             continue
     return _phases([_events(v) for k, v in sorted(by_node.items()) if k != "?"], t0_wall, seen, cpu)
-
-
-def _tree_cpu(pid: int) -> float:
-    """User + system CPU of `pid` and every live process below it."""
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return total
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def _phases(events: list[dict[str, float]], t0_wall: float, seen: float,
