@@ -196,7 +196,12 @@ class ClientActor(A.Actor):
         sim.trace_event(self.key, "reply", _summ(msg))
         o = w.out.pop(msg.request_id, None)
         if o is None:
-            return  # it timed out here already: a late answer tells nothing the checks need
+            # It timed out here already: the bodies are forgotten, so the late answer tells the
+            # safety checks nothing; but a SUCCESS still shows the group commits (liveness), which
+            # is what the disk-full failover check asks, whatever timeout this client drew.
+            if msg.code == RC.SUCCESS and isinstance(msg, (P.AppendResponse, P.BatchAppendResponse)):
+                sim.on_late_ack()
+            return
         bodies, node, _deadline = o
         if msg.request_id == w.opening:
             w.opening = 0

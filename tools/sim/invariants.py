@@ -80,6 +80,12 @@ class InvariantsMixin:
             self.trace_event(n.id, "ledger", f"begin={new.ledger_begin_index} end={new.ledger_end_index} "
                              f"term={new.ledger_end_term} committed={new.committed_index}")
 
+    def on_late_ack(self) -> None:
+        """A SUCCESS answer that reached its client after the client stopped waiting: the group
+        committed the append (liveness), with nothing left to check its index against."""
+        self.stats["late_acks"] += 1
+        self.last_ack_at = self.now
+
     def on_ack(self, index: int, body: bytes, term: int) -> None:
         """An acknowledgement names an entry by (index, term): both must be where the body is.
         Term -1: a resend whose entry retention deleted (answered with its index only): the
