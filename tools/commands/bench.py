@@ -164,7 +164,7 @@ class Bench:
         a = self.a
         self.progress = progress
         with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
-                           max_in_flight=max(a.concurrency, 1),
+                           max_in_flight=a.concurrency + 1,  # the window is ours: _run_async
                            max_body_size=body_limit(a.server_arg), key_file=self.key_file) as c:
             c.metadata()  # find the leader before the clock starts mattering
             self._prepare(c)
@@ -232,10 +232,20 @@ class Bench:
         return f
 
     def _run_async(self, c: DLedgerClient, rec: Recorder) -> None:
+        """Keep --concurrency requests in flight. The window is this semaphore, taken before
+        `_submit` reads the clock: had the client's own `max_in_flight` been the window, the
+        submit would block inside `append_async` after `sent` was taken, and every latency
+        would include the wait for the previous answer (with one in flight, twice the real
+        round trip). The client gets one slot more, so it never blocks: its slot is freed
+        after the done callbacks, which release this window."""
         last_progress = 0.0
         pending: list = []
+        window = threading.BoundedSemaphore(self.a.concurrency)
         while not self._done():
-            pending.append(self._submit(c, rec))  # blocks while `concurrency` are in flight
+            window.acquire()
+            f = self._submit(c, rec)
+            f.add_done_callback(lambda _f: window.release())  # after _submit's own callback
+            pending.append(f)
             if len(pending) > 4 * self.a.concurrency:
                 pending = [f for f in pending if not f.done()]
             now = time.perf_counter()
