@@ -65,6 +65,11 @@ class DLedgerClient:
     (GET, per-node METADATA) before it is tried again. ``max_in_flight`` bounds the calls in
     flight at once; more submissions block until one completes.
 
+    ``local_store_dir``: the store directory of a node running on this machine (a broker that
+    embeds the log). Requests to that node then go through shared memory (ipc/local_link.py)
+    instead of TCP, with the same sessions, retries and redirects; the other members are
+    reached over the network as always. Without a node running there it is the network too.
+
     Create the client in the process that uses it (the ZeroMQ context never crosses a fork).
     Future callbacks run on the client's I/O thread: keep them short and do not make blocking
     calls on this client from them.
@@ -75,7 +80,8 @@ class DLedgerClient:
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  max_body_size: int = P.DEFAULT_MAX_BODY, sessions: bool = True,
                  key_file: str | os.PathLike[str] | None = None,
-                 server_keys: Mapping[str, bytes] | str | os.PathLike[str] | None = None) -> None:
+                 server_keys: Mapping[str, bytes] | str | os.PathLike[str] | None = None,
+                 local_store_dir: str | os.PathLike[str] | None = None) -> None:
         peer_map = parse_peers(peers) if isinstance(peers, str) else dict(peers)
         if not peer_map:
             raise ValueError("no peers")
@@ -102,7 +108,7 @@ class DLedgerClient:
         curve = client_curve(key_file, server_keys) if key_file is not None else None
         self.key_file = key_file  # for tools that open sockets of their own to the same group
         self._io = ClientIO(peer_map, group, self.timeout, self.attempt_timeout, self._slots, sessions,
-                            curve)
+                            curve, None if local_store_dir is None else os.fspath(local_store_dir))
         self._thread = self._io.thread
         try:
             self._io.start()

@@ -22,6 +22,8 @@ from ipc.sockets import data_address, dealer
 
 log = logging.getLogger("dledger.client")
 
+LOCAL_CHECK_S = 1.0  # how often the local node's link is checked against its current start
+
 
 HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 """Monitor events of a CURVE handshake that failed: remembered per node, so a call that gives
@@ -86,9 +88,13 @@ class Connections:
     """
 
     def __init__(self, ctx: zmq.Context, peers: Mapping[str, tuple[str, int]],
-                 curve: ClientCurve | None = None) -> None:
+                 curve: ClientCurve | None = None, local_store_dir: str | None = None) -> None:
         self.ctx = ctx
         self.curve = curve  # None: plain connections; else CURVE, each member's own key
+        # A node on this machine reached through shared memory (ipc.local_link) instead of a
+        # DEALER: the store directory it runs on; its id is read from there at each open.
+        self.local_store_dir = local_store_dir
+        self._next_local_check = 0.0
         missing = [nid for nid in peers if curve is not None and nid not in curve.server_keys]
         if missing:
             raise ValueError(f"no public key for member(s) {', '.join(missing)} (expected "
@@ -118,8 +124,63 @@ class Connections:
         node.mon = node.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.mon_node[node.mon] = node
         self.poller.register(node.mon, zmq.POLLIN)
+        if self.local_store_dir is not None:
+            self._open_local(node)
+
+    def _open_local(self, node: Node) -> None:
+        """Put a shared-memory link in front of `node`'s DEALER if it is the node running on the
+        local store directory now (its `run.json`); else leave the DEALER (the node is not
+        running there, or it is another member). The DEALER stays, polled as before: it
+        carries the frames too large for the link's rings (`LocalLink.spill`)."""
+        from ipc.local_link import LocalLink, LocalLinkError, node_run_info
+
+        try:
+            if node_run_info(self.local_store_dir).get("id") != node.id:
+                return
+            link = LocalLink(self.local_store_dir, spill=node.sock)
+        except (LocalLinkError, OSError) as e:
+            log.info("no local link to %s, using the network: %s", node.id, e)
+            return
+        node.sock = link
+        self.sock_node[link.fileno()] = node  # zmq.Poller answers a polled object by its fd
+        self.poller.register(link.fileno(), zmq.POLLIN)
+
+    def check_local(self, now: float) -> None:
+        """Once a second: move the local node's traffic to a link to its current start. A link
+        to a node that stopped or started again is never answered (the new node has a new run
+        directory), and a node that was not running when its socket was opened got a DEALER;
+        waiting for a timeout to notice either would leave the local node on TCP, or silent,
+        for as long as nothing was sent to it. Reopened once nothing is in flight on it (no
+        live call loses its answer), as a suspect socket is."""
+        if self.local_store_dir is None or now < self._next_local_check:
+            return
+        self._next_local_check = now + LOCAL_CHECK_S
+        from ipc.local_link import LocalLink, LocalLinkError, node_run_info
+
+        try:
+            local_id = node_run_info(self.local_store_dir).get("id")
+        except LocalLinkError:
+            local_id = None  # not running: a link to it is stale
+        for node in self.order:
+            if isinstance(node.sock, LocalLink):  # imported above: only with a local node
+                if not node.sock.stale():
+                    continue
+            elif node.sock is None or node.id != local_id:
+                continue
+            if node.inflight == 0:
+                self.close(node)
+                self.open(node)
+            else:
+                node.suspect = True
+                self.suspects.add(node)
 
     def close(self, node: Node) -> None:
+        if getattr(node.sock, "is_local_link", False):
+            link = node.sock
+            self.poller.unregister(link.fileno())
+            self.sock_node.pop(link.fileno(), None)
+            node.sock = link.spill
+            link.close()
         if node.mon is not None:
             self.poller.unregister(node.mon)
             self.mon_node.pop(node.mon, None)
@@ -150,9 +211,10 @@ class Connections:
         node = self.sock_node.get(sock)
         if node is None:
             return
+        src = node.sock  # a DEALER, or a LocalLink (the same calls; its DEALER's answers too)
         for _ in range(4096):
             try:
-                frame = sock.recv(zmq.NOBLOCK)
+                frame = src.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:

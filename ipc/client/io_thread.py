@@ -77,7 +77,7 @@ class ClientIO:
 
     def __init__(self, peers: Mapping[str, tuple[str, int]], group: str, timeout: float,
                  attempt_timeout: float, slots: Slots, sessions: bool,
-                 curve: ClientCurve | None = None) -> None:
+                 curve: ClientCurve | None = None, local_store_dir: str | None = None) -> None:
         self.group = group
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
@@ -89,7 +89,7 @@ class ClientIO:
         # I/O thread only (built here, before the thread starts).
         self.ctx = make_context()
         try:
-            self.conns = Connections(self.ctx, peers, curve)
+            self.conns = Connections(self.ctx, peers, curve, local_store_dir)
         except BaseException:
             self.ctx.destroy(linger=0)
             raise
@@ -202,6 +202,7 @@ class ClientIO:
                 due = timers.next_due()
                 if due is not None and due <= time.monotonic():
                     self._run_timers(time.monotonic())
+                conns.check_local(time.monotonic())
                 if conns.suspects:
                     conns.reset_suspects()
                 self.slots.kick()

@@ -49,6 +49,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from ipc.local_link import LOCAL_PRINCIPAL, is_local_ident
 from ipc.security import DATA_DOMAIN, authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     data_address,
@@ -90,6 +91,7 @@ from node.store.mmap_file import FileSizeMismatch
 from node.store.segment_store import SegmentStore
 from node.wiring import channels
 from node.wiring.doorbells import Doorbell
+from node.wiring.local_clients import LocalClients
 
 READ_POLL_MS = 5  # parked reads: how often the block is looked at if the elector's wake-up is lost
 
@@ -113,9 +115,10 @@ class ZmqHandlerTransport:
     one DEALER per other member, for follower reads' read indexes."""
 
     def __init__(self, sock: zmq.Socket, appended: list[Doorbell], ctl: zmq.Socket,
-                 peers: dict[str, zmq.Socket] | None = None) -> None:
+                 peers: dict[str, zmq.Socket] | None = None, local: LocalClients | None = None) -> None:
         self.sock, self.appended_bells, self.ctl = sock, appended, ctl
         self.peers = peers or {}
+        self.local = local  # local clients' links (ipc.local_link): their replies go there
 
     def to_peer(self, peer_id: str, frame: bytes) -> bool:
         """False: not sent (no connection to that member now: IMMEDIATE)."""
@@ -129,7 +132,10 @@ class ZmqHandlerTransport:
         return True
 
     def reply(self, ident: bytes, frame: bytes) -> None:
-        send_routed(self.sock, ident, frame)
+        if self.local is not None and is_local_ident(ident):
+            self.local.reply(ident, frame)
+        else:
+            send_routed(self.sock, ident, frame)
 
     def appended(self, end: int) -> None:
         """Wake whoever reads new entries: the end index itself is in the block."""
@@ -465,7 +471,10 @@ class Handler:
             roles = rc.open(channels.ROLE)
             ctl = rc.open(channels.CONTROL)
             peers = self._peer_sockets() if self.cfg.state_machine else {}
-            self.transport = ZmqHandlerTransport(sock, wakes, ctl, peers)
+            local_bell = rc.bell(channels.LOCAL_BELL)
+            bells.append(local_bell)
+            local = LocalClients(rc.run_dir, self.log)
+            self.transport = ZmqHandlerTransport(sock, wakes, ctl, peers, local)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
                 apply_bell = rc.bell(channels.APPLY_BELL)
@@ -482,11 +491,12 @@ class Handler:
             recv = recv_routed_user if secure else recv_routed
             counted = 0  # handshakes refused by ZAP so far, as added to the block
             poller = zmq.Poller()
-            for s in (sock, roles, commits.fd, ctl, rc.wake_fd, *sm_in, *peers.values()):
+            for s in (sock, roles, commits.fd, ctl, rc.wake_fd, local_bell.fd, *sm_in, *peers.values()):
                 poller.register(s, zmq.POLLIN)
+            local.scan()  # links made before this handler started (a restarted handler)
             self.tick()
             while not rc.should_stop():
-                events = dict(poller.poll(self.next_wait_ms()))
+                events = dict(poller.poll(0 if local.pending() else self.next_wait_ms()))
                 if rc.wake_fd in events:
                     rc.drain_wake()
                 if roles in events:
@@ -526,6 +536,12 @@ class Handler:
                             self.handle_frame(got[0], got[1])
                         else:
                             self.handle_frame(*got)
+                if local_bell.fd in events or local.links:
+                    if local_bell.fd in events:
+                        local_bell.drain()  # before taking: a request put after it rings again
+                        local.scan()
+                    self._serve_local(local)
+                local.check_alive(self.now())
                 if secure and (refused := rc.auth_refused()) != counted:
                     # ZAP counts in its own thread; the block has one writer: this loop
                     self.state.incr("auth_refused", refused - counted)
@@ -534,8 +550,24 @@ class Handler:
                 rc.beat()
         finally:
             self.close()
+            if self.transport is not None and self.transport.local is not None:
+                self.transport.local.close()
             for b in bells:
                 b.close()
+
+    def _serve_local(self, local: LocalClients) -> None:
+        """The requests of local clients' links, as data-port frames from a client that holds
+        an admin key (ipc.local_link: who can reach a link can read the store anyway)."""
+        reqs = local.requests()
+        if not reqs:
+            return
+        saved = self.principal
+        self.principal = LOCAL_PRINCIPAL
+        try:
+            for ident, frame in reqs:
+                self.handle_frame(ident, frame)
+        finally:
+            self.principal = saved
 
 
 def main() -> int:

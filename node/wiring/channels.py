@@ -28,6 +28,7 @@ here too; `open_bell` holds every role to this table:
 | ack | ack.bell | ack checker | dispatchers; handler (1-member group only) | a follower's match index moved; (1 member) the leader's own end |
 | commit | commit.bell | handler | ack checker | the quorum index moved |
 | apply | apply.bell | applier | handler | the committed index moved (a node with a state machine) |
+| local | local.bell | handler | local clients (other processes of the machine) | a local client put a request in its link, or created or closed a link (`ipc.local_link`) |
 
 They replaced four ZeroMQ hint channels (appended PUB/SUB, ack, commit and apply PUSH/PULL):
 each ZeroMQ send paid two I/O-thread hand-offs for a message that only said "look again"
@@ -96,7 +97,8 @@ APPENDED_BELL = Bell("appended", "dispatcher", ("handler",), per_peer=True)
 ACK_BELL = Bell("ack", "ack_checker", ("dispatcher", "handler"))
 COMMIT_BELL = Bell("commit", "handler", ("ack_checker",))
 APPLY_BELL = Bell("apply", "applier", ("handler",))
-BELLS = (APPENDED_BELL, ACK_BELL, COMMIT_BELL, APPLY_BELL)
+LOCAL_BELL = Bell("local", "handler", ("local_client",))  # ipc.local_link.REQUEST_BELL (a test holds them equal)
+BELLS = (APPENDED_BELL, ACK_BELL, COMMIT_BELL, APPLY_BELL, LOCAL_BELL)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-file", default=None, metavar="FILE",
                    help="--peers: this client's secret key for a secure group (default: "
                         "$DLEDGER_KEY_FILE; none: plain)")
+    p.add_argument("--local-link", action="store_true",
+                   help="--local: reach the first leader through shared memory, as a process on "
+                        "its machine does (DLedgerClient local_store_dir=; docs/client.md "
+                        "\"Local clients\"); default: TCP")
     p.add_argument("--kv", action="store_true",
                    help="bench the KV store (--state-machine kv): puts and linearizable gets "
                         "(default: the log)")
@@ -143,6 +147,7 @@ class Bench:
         self.a = args
         self.peers = peers
         self.key_file = key_file  # a secure group: the client's secret key
+        self.local_store_dir: str | None = None  # --local-link: the leader's store directory
         self.stop_at = 0.0
         self.seq = 0
         self.seq_lock = threading.Lock()
@@ -165,7 +170,8 @@ class Bench:
         self.progress = progress
         with DLedgerClient(self.peers, group=a.group, timeout=a.timeout,
                            max_in_flight=a.concurrency + 1,  # the window is ours: _run_async
-                           max_body_size=body_limit(a.server_arg), key_file=self.key_file) as c:
+                           max_body_size=body_limit(a.server_arg), key_file=self.key_file,
+                           local_store_dir=self.local_store_dir) as c:
             c.metadata()  # find the leader before the clock starts mattering
             self._prepare(c)
             t0 = time.perf_counter()
@@ -631,6 +637,9 @@ def body_limit(server_args: list[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.local_link and not args.local:
+        raise CliError("--local-link needs --local N (the bench must run on the leader's machine "
+                       "and know its store directory)", 2)
     if args.size < 0 or args.batch < 1 or args.concurrency < 1:
         raise CliError("--size must be >= 0, --batch and --concurrency >= 1", 2)
     server_args = list(args.server_arg)
@@ -655,8 +664,10 @@ def run(args: argparse.Namespace) -> int:
             group = LocalGroup(args.local, server_args, group=args.group, secure=args.secure).start()
             peers = group.peers
             key_file = group.key_file
-            group.wait_leader()
+            first_leader = group.wait_leader()[0]
         bench = KVBench(args, peers, key_file) if args.kv else Bench(args, peers, key_file)
+        if args.local_link:
+            bench.local_store_dir = str(group.root / first_leader)
         rss_before = group.rss_by_process() if group else {}
         leader_before = group.leader() if group else None
         sampler = _RssSampler(group) if group else None
