@@ -64,8 +64,7 @@ def test_a_local_client_writes_exactly_once_through_its_nodes_kill_and_restart(m
             c.wait_leader(timeout=15, among=[x for x in c.nodes if x != lead])
             wait_for(lambda counts=counts: all(len(w.acked) > k + 30 for w, k in zip(writers, counts, strict=True)),
                      30, "appends flowing over TCP to the new leader")
-            c.nodes[lead].start()
-            c.wait_converged(timeout=30)
+            c.nodes[lead].start()  # (not wait_converged: with writers running ends rarely agree)
             # The client links again to the restarted node (a new run directory) once its old
             # link let a request go unanswered: METADATA asks every member.
             wait_for(lambda attached=attached: client.metadata(timeout=3.0) is not None
