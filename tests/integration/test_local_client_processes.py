@@ -3,13 +3,10 @@ processes: it reaches the node on its store directory through shared memory, kee
 exactly-once promise through that node's SIGKILL and restart (the other members over TCP
 meanwhile, the new node's link afterwards), and leaves no segment in /dev/shm."""
 
-import collections
 import os
-import threading
 
-from cluster import read_log, wait_for
+from cluster import AppendWriter, assert_acked_once_everywhere, wait_for
 
-from ipc.client import DLedgerError
 from ipc.local_link import SEGMENT_PREFIX, SHM_DIR, LocalLink
 
 
@@ -17,41 +14,11 @@ def _own_segments() -> list[str]:
     return [n for n in os.listdir(SHM_DIR) if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}-")]
 
 
-class Writer(threading.Thread):
-    """Unique bodies through one client, `depth` in flight."""
-
-    def __init__(self, client, name: str, depth: int) -> None:
-        super().__init__(daemon=True)
-        self.client, self.name, self.depth = client, name, depth
-        self.acked: dict[bytes, int] = {}
-        self.errors: list[DLedgerError] = []
-        self._stop_evt = threading.Event()
-        self.start()
-
-    def run(self) -> None:
-        n = 0
-        inflight: collections.deque = collections.deque()
-        while not self._stop_evt.is_set() or inflight:
-            while not self._stop_evt.is_set() and len(inflight) < self.depth:
-                body = b"%s-%06d" % (self.name.encode(), n)
-                n += 1
-                inflight.append((body, self.client.append_async(body)))
-            body, fut = inflight.popleft()
-            try:
-                self.acked[body] = fut.result().index
-            except DLedgerError as e:
-                self.errors.append(e)
-
-    def stop(self) -> None:
-        self._stop_evt.set()
-        self.join(timeout=60)
-
-
 def test_a_local_client_writes_exactly_once_through_its_nodes_kill_and_restart(make_cluster):
     c = make_cluster(3)
     lead = c.wait_leader(timeout=15)
     client = c.client(timeout=20.0, local_store_dir=c.nodes[lead].store_dir)
-    writers = [Writer(client, "one", 1), Writer(client, "pipe", 16)]
+    writers = [AppendWriter(client, "one", 1), AppendWriter(client, "pipe", 16)]
     try:
         wait_for(lambda: all(len(w.acked) > 50 for w in writers), 30, "appends flowing")
         node = client._io.conns.nodes[lead]
@@ -80,14 +47,7 @@ def test_a_local_client_writes_exactly_once_through_its_nodes_kill_and_restart(m
         assert not w.errors, f"{w.name}: {w.errors[:3]}"
     for n in c.nodes.values():
         n.stop()
-    acked = {b: i for w in writers for b, i in w.acked.items()}
-    for n in c.nodes.values():
-        log = read_log(n.store_dir)
-        bodies = collections.Counter(body for _i, _t, magic, body in log if magic == 1)
-        twice = [b for b, k in bodies.items() if k > 1]
-        assert not twice, f"{n.id}: written twice: {twice[:5]}"
-        at = {body: index for index, _t, magic, body in log if magic == 1}
-        assert all(at.get(b) == i for b, i in acked.items()), f"{n.id}: an acknowledged body moved or is missing"
+    assert_acked_once_everywhere(c, writers)
 
 
 def test_a_client_of_a_follower_node_writes_through_the_leader(make_cluster):
