@@ -56,18 +56,26 @@ def _alive(pid: int) -> bool:
 class LocalClients:
     def __init__(self, run_dir: str | os.PathLike[str], log: logging.Logger) -> None:
         self.dir = Path(run_dir) / LINK_DIR
-        self.dir.mkdir(mode=0o700, exist_ok=True)
         self.log = log
         self.links: dict[bytes, Attached] = {}
         self._dir_mtime = -1
         self._next_alive_ms = 0
         self.dropped_replies = 0
+        try:
+            self.dir.mkdir(mode=0o700, exist_ok=True)
+        except OSError as e:  # the node serves on: local clients fall back to TCP
+            self.disabled = True
+            log.warning("local clients disabled: cannot make %s: %s", self.dir, e.strerror or e)
+            return
+        self.disabled = False
         self.sweep_orphans()
 
     # ---- attach / detach ------------------------------------------------------------------------
     def scan(self) -> None:
         """Attach every new link in the directory, detach the ones whose bell is gone. Cheap
         when nothing changed: one stat."""
+        if self.disabled:
+            return
         try:
             mtime = os.stat(self.dir).st_mtime_ns
         except OSError:

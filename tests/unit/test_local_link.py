@@ -165,3 +165,12 @@ def test_a_reply_to_a_client_that_stopped_reading_is_dropped_and_counted(node) -
         assert sent >= 8
     finally:
         link.close()
+
+
+def test_a_run_directory_without_room_for_links_disables_them_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "local").write_text("a file where the link directory goes")
+    clients = LocalClients(tmp_path, LOG)
+    assert clients.disabled
+    clients.scan()
+    assert clients.links == {} and clients.requests() == []
+    clients.close()
