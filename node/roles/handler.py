@@ -5,6 +5,10 @@ the store generation to the shared block, and serves the data port: client reque
 leader's pushes. Every frame is untrusted: anything that does not decode, or names another group
 or member, gets an error reply with a code and is counted — the loop never dies of input.
 
+Local clients (a process on this machine with `DLedgerClient(local_store_dir=...)`) send the
+same frames through shared-memory links instead of the data port (node/wiring/local_clients.py,
+docs/client.md "Local clients"); they are served by the same `handle_frame`.
+
 This module keeps the transport, the frame dispatch and the loop; each job is one part in
 `node/roles/handling/`, composed here (each part holds this handler and reaches the others
 through it):
@@ -536,10 +540,10 @@ class Handler:
                             self.handle_frame(got[0], got[1])
                         else:
                             self.handle_frame(*got)
-                if local_bell.fd in events or local.links:
-                    if local_bell.fd in events:
-                        local_bell.drain()  # before taking: a request put after it rings again
-                        local.scan()
+                if local_bell.fd in events:
+                    local_bell.drain()  # before taking: a request put after it rings again
+                    local.scan()
+                if local.links:
                     self._serve_local(local)
                 local.check_alive(self.now())
                 if secure and (refused := rc.auth_refused()) != counted:
