@@ -385,7 +385,7 @@ class Elector:
         self.mismatch.on_response(msg, self.now())
         self._run(lambda _led: self.core.on_response(msg, self.now()))
 
-    def on_control(self, ident: bytes, frame: bytes) -> None:
+    def on_control(self, ident: bytes | str, frame: bytes) -> None:
         """A frame from the handler on the control channel: CONFIRM_LEADERSHIP (docs/contracts.md
         C4) or a LEADERSHIP_TRANSFER request."""
         if frame == channels.CONFIRM_LEADERSHIP:
@@ -438,6 +438,7 @@ class Elector:
         poller = zmq.Poller()
         poller.register(tr.router, zmq.POLLIN)
         poller.register(tr.ctl, zmq.POLLIN)
+        poller.register(tr.confirm.fd, zmq.POLLIN)
         poller.register(rc.wake_fd, zmq.POLLIN)
         by_sock = {s: p for p, s in tr.dealers.items()}
         for s in tr.dealers.values():
@@ -478,8 +479,12 @@ class Elector:
                         break
                     if got is not None:
                         self.on_control(*got)
+            if tr.confirm.fd in events:
+                tr.confirm.drain()  # one round answers every ring so far
+                self.on_control(channels.BELL_TOKEN, channels.CONFIRM_LEADERSHIP)
             self.tick()
             rc.beat()
+        tr.close()
 
 
 def main() -> int:

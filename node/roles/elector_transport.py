@@ -24,6 +24,8 @@ class ZmqElectorTransport:
                              curve=rc.curve_server(ELECTOR_DOMAIN))
         self.pub = rc.open(channels.ROLE)
         self.ctl = rc.open(channels.CONTROL)
+        self.confirm = rc.bell(channels.CONFIRM_BELL)  # the handler's CONFIRM_LEADERSHIP rings
+        self.confirmed = rc.bell(channels.CONFIRMED_BELL)
         self.dealers: dict[str, zmq.Socket] = {}
         source = host if cfg.connect_from_own_host else None
         for peer in peers:
@@ -50,5 +52,12 @@ class ZmqElectorTransport:
         except zmq.Again:
             pass  # a hint only: subscribers also re-read the block on their own timeouts
 
-    def control_reply(self, ident: bytes, frame: bytes) -> None:
-        send_routed(self.ctl, ident, frame)
+    def control_reply(self, ident: bytes | str, frame: bytes) -> None:
+        if ident == channels.BELL_TOKEN:  # asked by a ring: answered by a ring
+            self.confirmed.ring()
+        else:
+            send_routed(self.ctl, ident, frame)
+
+    def close(self) -> None:
+        self.confirm.close()
+        self.confirmed.close()

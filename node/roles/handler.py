@@ -119,9 +119,11 @@ class ZmqHandlerTransport:
     one DEALER per other member, for follower reads' read indexes."""
 
     def __init__(self, sock: zmq.Socket, appended: list[Doorbell], ctl: zmq.Socket,
-                 peers: dict[str, zmq.Socket] | None = None, local: LocalClients | None = None) -> None:
+                 peers: dict[str, zmq.Socket] | None = None, local: LocalClients | None = None,
+                 confirm: Doorbell | None = None) -> None:
         self.sock, self.appended_bells, self.ctl = sock, appended, ctl
         self.peers = peers or {}
+        self.confirm = confirm  # CONFIRM_LEADERSHIP as a doorbell (node.wiring.channels)
         self.local = local  # local clients' links (ipc.local_link): their replies go there
 
     def to_peer(self, peer_id: str, frame: bytes) -> bool:
@@ -147,6 +149,9 @@ class ZmqHandlerTransport:
             bell.ring()
 
     def control(self, frame: bytes) -> bool:
+        if frame == channels.CONFIRM_LEADERSHIP and self.confirm is not None:
+            self.confirm.ring()
+            return True
         try:
             self.ctl.send(frame, zmq.NOBLOCK)
         except zmq.Again:  # the elector is restarting
@@ -476,9 +481,10 @@ class Handler:
             ctl = rc.open(channels.CONTROL)
             peers = self._peer_sockets() if self.cfg.state_machine else {}
             local_bell = rc.bell(channels.LOCAL_BELL)
-            bells.append(local_bell)
+            confirm, confirmed = rc.bell(channels.CONFIRM_BELL), rc.bell(channels.CONFIRMED_BELL)
+            bells += [local_bell, confirm, confirmed]
             local = LocalClients(rc.run_dir, self.log)
-            self.transport = ZmqHandlerTransport(sock, wakes, ctl, peers, local)
+            self.transport = ZmqHandlerTransport(sock, wakes, ctl, peers, local, confirm)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
                 apply_bell = rc.bell(channels.APPLY_BELL)
@@ -495,7 +501,8 @@ class Handler:
             recv = recv_routed_user if secure else recv_routed
             counted = 0  # handshakes refused by ZAP so far, as added to the block
             poller = zmq.Poller()
-            for s in (sock, roles, commits.fd, ctl, rc.wake_fd, local_bell.fd, *sm_in, *peers.values()):
+            for s in (sock, roles, commits.fd, ctl, rc.wake_fd, local_bell.fd, confirmed.fd, *sm_in,
+                      *peers.values()):
                 poller.register(s, zmq.POLLIN)
             local.scan()  # links made before this handler started (a restarted handler)
             self.tick()
@@ -518,6 +525,9 @@ class Handler:
                             self.on_control_reply(ctl.recv(zmq.NOBLOCK))
                         except zmq.Again:
                             break
+                if confirmed.fd in events:
+                    confirmed.drain()
+                    self.on_control_reply(channels.LEADERSHIP_CONFIRMED)
                 ins = ((sm_in[0], self.on_results), (sm_in[1], self.on_query_reply)) if sm_in else ()
                 for s, on in (*ins, *((p, self.on_peer_reply) for p in peers.values())):
                     if s in events:

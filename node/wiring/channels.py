@@ -29,6 +29,8 @@ here too; `open_bell` holds every role to this table:
 | commit | commit.bell | handler | ack checker | the quorum index moved |
 | apply | apply.bell | applier | handler | the committed index moved (a node with a state machine) |
 | local | local.bell | handler | local clients (other processes of the machine) | a local client put a request in its link, or created or closed a link (`ipc.local_link`) |
+| confirm | confirm.bell | elector | handler | a linearizable read is parked: start a quorum heartbeat round (CONFIRM_LEADERSHIP) |
+| confirmed | confirmed.bell | handler | elector | a round that started after the last `confirm` ring reached a quorum (LEADERSHIP_CONFIRMED); its start is in the block |
 
 They replaced four ZeroMQ hint channels (appended PUB/SUB, ack, commit and apply PUSH/PULL):
 each ZeroMQ send paid two I/O-thread hand-offs for a message that only said "look again"
@@ -97,8 +99,13 @@ APPENDED_BELL = Bell("appended", "dispatcher", ("handler",), per_peer=True)
 ACK_BELL = Bell("ack", "ack_checker", ("dispatcher", "handler"))
 COMMIT_BELL = Bell("commit", "handler", ("ack_checker",))
 APPLY_BELL = Bell("apply", "applier", ("handler",))
+CONFIRM_BELL = Bell("confirm", "elector", ("handler",))
+CONFIRMED_BELL = Bell("confirmed", "handler", ("elector",))
 LOCAL_BELL = Bell("local", "handler", ("local_client",))  # ipc.local_link.REQUEST_BELL (a test holds them equal)
-BELLS = (APPENDED_BELL, ACK_BELL, COMMIT_BELL, APPLY_BELL, LOCAL_BELL)
+BELLS = (APPENDED_BELL, ACK_BELL, COMMIT_BELL, APPLY_BELL, LOCAL_BELL, CONFIRM_BELL, CONFIRMED_BELL)
+BELL_TOKEN = "doorbell"
+"""The elector's name for the handler's `confirm` rings among its confirmation waiters (a str:
+never equal to a control socket's routing identity, which is bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +206,11 @@ LEADERSHIP_CONFIRMED = b"confirmed"
 """Elector → handler, on the control channel: a quorum heartbeat round that started after a
 CONFIRM_LEADERSHIP arrived has landed (its start is already in the block). A wake-up only: the
 handler serves parked reads by what the block says (docs/contracts.md C4); a lost one costs the
-handler's READ_POLL_MS fallback poll."""
+handler's READ_POLL_MS fallback poll.
+
+Both travel as doorbells (`CONFIRM_BELL`, `CONFIRMED_BELL`) between the roles of a running node:
+they carry nothing, and on the commit-free path of a linearizable get they were two of its six
+ZeroMQ messages. The frames remain the names the roles' code and the simulator use."""
 
 # ---- results / query (a node with a state machine) -------------------------------------------
 _RESULTS_HEAD = struct.Struct(">qI")  # first index, count

@@ -128,3 +128,30 @@ def test_a_path_taken_by_something_else_is_refused(tmp_path):
     (tmp_path / "commit.bell").write_text("not a pipe")
     with pytest.raises(DoorbellError, match="not a named pipe"):
         channels.open_bell(tmp_path, channels.COMMIT_BELL, "handler")
+
+
+def test_the_handler_asks_for_a_confirmation_by_ringing_and_nothing_else(tmp_path):
+    """CONFIRM_LEADERSHIP travels as the `confirm` doorbell (two of a linearizable get's ZeroMQ
+    messages were this and its answer); other control frames still use the control socket."""
+    from node.roles.handler import ZmqHandlerTransport
+
+    class Ctl:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def send(self, frame: bytes, flags: int = 0) -> None:
+            self.sent.append(frame)
+
+    waiter = channels.open_bell(tmp_path, channels.CONFIRM_BELL, "elector")
+    ringer = channels.open_bell(tmp_path, channels.CONFIRM_BELL, "handler")
+    ctl = Ctl()
+    try:
+        t = ZmqHandlerTransport(None, [], ctl, confirm=ringer)
+        assert t.control(channels.CONFIRM_LEADERSHIP)
+        assert _readable(waiter, 1000) and waiter.drain() == 1
+        assert ctl.sent == []
+        assert t.control(b"a transfer request")
+        assert ctl.sent == [b"a transfer request"] and not _readable(waiter)
+    finally:
+        waiter.close()
+        ringer.close()
