@@ -227,11 +227,15 @@ class MemoryState:
         ledger_end_term: int | None = None,
         committed_index: int | None = None,
         store_generation: int | None = None,
+        config_index: int | None = None,
+        config_voters: int | None = None,
+        config_learners: int | None = None,
     ) -> LedgerView:
         self._write_point()
         given = dict(ledger_begin_index=ledger_begin_index, ledger_end_index=ledger_end_index,
                      ledger_end_term=ledger_end_term, committed_index=committed_index,
-                     store_generation=store_generation)
+                     store_generation=store_generation, config_index=config_index,
+                     config_voters=config_voters, config_learners=config_learners)
         cur = self.block.ledger
         new = dataclasses.replace(cur, **{k: v for k, v in given.items() if v is not None})
         self.block.ledger = new

@@ -70,6 +70,9 @@ class StateBlock(Protocol):
         ledger_end_term: int | None = None,
         committed_index: int | None = None,
         store_generation: int | None = None,
+        config_index: int | None = None,
+        config_voters: int | None = None,
+        config_learners: int | None = None,
     ) -> LedgerView: ...
 
     def read_quorum(self, timeout_s: float | None = None) -> QuorumView: ...

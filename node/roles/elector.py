@@ -39,7 +39,7 @@ from ipc.security import authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     recv_routed,
 )
-from node.block.shared_state import NO_SLOT
+from node.block.shared_state import NO_SLOT, LedgerView
 from node.core.election import (
     ElectorCore,
     LeadershipConfirmed,
@@ -50,7 +50,7 @@ from node.core.election import (
     Send,
     Step,
 )
-from node.core.membership import bootstrap_configuration
+from node.core.membership import Configuration, ConfigurationError, config_from_masks
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -122,6 +122,7 @@ class Elector:
         self.leader_since_ms = 0
         self._not_voting = 0  # the reason last published to the block's `not_voting`
         self.mismatch = MemberMismatch(self.log, self.cfg.id, self.peer_ids)  # --peers disagreements
+        self._config_key: tuple[int, int, int] | None = None  # the ledger group's config words, as counted
 
     def now(self) -> int:
         return self.rc.clock()
@@ -140,6 +141,7 @@ class Elector:
     # ------------------------------------------------------------------ reading the block
     def _ledger(self) -> LedgerEnd:
         led = self.state.read_ledger()
+        self._follow_configuration(led)
         try:
             writable = self.state.get("store_unwritable_ms") == 0
         except KeyError:  # a block layout without the field: the handler cannot tell us
@@ -152,7 +154,31 @@ class Elector:
                 self.log.warning("%s does not vote or stand: %s", self.cfg.id, NOT_VOTING_WHY[reason])
             else:
                 self.log.warning("%s votes again", self.cfg.id)
-        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0)
+        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0,
+                         led.committed_index)
+
+    def _configuration(self, led: LedgerView) -> Configuration:
+        """The newest configuration in this node's log, as the handler published it."""
+        try:
+            return config_from_masks(self.cfg.peer_map, led.config_index, led.config_voters,
+                                     led.config_learners)
+        except ConfigurationError as e:  # the handler never publishes one: a damaged block
+            self.rc.fatal(f"the published configuration (entry {led.config_index}) is not one: {e}")
+
+    def _follow_configuration(self, led: LedgerView) -> None:
+        """Count the newest configuration from the same ledger snapshot the decision reads
+        (one snapshot per decision: a tally never mixes two configurations)."""
+        key = (led.config_index, led.config_voters, led.config_learners)
+        if self.core is None or key == self._config_key:
+            return
+        self._config_key = key
+        c = self._configuration(led)
+        if c == self.core.configuration:
+            return
+        self.core.set_configuration(c, self.now())
+        self.log.warning("%s counts configuration entry %d: voters %s, learners %s%s", self.cfg.id,
+                         c.index, ",".join(c.voters), ",".join(c.learners) or "-",
+                         "" if self.core.stands else "; not a voter: does not stand")
 
     def _not_voting_reason(self, committed: int) -> int:
         """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`)."""
@@ -332,7 +358,8 @@ class Elector:
         # history makes it record one) and nothing stored: its first campaign may come sooner.
         new_member = (self.termvote.absent and led.ledger_end_index < 0
                       and led.ledger_begin_index < 0)
-        self.core = ElectorCore(self.cfg.id, bootstrap_configuration(self.cfg.peer_map), self.cfg.group,
+        self._config_key = (led.config_index, led.config_voters, led.config_learners)
+        self.core = ElectorCore(self.cfg.id, self._configuration(led), self.cfg.group,
                                 self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
                                 now_ms=self.now(), new_member=new_member)
         with self.lock:

@@ -25,6 +25,7 @@ through it):
 | `install` | install.py | the follower side of install snapshot |
 | `relay` | transfer.py | leadership transfer, relayed to the elector |
 | `metadata` | metadata.py | METADATA |
+| `configs` | configs.py | the configurations in the log: history, `DIR/configuration`, publishing |
 
 The Raft rules live in node/core (docs/replication.md): `node.core.leader.LeaderCore` decides
 the leader side (admission of appends, reads, NOOP backoff, session ids) and
@@ -71,6 +72,7 @@ from node.roles.handling.appends import LeaderAppends
 from node.roles.handling.applier_link import ApplierLink, StateMachineLink
 from node.roles.handling.common import store_error_code
 from node.roles.handling.completion import Completion
+from node.roles.handling.configs import ConfigKeeper
 from node.roles.handling.damage import SCRUB_DELAY_MS, DamageRepair
 from node.roles.handling.fetches import Fetches
 from node.roles.handling.install import FollowerInstall
@@ -189,6 +191,7 @@ class Handler:
         self.install = FollowerInstall(self)
         self.relay = TransferRelay(self)
         self.metadata = Metadata(self)
+        self.configs = ConfigKeeper(self)
 
     def now(self) -> int:
         return self.rc.clock()
@@ -227,6 +230,7 @@ class Handler:
                           "a backup or a copy")
         self.retention.store = self.store  # `store` may have been replaced after construction
         self.metrics.watch_store(self.store)
+        self.configs.opened()
         self.damage.opened(self.store.unchecked_end, self.now())
         self.publish_ledger()
 

@@ -1,0 +1,261 @@
+"""Configurations in the log, counted by the real roles (docs/membership.md "Which configuration
+is in force", "Counting"): the handler's `ConfigKeeper` (node/roles/handling/configs.py) through
+pushes, truncations, restarts and `DIR/configuration`; the ack checker and `ElectorCore`
+counting the voters the handler publishes. Driven in one process with the fakes of
+test_replication_roles.py (a real NodeConfig, the in-memory block, a virtual clock)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ipc import protocol as P
+from ipc.codes import ResponseCode as RC
+from ipc.codes import Role, VoteResult
+from ipc.entry_codec import MAGIC_NOOP, encode_entry
+from node.block.shared_state import QuorumView
+from node.core.election import ElectorCore, LedgerEnd
+from node.core.membership import (
+    Change,
+    ChangeKind,
+    Configuration,
+    apply_change,
+    bootstrap_configuration,
+    config_from_masks,
+    encode_configuration,
+    slot_masks,
+)
+from node.roles.ack_checker import AckChecker
+from node.roles.handling.configs import CONFIG_FILE, find_configurations
+from node.store.memory_store import MemoryStore
+from node.store.segment_store import SegmentStore
+from tests.unit.test_replication_roles import (
+    PEER_SPEC,
+    Clock,
+    FakeState,
+    Fatal,
+    make_handler,
+    make_rc,
+    member,
+    publish,
+    push,
+)
+
+BOOT = bootstrap_configuration(PEER_SPEC)  # n0, n1, n2: slots 0, 1, 2
+
+
+def removed(who: str, index: int, base: Configuration = BOOT) -> Configuration:
+    return apply_change(base, Change(ChangeKind.REMOVE, who), index)
+
+
+def leader_log(entries: list[tuple[int, bytes, int]]) -> MemoryStore:
+    """A leader's log: (term, body, magic) per entry."""
+    s = MemoryStore()
+    for term, body, magic in entries:
+        s.append_leader(body, term, magic)
+    return s
+
+
+def push_run(h, x: MemoryStore, first: int, n: int, *, term: int, rid: int, pre_term: int) -> None:  # noqa: ANN001
+    blob, got = x.get_raw(first, n, 1 << 20)
+    h.handle_frame(b"n0", push(P.PushKind.APPEND, term=term, leader="n0", rid=rid, first_index=first,
+                               count=got, entries=bytes(blob), pre_log_index=first - 1,
+                               pre_log_term=pre_term))
+
+
+def words(state: FakeState) -> tuple[int, int, int]:
+    led = state.read_ledger()
+    return led.config_index, led.config_voters, led.config_learners
+
+
+# ------------------------------------------------------------------------------------------
+# The handler keeps the newest configuration through pushes, cuts and restarts
+# ------------------------------------------------------------------------------------------
+def test_a_pushed_configuration_is_published_then_rolled_back_by_a_cut(tmp_path: Path) -> None:
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    store = MemoryStore()
+    h, wire = make_handler(tmp_path, "n1", state, Clock(), store=store)
+    assert words(state) == (-1, 0b111, 0)  # the bootstrap: every --peers member a voter
+    c = removed("n2", 1)
+    x = leader_log([(1, b"a", 1), (1, encode_configuration(c), MAGIC_NOOP), (1, b"b", 1)])
+    push_run(h, x, 0, 3, term=1, rid=1, pre_term=-1)
+    assert wire.answer(1).code == RC.SUCCESS
+    assert words(state) == (1, 0b011, 0)  # published with the ledger end that holds it
+    assert h.configs.latest == c
+    assert (tmp_path / "n1" / CONFIG_FILE).read_text().startswith("entry.1=")
+    # a new leader of term 2 never had it: its TRUNCATE cuts entry 1, the bootstrap is back
+    state.member = member(Role.FOLLOWER, 2, 2)
+    h.handle_frame(b"n2", push(P.PushKind.COMPARE, term=2, leader="n2", rid=2, pre_log_index=0, pre_log_term=1))
+    h.handle_frame(b"n2", push(P.PushKind.TRUNCATE, term=2, leader="n2", rid=3, first_index=1))
+    assert wire.answer(3).code == RC.SUCCESS and store.ledger_end_index == 0
+    assert words(state) == (-1, 0b111, 0)
+    assert "entry.1" not in (tmp_path / "n1" / CONFIG_FILE).read_text()
+
+
+def test_a_restart_finds_the_configuration_in_its_file_without_scanning_the_log(tmp_path: Path) -> None:
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    store = MemoryStore()
+    h, wire = make_handler(tmp_path, "n1", state, Clock(), store=store)
+    c1 = removed("n2", 1)
+    c2 = apply_change(c1, Change(ChangeKind.ADD_LEARNER, "n2", "127.0.0.1", 20002), 3)
+    x = leader_log([(1, b"a", 1), (1, encode_configuration(c1), MAGIC_NOOP), (1, b"b", 1),
+                    (1, encode_configuration(c2), MAGIC_NOOP)])
+    push_run(h, x, 0, 4, term=1, rid=1, pre_term=-1)
+    assert words(state) == (3, 0b011, 0b100)
+    # The restarted handler must not read the log for it: make every read fail.
+    state2 = FakeState()
+    reads = []
+    store.get = lambda i, verify_crc=True, _g=store.get: reads.append(i) or _g(i, verify_crc)
+    make_handler(tmp_path, "n1", state2, Clock(), store=store)
+    assert words(state2) == (3, 0b011, 0b100)
+    assert sorted(reads) == [1, 3]  # only the entries the file names, to check them
+
+
+def test_a_file_entry_the_log_does_not_hold_is_dropped_at_open(tmp_path: Path) -> None:
+    """The file is written before the store: a crash in between leaves an entry past the log's
+    end (or another entry at its index). Neither may be counted after the restart."""
+    state = FakeState()
+    store = MemoryStore()
+    store.append_leader(b"a", 1)
+    store.append_leader(b"not a configuration", 1)
+    d = tmp_path / "n1"
+    d.mkdir()
+    import base64
+    (d / CONFIG_FILE).write_text(
+        f"entry.1={base64.b64encode(encode_configuration(removed('n2', 1))).decode()}\n"
+        f"entry.5={base64.b64encode(encode_configuration(removed('n0', 5))).decode()}\n")
+    h, _ = make_handler(tmp_path, "n1", state, Clock(), store=store)
+    assert words(state) == (-1, 0b111, 0)
+    assert h.configs.latest == BOOT
+
+
+def test_a_configuration_naming_a_machine_outside_peers_stops_the_node(tmp_path: Path) -> None:
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    h, wire = make_handler(tmp_path, "n1", state, Clock(), store=MemoryStore())
+    c = apply_change(BOOT, Change(ChangeKind.ADD_LEARNER, "n9", "127.0.0.1", 20009), 0)
+    x = leader_log([(1, encode_configuration(c), MAGIC_NOOP)])
+    with pytest.raises(Fatal, match="n9 not in --peers; adding a machine that is not in --peers needs"):
+        push_run(h, x, 0, 1, term=1, rid=1, pre_term=-1)
+    assert h.store.ledger_end_index == -1  # nothing stored that it cannot count
+
+
+def test_find_configurations_walks_only_runs_that_hold_the_tag() -> None:
+    c = encode_configuration(removed("n2", 11))
+    run = (encode_entry(10, 1, 0, b"user data with DLCF inside") + encode_entry(11, 1, 0, c, MAGIC_NOOP)
+           + encode_entry(12, 1, 0, b"", MAGIC_NOOP))
+    assert find_configurations(memoryview(run), 10) == [(11, c)]
+    assert find_configurations(encode_entry(3, 1, 0, b"x" * 100), 3) == []
+
+
+# ------------------------------------------------------------------------------------------
+# The ack checker counts the published voters
+# ------------------------------------------------------------------------------------------
+def test_ack_checker_counts_the_voters_the_handler_published(tmp_path: Path) -> None:
+    """n0 leads {n0, n1, n2}; n1 acknowledged nothing of term 2, n2 everything. With all three
+    voters, n0 + n2 are a majority; once the published configuration is {n0, n1} (n2 removed)
+    the same watermarks are not."""
+    clock = Clock()
+    state = FakeState()
+    rc = make_rc(tmp_path, "n0", state, clock)
+    x = SegmentStore(rc.cfg.store_config())
+    x.open()
+    try:
+        for t in (1, 2, 2):
+            x.append_leader(b"a", t)
+        publish(state, x)
+        v, lr = slot_masks(removed("n2", 1), rc.cfg.peer_map)
+        state.write_ledger(config_index=1, config_voters=v, config_learners=lr)
+        a = AckChecker(rc)
+        a.transport = SimpleNamespace(commit_wakeup=lambda: None)
+        state.write_peer(2, match_index=2, match_term=2)
+        state.member = member(Role.LEADER, 2, 0, quorum_ms=clock.now)
+        a.tick()
+        assert state.quorum == QuorumView(-1, -1)  # n0 alone is not a majority of {n0, n1}
+        state.write_ledger(config_index=-1, config_voters=0b111, config_learners=0)
+        a.tick()
+        assert state.quorum == QuorumView(2, 2)
+        a.close()
+    finally:
+        x.close()
+
+
+def test_a_leader_that_removed_itself_does_not_count_its_own_log(tmp_path: Path) -> None:
+    clock = Clock()
+    state = FakeState()
+    rc = make_rc(tmp_path, "n0", state, clock)
+    x = SegmentStore(rc.cfg.store_config())
+    x.open()
+    try:
+        for t in (2, 2, 2):
+            x.append_leader(b"a", t)
+        publish(state, x)
+        v, lr = slot_masks(removed("n0", 1), rc.cfg.peer_map)
+        state.write_ledger(config_index=1, config_voters=v, config_learners=lr)
+        a = AckChecker(rc)
+        a.transport = SimpleNamespace(commit_wakeup=lambda: None)
+        state.write_peer(1, match_index=2, match_term=2)
+        state.member = member(Role.LEADER, 2, 0, quorum_ms=clock.now)
+        a.tick()
+        assert state.quorum == QuorumView(-1, -1)  # n1 is one of {n1, n2}: no majority
+        state.write_peer(2, match_index=1, match_term=2)
+        a.tick()
+        assert state.quorum == QuorumView(1, 2)  # n1 and n2 both hold 1
+        a.close()
+    finally:
+        x.close()
+
+
+# ------------------------------------------------------------------------------------------
+# The elector core counts the newest configuration
+# ------------------------------------------------------------------------------------------
+def leader_core(config: Configuration, me: str = "n0") -> ElectorCore:
+    core = ElectorCore(me, config, "g")
+    core._change_role_to_leader(core.term, 0)  # noqa: SLF001 - a leader, for the rules below
+    return core
+
+
+def test_heartbeats_reach_learners_but_only_voters_renew_the_lease() -> None:
+    c = apply_change(removed("n2", 1), Change(ChangeKind.ADD_LEARNER, "n2", "127.0.0.1", 20002), 2)
+    core = leader_core(c)
+    step = core.tick(10_000, LedgerEnd(2, 0))
+    sent = {e.peer: e.message for e in step.effects if hasattr(e, "peer")}
+    assert set(sent) == {"n1", "n2"}
+    # the learner answers, the voter n1 does not: no majority of {n0, n1}
+    core.on_response(P.HeartbeatResponse(int(RC.SUCCESS), "g", core.term, "n0", sent["n2"].request_id), 10_001)
+    assert core.last_succ_heartbeat_ms == 0
+    core.on_response(P.HeartbeatResponse(int(RC.SUCCESS), "g", core.term, "n0", sent["n1"].request_id), 10_002)
+    assert core.last_succ_heartbeat_ms == 10_000
+
+
+def test_a_leader_that_removed_itself_leads_until_the_change_commits_then_never_stands() -> None:
+    core = leader_core(BOOT)
+    core.set_configuration(removed("n0", 5), 10_000)
+    assert core.role == Role.LEADER and not core.stands
+    core.tick(10_000, LedgerEnd(5, core.term, committed=4))
+    assert core.role == Role.LEADER  # the change is not committed: it must finish it
+    core.tick(10_100, LedgerEnd(5, core.term, committed=5))
+    assert core.role == Role.CANDIDATE
+    for t in range(10_200, 40_000, 100):  # however long it waits, it never asks for votes
+        step = core.tick(t, LedgerEnd(5, core.term, committed=5))
+        assert not [e for e in step.effects if hasattr(e, "peer")]
+
+
+def test_a_candidate_outside_the_newest_configuration_is_refused() -> None:
+    core = ElectorCore("n1", removed("n2", 1), "g")
+    req = P.VoteRequest("g", "n1", "n2", core.term + 1, 5, 10, 7)
+    step = core.on_vote_request(req, LedgerEnd(1, 1), 10_000)
+    assert step.effects[-1].message.vote_result == VoteResult.REJECT_UNKNOWN_LEADER
+    assert core.term == 0  # and its term was not raised by it
+
+
+def test_the_elector_role_counts_what_the_block_publishes() -> None:
+    """config_from_masks is the elector's reading of the ledger group; 0 is the bootstrap."""
+    peers = bootstrap_configuration(PEER_SPEC).addresses
+    assert config_from_masks(peers, -1, 0, 0) == BOOT
+    c = removed("n1", 4)
+    assert config_from_masks(peers, 4, *slot_masks(c, peers)) == c
