@@ -253,7 +253,7 @@ class ElectorCore:
     def __init__(self, self_id: str, members: Iterable[str] | Configuration, group: str = "default",
                  cfg: ElectionConfig | None = None, rng: random.Random | None = None, *,
                  term: int = 0, voted_for: str | None = None, now_ms: int = 0,
-                 new_member: bool = False) -> None:
+                 new_member: bool = False, peers: Iterable[str] = ()) -> None:
         self.cfg = (cfg or ElectionConfig()).validate()
         # Tests inject a seeded Random; the default is OS-seeded because identical sequences
         # on all members would synchronize their vote timers (endless split votes).
@@ -269,6 +269,12 @@ class ElectorCore:
             ids = tuple(dict.fromkeys(members))
             if self_id not in ids:
                 raise ValueError(f"self id {self_id!r} is not among the voters {ids}")
+        # Whose heartbeats this node follows besides its newest configuration's members: the
+        # `--peers` members. A node whose configuration is stale (it was removed, or missed
+        # the entry adding another leader) must still follow the group's leader, or it never
+        # receives the entries that bring it up to date (Raft: append entries are accepted
+        # whatever the receiver's configuration; votes are where configurations decide).
+        self._known_leaders = frozenset(peers)
         self._set_members(members)
 
         # MemberState
@@ -497,7 +503,10 @@ class ElectorCore:
     def on_heartbeat_request(self, req: HeartbeatRequest, now_ms: int,
                              token: object = None) -> Step:
         """handleHeartBeat(request)."""
-        d: HeartbeatDecision = decide_heartbeat(self.view(EMPTY_LEDGER), req, now_ms)
+        view = self.view(EMPTY_LEDGER)
+        if self._known_leaders:
+            view = replace(view, peers=view.peers | self._known_leaders)
+        d: HeartbeatDecision = decide_heartbeat(view, req, now_ms)
         if d.action is HeartbeatAction.REFRESH:
             self.last_leader_heartbeat_ms = now_ms
         elif d.action is HeartbeatAction.BECOME_FOLLOWER:

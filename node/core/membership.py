@@ -458,6 +458,19 @@ def apply_change(current: Configuration, change: Change, index: int) -> Configur
     raise ConfigurationError(f"unknown change kind {change.kind}")
 
 
+def majorities_intersect(a: Configuration, b: Configuration) -> bool:
+    """True if every majority of `a`'s voters meets every majority of `b`'s: the safety of a
+    change from `a` to `b` (the simulator checks it for every two successive committed
+    configurations). Without enumerating: two disjoint majorities exist exactly when each can
+    be filled with as few shared voters as possible and the shared voters suffice for both
+    (a majority of `a` takes every voter `b` lacks first, then shared ones)."""
+    va, vb = set(a.voters), set(b.voters)
+    shared = len(va & vb)
+    need_a = max(0, a.quorum_size - len(va - vb))
+    need_b = max(0, b.quorum_size - len(vb - va))
+    return need_a + need_b > shared
+
+
 def leader_steps_down(leader_id: str, config: Configuration, committed_index: int) -> bool:
     """A leader that is not a voter of its newest configuration leads until that configuration
     commits (it counts for nothing in it: the new voters' majority commits it), then steps
@@ -470,5 +483,5 @@ __all__ = [
     "ConfigHistory", "Configuration", "ConfigurationError", "LeaderState", "LearnerProgress",
     "Member", "NOT_IN_PEERS", "apply_change", "config_from_masks", "slot_masks", "voter_slot_set", "bootstrap_configuration", "caught_up", "check_change",
     "decode_configuration", "encode_configuration", "is_configuration_body",
-    "latest_configuration", "leader_steps_down",
+    "latest_configuration", "leader_steps_down", "majorities_intersect",
 ]

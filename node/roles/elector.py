@@ -361,7 +361,7 @@ class Elector:
         self._config_key = (led.config_index, led.config_voters, led.config_learners)
         self.core = ElectorCore(self.cfg.id, self._configuration(led), self.cfg.group,
                                 self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
-                                now_ms=self.now(), new_member=new_member)
+                                now_ms=self.now(), new_member=new_member, peers=self.peer_ids)
         with self.lock:
             self._publish(Step([RoleChanged(self.core.role, self.core.term, None)], 0))
         # Whether it may vote, decided (and said, in the log and the block) before it is ready:

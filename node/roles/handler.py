@@ -26,6 +26,7 @@ through it):
 | `relay` | transfer.py | leadership transfer, relayed to the elector |
 | `metadata` | metadata.py | METADATA |
 | `configs` | configs.py | the configurations in the log: history, `DIR/configuration`, publishing |
+| `member_changes` | member_change.py | a membership change as leader: decide, append, answer at commit |
 
 The Raft rules live in node/core (docs/replication.md): `node.core.leader.LeaderCore` decides
 the leader side (admission of appends, reads, NOOP backoff, session ids) and
@@ -78,6 +79,7 @@ from node.roles.handling.fetches import Fetches
 from node.roles.handling.install import FollowerInstall
 from node.roles.handling.leadership import Leadership
 from node.roles.handling.ledger import FOLLOWER_APPLY_RUN, LedgerPublisher
+from node.roles.handling.member_change import MemberChanges
 from node.roles.handling.metadata import Metadata
 from node.roles.handling.pushes import FollowerPushes
 from node.roles.handling.reads import LeaderReads
@@ -192,6 +194,7 @@ class Handler:
         self.relay = TransferRelay(self)
         self.metadata = Metadata(self)
         self.configs = ConfigKeeper(self)
+        self.member_changes = MemberChanges(self)
 
     def now(self) -> int:
         return self.rc.clock()
@@ -381,6 +384,7 @@ class Handler:
         P.InstallRequest: ("install", "on_install"),
         P.ReadIndexRequest: ("reads", "on_read_index"),
         P.FetchRequest: ("fetches", "on_fetch"),
+        P.MemberChangeRequest: ("member_changes", "on_member_change"),
     }
 
     # ------------------------------------------------------------------ loop

@@ -361,6 +361,15 @@ def disjoint_majorities(a: Configuration, b: Configuration) -> tuple[frozenset, 
 
 
 @settings(max_examples=300)
+@given(configurations(max_members=7), configurations(max_members=7))
+def test_majorities_intersect_agrees_with_enumerating_them(a, b):
+    """The simulator's check (`majorities_intersect`, by counting) against the definition."""
+    from node.core.membership import majorities_intersect
+
+    assert majorities_intersect(a, b) == (disjoint_majorities(a, b) is None)
+
+
+@settings(max_examples=300)
 @given(configurations(max_members=9))
 def test_one_accepted_change_keeps_majorities_intersecting(c):
     """Every change `check_change` accepts from `c` (all of them are tried: an add, and a

@@ -259,3 +259,75 @@ def test_the_elector_role_counts_what_the_block_publishes() -> None:
     assert config_from_masks(peers, -1, 0, 0) == BOOT
     c = removed("n1", 4)
     assert config_from_masks(peers, 4, *slot_masks(c, peers)) == c
+
+
+def test_a_member_with_a_stale_configuration_follows_the_groups_leader() -> None:
+    """n1's newest configuration is {n2} alone (it missed the entries that added n0 back and
+    made it leader). It must still follow n0's heartbeats, or it never receives those entries:
+    found by the simulator's membership fault (the group never converged). Its vote is where
+    its configuration decides, not whom it follows."""
+    only_n2 = removed("n0", 5, removed("n1", 4))
+    core = ElectorCore("n1", only_n2, "g", peers=["n0", "n1", "n2"])
+    step = core.on_heartbeat_request(P.HeartbeatRequest("g", "n1", "n0", core.term), 10_000)
+    assert step.effects[-1].message.code == RC.SUCCESS
+    assert (core.role, core.leader_id) == (Role.FOLLOWER, "n0")
+    without = ElectorCore("n1", only_n2, "g")  # knowing only its configuration: refused
+    step = without.on_heartbeat_request(P.HeartbeatRequest("g", "n1", "n0", without.term), 10_000)
+    assert step.effects[-1].message.code == RC.UNKNOWN_MEMBER
+
+
+# ------------------------------------------------------------------------------------------
+# MEMBER_CHANGE on the leader's data port (node/roles/handling/member_change.py)
+# ------------------------------------------------------------------------------------------
+def change(kind: ChangeKind, who: str, rid: int, host: str = "", port: int = 0) -> bytes:
+    return P.encode(P.MemberChangeRequest("g", "n0", int(kind), who, host, port, "", rid))
+
+
+def leading_handler(tmp_path: Path):  # noqa: ANN201
+    clock = Clock()
+    state = FakeState()
+    state.member = member(Role.LEADER, 2, 0, quorum_ms=clock.now)
+    h, wire = make_handler(tmp_path, "n0", state, clock, store=MemoryStore())
+    h.tick()  # the NOOP of term 2
+    assert h.leader_term == 2
+    return h, wire, state, clock
+
+
+def commit_all(h) -> None:  # noqa: ANN001
+    h.store.set_committed_index(h.store.ledger_end_index)
+
+
+def test_member_change_is_refused_until_the_terms_noop_commits_then_appended(tmp_path: Path) -> None:
+    h, wire, state, _ = leading_handler(tmp_path)
+    h.handle_frame(b"c", change(ChangeKind.REMOVE, "n2", 1))
+    assert wire.answer(1).code == RC.TERM_NOT_READY  # the 2015 rule: own term first
+    commit_all(h)
+    h.handle_frame(b"c", change(ChangeKind.REMOVE, "n2", 2))
+    assert wire.answer(2) is None  # appended: answered at commit
+    e = h.store.get(h.store.ledger_end_index)
+    assert e.magic == MAGIC_NOOP and bytes(e.body) == encode_configuration(removed("n2", e.index))
+    assert words(state) == (e.index, 0b011, 0)  # counted at once, committed or not
+    h.handle_frame(b"c", change(ChangeKind.REMOVE, "n1", 3))
+    assert wire.answer(3).code == RC.MEMBERSHIP_CHANGE_IN_PROGRESS
+    h.handle_frame(b"c", change(ChangeKind.ADD_LEARNER, "n9", 4, "127.0.0.1", 20009))
+    a = wire.answer(4)
+    assert a.code == RC.UNSUPPORTED and "adding a machine that is not in --peers" in a.reason
+
+
+def test_promote_counts_a_learner_watermark_of_this_term_only(tmp_path: Path) -> None:
+    """The learner's peer record may hold a watermark of an earlier leadership (cut since):
+    it says nothing of what the learner holds now. Found by the simulator: a member whose
+    log was 66 entries behind and not following anyone was promoted on such a record."""
+    h, wire, state, clock = leading_handler(tmp_path)
+    commit_all(h)
+    h.handle_frame(b"c", change(ChangeKind.REMOVE, "n2", 1))
+    commit_all(h)
+    h.handle_frame(b"c", change(ChangeKind.ADD_LEARNER, "n2", 2, "127.0.0.1", 20002))
+    commit_all(h)
+    end = h.store.ledger_end_index
+    state.write_peer(2, match_index=end, match_term=1, alive=1, last_ack_ms=clock.now)
+    h.handle_frame(b"c", change(ChangeKind.PROMOTE, "n2", 3))
+    assert wire.answer(3).code == RC.LEARNER_BEHIND
+    state.write_peer(2, match_index=end, match_term=2, alive=1, last_ack_ms=clock.now)
+    h.handle_frame(b"c", change(ChangeKind.PROMOTE, "n2", 4))
+    assert wire.answer(4) is None and words(state)[1:] == (0b111, 0)

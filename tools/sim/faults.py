@@ -169,6 +169,8 @@ class FaultsMixin:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if self.installs and ("partition" in self.faults or "crash" in self.faults):
             kinds += ["lagging-install", "lagging-install"]
+        if "membership" in self.faults:
+            kinds += ["membership"] * 3
         if not kinds:
             return
         k = r.choice(kinds)
@@ -229,6 +231,8 @@ class FaultsMixin:
             n.probe_full_until = self.now + ms
             self.stats["disk_probe_full"] += 1
             self.trace_event(n.id, "disk-probe", f"reads full for {ms} ms")
+        elif k == "membership":
+            self.membership_fault()
         elif k == "clock":
             j = r.randint(1, 150)
             n.clock_offset += j

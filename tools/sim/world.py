@@ -46,6 +46,7 @@ from tools.sim.config import (
 )
 from tools.sim.faults import FaultsMixin
 from tools.sim.invariants import InvariantsMixin
+from tools.sim.membership import MembershipMixin
 from tools.sim.network import NetworkMixin
 from tools.sim.scheduler import SchedulerMixin
 from tools.sim.state import NodeBlock, SimLock
@@ -56,7 +57,7 @@ __all__ = ["ALL_FAULTS", "CLIENT", "FAILOVER_MS", "OPT_IN_FAULTS", "RETENTION_RA
            "Writer", "definite_failure", "run_seed"]
 
 
-class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin):
+class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, InvariantsMixin, TraceMixin):
     """One seed: the cluster, its clients and the random source every choice draws from."""
 
     def __init__(self, cfg: SimConfig) -> None:
@@ -223,8 +224,13 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
                 stop_writes = full + FAILOVER_MS
             deadline = self.now + self.cfg.heal_ms
             next_check = self.now
+            restoring = "membership" in self.faults  # every --peers member a voter again first
+            next_restore = self.now
             while True:
                 self.step_once()
+                if restoring and self.now >= next_restore:
+                    next_restore = self.now + 200
+                    restoring = self.restore_membership()
                 if full is not None and self.now >= full + FAILOVER_MS:
                     if self.last_ack_at < full + FAILOVER_MS // 2:
                         self.fail(f"no append acknowledged in the {FAILOVER_MS // 2}-{FAILOVER_MS} ms after the "
@@ -234,7 +240,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
                     self.writing = False
                 if not self.writing and self.now >= next_check:
                     next_check = self.now + 50
-                    why = self.converged()
+                    why = "the membership is not every --peers member a voter yet" if restoring else self.converged()
                     if why is None:
                         break
                     if self.now >= deadline:
