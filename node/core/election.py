@@ -313,6 +313,15 @@ class ElectorCore:
             self.cfg, max_vote_interval_ms=max(self.cfg.min_vote_interval_ms + 1, (
                 self.cfg.min_vote_interval_ms + self.cfg.max_vote_interval_ms) // 2))
         self._next_vote_ms: int | None = None
+        # The newest term in which this node's voter set changed (a configuration from the log
+        # counted at start, or a change since); -1: never. No campaign in that term or before:
+        # the next one is in a new term. Why: DLedger's candidates revote in their current
+        # term, which is safe while one voter set decides a term (each voter votes once in it,
+        # so two majorities of it share a voter). A configuration change inside a term breaks
+        # that: a leader elected by {n2} alone, then {n1} alone after n2 removed itself, and n1,
+        # which never voted in that term, elected itself in it too: two leaders of one term
+        # (found by the simulator's membership fault). Static groups never set it.
+        self._stale_term = self.term if self.configuration is not None and self.configuration.index >= 0 else -1
         self._beat_requested = False  # request_heartbeat while a round was in flight
         # (token, asked at) of confirmations waiting for a quorum round that started at or
         # after `asked at` (request_heartbeat with a token): answered by LeadershipConfirmed.
@@ -355,6 +364,19 @@ class ElectorCore:
         self._n = len(self.members)
         self.stands = self.self_id in self._voter_set
 
+    def _may_stand(self, ledger: LedgerEnd) -> bool:
+        """A voter of its newest configuration stands. So does a member that configuration
+        removed, while it is not committed (Raft's dissertation, 4.2.2): it may hold the only
+        copy of the entry that removes it, as the leader that removed itself does until its
+        change commits. If it stood back, the remaining voters (still counting it: they lack
+        the entry) could elect nobody, since it has the longer log (found by the simulator's
+        membership fault). Elected, it counts only the new voters, commits the entry and steps
+        down (`leader_steps_down`). A learner never stands."""
+        if self.stands:
+            return True
+        c = self.configuration
+        return c is not None and c.member(self.self_id) is None and ledger.committed < c.index
+
     def set_configuration(self, config: Configuration, now_ms: int) -> None:
         """The newest configuration in this node's log changed (appended, or rolled back by a
         truncation): count its voters from now on. Rounds in flight were counted against the
@@ -363,6 +385,7 @@ class ElectorCore:
         if config == self.configuration:
             return
         self._set_members(config)
+        self._stale_term = self.term
         self._inflight.clear()
         if self._hb_round is not None:
             self._hb_round = None
@@ -680,14 +703,14 @@ class ElectorCore:
     def _maintain_as_candidate(self, now_ms: int, ledger: LedgerEnd) -> None:
         if self._vote_round is not None or now_ms < self.next_vote_ms:
             return
-        if not ledger.writable or not ledger.voting or not self.stands:
-            # Not a voter of its newest configuration (a learner, removed): never stands.
+        if not ledger.writable or not ledger.voting or not self._may_stand(ledger):
+            # Not a voter of its newest configuration (a learner, removed): does not stand.
             # C5: could not write a NOOP if elected (or must not vote, not even for itself):
             # look again after another vote interval
             # (re-arming the timer also keeps the caller from spinning on a past deadline).
             self.next_vote_ms = next_time_to_request_vote(now_ms, 0, self.cfg, self.rng)
             return
-        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT:
+        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT or self.term <= self._stale_term:
             self._next_term()
             self.last_parse = ParseResult.WAIT_TO_REVOTE
         self._start_vote_round(now_ms, ledger)
@@ -701,7 +724,8 @@ class ElectorCore:
             self.voted_for = d.grant_to  # persisted (Persist effect) before the Sends go out
         rnd = _VoteRound(term, VoteTally(term), now_ms, now_ms + self.cfg.vote_round_timeout_ms,
                          ledger)
-        rnd.tally.add(d.result, d.reply_term)
+        if self.stands:  # a removed member standing (`_may_stand`) counts only the voters
+            rnd.tally.add(d.result, d.reply_term)
         self._vote_round = rnd
         for peer in self.others:
             rid = self._rid(rnd, peer)

@@ -331,3 +331,61 @@ def test_promote_counts_a_learner_watermark_of_this_term_only(tmp_path: Path) ->
     state.write_peer(2, match_index=end, match_term=2, alive=1, last_ack_ms=clock.now)
     h.handle_frame(b"c", change(ChangeKind.PROMOTE, "n2", 4))
     assert wire.answer(4) is None and words(state)[1:] == (0b111, 0)
+
+
+def test_no_second_leader_in_a_term_whose_voters_changed() -> None:
+    """n2 led term 7 elected by {n2} alone, then removed itself: {n1} alone is the voter set.
+    n1 never voted in term 7, and DLedger's candidates revote in their current term: it
+    elected itself leader of term 7 too (the simulator's membership fault, seed 34). Its
+    campaign must be in a new term."""
+    core = ElectorCore("n1", removed("n0", 3, removed("n2", 2)), "g", term=7, now_ms=0,
+                       peers=["n0", "n1", "n2"])
+    core.on_heartbeat_request(P.HeartbeatRequest("g", "n1", "n2", 7), 1_000)
+    assert (core.role, core.term) == (Role.FOLLOWER, 7)
+    only_n1 = Configuration(tuple(m for m in BOOT.members if m.id == "n1"), 9)
+    core.set_configuration(only_n1, 1_500)
+    step = core.tick(60_000, LedgerEnd(9, 7, committed=9))  # n2 went silent
+    for _ in range(10):
+        if core.role == Role.LEADER:
+            break
+        step = core.tick(core.next_deadline(60_000), LedgerEnd(9, 7, committed=9))
+    assert step is not None and core.role == Role.LEADER
+    assert core.term == 8, "elected again in the term another leader led"
+
+
+def test_a_member_removed_by_an_uncommitted_entry_still_stands_and_counts_only_the_new_voters() -> None:
+    """n1 removed itself at entry 60 ({n2} alone) and lost leadership before 60 reached n2;
+    n2 still counts {n1, n2} and cannot win against n1's longer log. n1 must stand while 60 is
+    uncommitted (it holds the only copy), counting n2's vote only (simulator seed 85)."""
+    core = ElectorCore("n1", removed("n1", 60, removed("n0", 40)), "g", term=4, now_ms=0,
+                       peers=["n0", "n1", "n2"])
+    assert not core.stands
+    step = core.tick(60_000, LedgerEnd(60, 4, committed=59))
+    asked = [e for e in step.effects if hasattr(e, "peer")]
+    assert [e.peer for e in asked] == ["n2"]
+    core.on_response(P.VoteResponse(int(RC.SUCCESS), "g", core.term, "", VoteResult.ACCEPT, 4, 40,
+                                    asked[0].message.request_id), 60_001)
+    assert core.role == Role.LEADER  # n2's vote is the majority of {n2}; its own does not count
+    core.tick(60_100, LedgerEnd(61, core.term, committed=61))
+    assert core.role == Role.CANDIDATE  # 60 committed: it steps down, and stands no more
+    step = core.tick(90_000, LedgerEnd(61, core.term, committed=61))
+    assert not [e for e in step.effects if hasattr(e, "peer")]
+
+
+def test_refusals_of_an_unknown_candidate_do_not_raise_its_term() -> None:
+    """A removed member that lacks the entry removing it stands; the group answers
+    REJECT_UNKNOWN_LEADER. Counted as a quorum that answered without a leader, they made it
+    raise its term every round (term 81 after 20 s in simulator seed 85); re-added, it would
+    have brought that term back and deposed the leader."""
+    core = ElectorCore("n0", BOOT, "g", term=3, voted_for="n1", now_ms=0)
+    terms = set()
+    now = 10_000
+    for _ in range(10):
+        step = core.tick(now, LedgerEnd(5, 3))
+        for e in step.effects:
+            if isinstance(getattr(e, "message", None), P.VoteRequest):
+                core.on_response(P.VoteResponse(int(RC.SUCCESS), "g", 3, "", VoteResult.REJECT_UNKNOWN_LEADER,
+                                                3, 5, e.message.request_id), now + 1)
+        terms.add(core.term)
+        now = core.next_deadline(now) + 1
+    assert max(terms) <= 4, sorted(terms)
