@@ -156,6 +156,10 @@ class FaultsMixin:
         self.next_fault = self.now + r.randint(*self.fault_every)
         if self.now < self.quiet_until:
             return  # a multi-step fault shape is playing out
+        if self.m15 is None and any(f.startswith("m2015-") for f in self.faults) \
+                and not self.stats["m2015_shapes"]:
+            self.m15_start()  # once per seed (tools/sim/membership.py)
+            return
         kinds = [k for k in ("partition", "crash", "role-crash", "pause", "truncate", "clock") if k in self.faults]
         if "eager-commit" in self.faults:
             kinds.append("lagging-follower")

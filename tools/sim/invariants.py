@@ -72,6 +72,8 @@ class InvariantsMixin:
             self.leaders[new.current_term] = n.id
             if self.f8 is not None and (old.role != Role.LEADER or old.current_term != new.current_term):
                 self._figure8_leader(n, new.current_term)
+            if self.m15 is not None and (old.role != Role.LEADER or old.current_term != new.current_term):
+                self.m15_leader(n, new.current_term)
             if old.role != Role.LEADER or old.current_term != new.current_term:
                 # Never lead twice in one term, across restarts too: a second leadership of one
                 # term may write a different entry at an (index, term) a follower already holds.
