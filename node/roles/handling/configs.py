@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from node.roles.handler import Handler
 
 CONFIG_FILE = "configuration"
+_NOTHING: dict[str, int] = {}
 _TAG = re.compile(re.escape(CONFIG_TAG))
 _KEY = "entry."
 
@@ -88,13 +89,19 @@ class ConfigKeeper:
         self.history = ConfigHistory(self.base)
         self.path = os.path.join(h.cfg.store_dir, CONFIG_FILE)
         self.masks = slot_masks(self.base, h.peer_map)  # what `published` gives the block
+        self._unpublished = True  # the block's words are not these yet (a new process: maybe stale)
 
     @property
     def latest(self) -> Configuration:
         return self.history.latest
 
     def published(self) -> dict[str, int]:
-        """The ledger group's configuration words (LedgerPublisher.publish writes them)."""
+        """The ledger group's configuration words for the next ledger write, once after they
+        changed, else {} (the group keeps them): the ledger is published on every append
+        burst, and passing three unchanged words each time cost ~0.6 us a publish."""
+        if not self._unpublished:
+            return _NOTHING
+        self._unpublished = False
         return {"config_index": self.history.latest.index, "config_voters": self.masks[0],
                 "config_learners": self.masks[1]}
 
@@ -193,6 +200,7 @@ class ConfigKeeper:
 
     def _publishable(self) -> None:
         self.masks = slot_masks(self.history.latest, self.h.peer_map)
+        self._unpublished = True
 
 
 def _body(c: Configuration) -> bytes:
