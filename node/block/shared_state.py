@@ -468,15 +468,23 @@ class LedgerView:
     """The store's generation counter (node/store, docs/contracts.md C1) when this snapshot was
     published: a reader passes it to ``StoreReader.begin``/``validate`` so it never uses bytes
     of a file a truncation replaced after the snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigWords:
+    """The newest configuration in the handler's log, as the ledger group's last three words
+    (docs/membership.md). In the ledger group so that one snapshot gives a decision both the
+    ledger end and the voter set it is counted against (`read_ledger_config`); a separate
+    view so that `read_ledger`, on every dispatcher's push path, builds no more than before."""
+
     config_index: int = NO_INDEX
     """The index of the newest configuration entry in this node's log, committed or not (-1:
-    none, the bootstrap configuration from ``--peers``; docs/membership.md)."""
+    none, the bootstrap configuration from ``--peers``)."""
     config_voters: int = 0
     """That configuration's voters as a bit mask over the peer slots (bit ``p``: slot ``p``);
     0 means "not published yet": the bootstrap configuration (every slot a voter)."""
     config_learners: int = 0
-    """Its learners, the same way. In the ledger group so that one snapshot gives a decision
-    both the ledger end and the voter set it is counted against."""
+    """Its learners, the same way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -638,7 +646,9 @@ _SNAPSHOT_BODY: Final = tuple(f for f in LAYOUT if f.group == "snapshot" and not
 _PEER_BODY: Final = tuple(f for f in PEER_LAYOUT if f.group == "peer" and not f.is_seq)
 _PEER_WORDS: Final = tuple(f for f in PEER_LAYOUT if f.group is None)
 _MEMBER_S: Final = _struct_for(_MEMBER_BODY)
-_LEDGER_S: Final = _struct_for(_LEDGER_BODY)
+_LEDGER_S: Final = _struct_for(_LEDGER_BODY)  # every word, the configuration's too
+_LEDGER_END: Final = tuple(f for f in _LEDGER_BODY if not f.name.startswith("config_"))
+_LEDGER5_S: Final = _struct_for(_LEDGER_END)  # what LedgerView holds: a prefix of the group
 _QUORUM_S: Final = _struct_for(_QUORUM_BODY)
 _SNAPSHOT_S: Final = _struct_for(_SNAPSHOT_BODY)
 _PEER_S: Final = _struct_for(_PEER_BODY)
@@ -1106,8 +1116,15 @@ class SharedState:
 
     def read_ledger(self, timeout_s: float | None = None) -> LedgerView:
         """Consistent begin/end/endTerm/committed snapshot."""
-        return LedgerView(*self._read_group(FIELDS["ledger_seq"].offset // 8, _LEDGER_S,
+        return LedgerView(*self._read_group(FIELDS["ledger_seq"].offset // 8, _LEDGER5_S,
                                             _LEDGER_BODY[0].offset, "ledger", timeout_s))
+
+    def read_ledger_config(self, timeout_s: float | None = None) -> tuple[LedgerView, ConfigWords]:
+        """The ledger snapshot and the newest configuration's words, from ONE read of the
+        group (the elector's and the ack checker's decisions count that configuration)."""
+        vals = self._read_group(FIELDS["ledger_seq"].offset // 8, _LEDGER_S,
+                                _LEDGER_BODY[0].offset, "ledger", timeout_s)
+        return LedgerView(*vals[:5]), ConfigWords(*vals[5:])
 
     def write_ledger(
         self,
@@ -1121,28 +1138,33 @@ class SharedState:
         config_voters: int | None = None,
         config_learners: int | None = None,
     ) -> LedgerView:
-        """Handler: publish the ledger group; omitted fields keep their value."""
+        """Handler: publish the ledger group; omitted fields keep their value. The
+        configuration words are written only when one is given (they rarely change: the
+        handler passes them once after a change), so a plain publish costs what it did."""
         self._check_writer("handler")
-        cur = _LEDGER_S.unpack_from(self._buf, _LEDGER_BODY[0].offset)
-        vals = (  # spelled out: the handler's hot path (a generator here cost 1.6 us a publish)
+        words = config_index is not None or config_voters is not None or config_learners is not None
+        struct_ = _LEDGER_S if words else _LEDGER5_S
+        cur = struct_.unpack_from(self._buf, _LEDGER_BODY[0].offset)
+        vals = (
             cur[0] if ledger_begin_index is None else ledger_begin_index,
             cur[1] if ledger_end_index is None else ledger_end_index,
             cur[2] if ledger_end_term is None else ledger_end_term,
             cur[3] if committed_index is None else committed_index,
             cur[4] if store_generation is None else store_generation,
-            cur[5] if config_index is None else config_index,
-            cur[6] if config_voters is None else config_voters,
-            cur[7] if config_learners is None else config_learners,
         )
+        if words:
+            vals += (cur[5] if config_index is None else config_index,
+                     cur[6] if config_voters is None else config_voters,
+                     cur[7] if config_learners is None else config_learners)
         seq_idx = FIELDS["ledger_seq"].offset // 8
-        data = _LEDGER_S.pack(*vals)
+        data = struct_.pack(*vals)
         off = _LEDGER_BODY[0].offset
         end = self._seq_begin(seq_idx)
         try:
             self._buf[off:off + len(data)] = data
         finally:
             self._w[seq_idx] = end
-        return LedgerView(*vals)
+        return LedgerView(*vals[:5])
 
     # ---- quorum group (ack checker) -----------------------------------------------------------
 

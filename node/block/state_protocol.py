@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ipc.codes import Role
-from node.block.shared_state import LedgerView, MemberView, PeerView, QuorumView, SnapshotView
+from node.block.shared_state import (
+    ConfigWords,
+    LedgerView,
+    MemberView,
+    PeerView,
+    QuorumView,
+    SnapshotView,
+)
 
 
 class Observer(Protocol):
@@ -61,6 +68,8 @@ class StateBlock(Protocol):
     ) -> MemberView: ...
 
     def read_ledger(self, timeout_s: float | None = None) -> LedgerView: ...
+
+    def read_ledger_config(self, timeout_s: float | None = None) -> tuple[LedgerView, ConfigWords]: ...
 
     def write_ledger(
         self,

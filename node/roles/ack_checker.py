@@ -82,14 +82,14 @@ class AckChecker:
             return False
         self._lease_wait = False
         term = m.current_term
-        led = self.state.read_ledger()  # one snapshot: the ledger end AND the voters it counts
-        if led.config_voters != self._voters_mask:
-            self._voters_mask = led.config_voters
-            slots = voter_slot_set(led.config_voters, self.n)
+        led, words = self.state.read_ledger_config()  # one snapshot: the end AND its voters
+        if words.config_voters != self._voters_mask:
+            self._voters_mask = words.config_voters
+            slots = voter_slot_set(words.config_voters, self.n)
             if slots != self.voter_slots:
                 self.voter_slots = slots
                 self.log.info("counting the voters of configuration entry %d: slots %s",
-                              led.config_index, sorted(slots))
+                              words.config_index, sorted(slots))
         peers = []
         for slot in range(self.n):
             if slot == self.self_slot:

@@ -39,7 +39,7 @@ from ipc.security import authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     recv_routed,
 )
-from node.block.shared_state import NO_SLOT, LedgerView
+from node.block.shared_state import NO_SLOT, ConfigWords
 from node.core.election import (
     ElectorCore,
     LeadershipConfirmed,
@@ -122,7 +122,7 @@ class Elector:
         self.leader_since_ms = 0
         self._not_voting = 0  # the reason last published to the block's `not_voting`
         self.mismatch = MemberMismatch(self.log, self.cfg.id, self.peer_ids)  # --peers disagreements
-        self._config_key: tuple[int, int, int] | None = None  # the ledger group's config words, as counted
+        self._config_key: ConfigWords | None = None  # the ledger group's config words, as counted
 
     def now(self) -> int:
         return self.rc.clock()
@@ -140,8 +140,8 @@ class Elector:
 
     # ------------------------------------------------------------------ reading the block
     def _ledger(self) -> LedgerEnd:
-        led = self.state.read_ledger()
-        self._follow_configuration(led)
+        led, words = self.state.read_ledger_config()  # one snapshot: the ledger and its voters
+        self._follow_configuration(words)
         try:
             writable = self.state.get("store_unwritable_ms") == 0
         except KeyError:  # a block layout without the field: the handler cannot tell us
@@ -157,22 +157,21 @@ class Elector:
         return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0,
                          led.committed_index)
 
-    def _configuration(self, led: LedgerView) -> Configuration:
+    def _configuration(self, w: ConfigWords) -> Configuration:
         """The newest configuration in this node's log, as the handler published it."""
         try:
-            return config_from_masks(self.cfg.peer_map, led.config_index, led.config_voters,
-                                     led.config_learners)
+            return config_from_masks(self.cfg.peer_map, w.config_index, w.config_voters,
+                                     w.config_learners)
         except ConfigurationError as e:  # the handler never publishes one: a damaged block
-            self.rc.fatal(f"the published configuration (entry {led.config_index}) is not one: {e}")
+            self.rc.fatal(f"the published configuration (entry {w.config_index}) is not one: {e}")
 
-    def _follow_configuration(self, led: LedgerView) -> None:
+    def _follow_configuration(self, w: ConfigWords) -> None:
         """Count the newest configuration from the same ledger snapshot the decision reads
         (one snapshot per decision: a tally never mixes two configurations)."""
-        key = (led.config_index, led.config_voters, led.config_learners)
-        if self.core is None or key == self._config_key:
+        if self.core is None or w == self._config_key:
             return
-        self._config_key = key
-        c = self._configuration(led)
+        self._config_key = w
+        c = self._configuration(w)
         if c == self.core.configuration:
             return
         self.core.set_configuration(c, self.now())
@@ -353,13 +352,12 @@ class Elector:
         """Build the core from the term file and publish the initial role (call once the
         handler published the ledger end: see the module docstring)."""
         tv = self.termvote.current
-        led = self.state.read_ledger()
+        led, self._config_key = self.state.read_ledger_config()
         # Never voted (no term/vote file, also after learning the group's term: a group with
         # history makes it record one) and nothing stored: its first campaign may come sooner.
         new_member = (self.termvote.absent and led.ledger_end_index < 0
                       and led.ledger_begin_index < 0)
-        self._config_key = (led.config_index, led.config_voters, led.config_learners)
-        self.core = ElectorCore(self.cfg.id, self._configuration(led), self.cfg.group,
+        self.core = ElectorCore(self.cfg.id, self._configuration(self._config_key), self.cfg.group,
                                 self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
                                 now_ms=self.now(), new_member=new_member, peers=self.peer_ids)
         with self.lock:

@@ -66,8 +66,8 @@ def push_run(h, x: MemoryStore, first: int, n: int, *, term: int, rid: int, pre_
 
 
 def words(state: FakeState) -> tuple[int, int, int]:
-    led = state.read_ledger()
-    return led.config_index, led.config_voters, led.config_learners
+    _led, w = state.read_ledger_config()
+    return w.config_index, w.config_voters, w.config_learners
 
 
 # ------------------------------------------------------------------------------------------
