@@ -314,8 +314,8 @@ class ElectorCore:
                 self.cfg.min_vote_interval_ms + self.cfg.max_vote_interval_ms) // 2))
         self._next_vote_ms: int | None = None
         # The newest term in which this node's voter set changed (a configuration from the log
-        # counted at start, or a change since); -1: never. No campaign in that term or before:
-        # the next one is in a new term. Why: DLedger's candidates revote in their current
+        # counted at start, or a change since); -1: never. A round won in that term or before
+        # does not make it leader: it was a pre-vote, the next round is in a new term. Why: DLedger's candidates revote in their current
         # term, which is safe while one voter set decides a term (each voter votes once in it,
         # so two majorities of it share a voter). A configuration change inside a term breaks
         # that: a leader elected by {n2} alone, then {n1} alone after n2 removed itself, and n1,
@@ -710,7 +710,7 @@ class ElectorCore:
             # (re-arming the timer also keeps the caller from spinning on a past deadline).
             self.next_vote_ms = next_time_to_request_vote(now_ms, 0, self.cfg, self.rng)
             return
-        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT or self.term <= self._stale_term:
+        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT:
             self._next_term()
             self.last_parse = ParseResult.WAIT_TO_REVOTE
         self._start_vote_round(now_ms, ledger)
@@ -761,6 +761,12 @@ class ElectorCore:
             None if p.next_time_ms is None else p.next_time_ms - now_ms)
         if p.candidate_term is not None:
             self._change_role_to_candidate(p.candidate_term)
+        if p.result == ParseResult.PASSED and rnd.term <= self._stale_term:
+            # Its voter set changed in this term: a round in it is a pre-vote only (it found
+            # nobody following a leader, so nobody is disturbed); it wins in the next term.
+            self.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_vote_ms = now_ms
+            return
         if p.result == ParseResult.PASSED:
             self._change_role_to_leader(rnd.term, rnd.started_ms)
 
