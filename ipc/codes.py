@@ -176,6 +176,7 @@ class MsgType(IntEnum):
     SNAPSHOT = 13
     READ_INDEX = 14
     FETCH = 15
+    MEMBER_CHANGE = 16
     INSTALL = 20
     APPEND_RESPONSE = 0x81
     BATCH_APPEND_RESPONSE = 0x82

@@ -46,6 +46,11 @@ READ_INDEX (14)        group, remote_id: a follower asks the leader for a read i
 FETCH (15)             group, remote_id, i64 index, u32 max_entries, u32 max_bytes, u32 wait_ms:
                        committed entries from `index`, from any member that has them committed;
                        the member holds the request up to wait_ms for the first one (long poll)
+MEMBER_CHANGE (16)     group, remote_id, u8 kind (1 add a learner, 2 promote, 3 remove), member
+                       id, host (<=255), u16 port, public key (Z85, "" without --keys-dir):
+                       a membership change, to the leader (docs/membership.md); answered
+                       like an APPEND once its configuration entry commits (its index), or
+                       with an ERROR (the refusal code and one line)
 INSTALL (20)           group, remote_id, leader_id, i64 term, u32 n, meta (the snapshot's
                        meta.json), i64 offset, u32 m, chunk: one chunk of the leader's
                        snapshot for a follower that needs entries the leader no longer has
@@ -304,6 +309,22 @@ class LeadershipTransferRequest:
     remote_id: str
     transferee_id: str
     term: int = -1
+    request_id: int = 0
+
+
+@dataclass(slots=True)
+class MemberChangeRequest:
+    """A membership change (`node.core.membership.ChangeKind` as `kind`): admin right, to
+    the leader, answered with an AppendResponse (the entry's index) once it commits."""
+
+    TYPE: ClassVar[MsgType] = MsgType.MEMBER_CHANGE
+    group: str
+    remote_id: str
+    kind: int
+    member_id: str
+    host: str = ""
+    port: int = 0
+    public_key: str = ""
     request_id: int = 0
 
 
@@ -602,7 +623,7 @@ class Multi:
 Request = (AppendRequest | BatchAppendRequest | GetRequest | MetadataRequest
            | LeadershipTransferRequest | PushRequest | VoteRequest | HeartbeatRequest
            | TakeLeadershipRequest | OpenSessionRequest | QueryRequest | SnapshotRequest
-           | InstallRequest | ReadIndexRequest | FetchRequest)
+           | InstallRequest | ReadIndexRequest | FetchRequest | MemberChangeRequest)
 Response = (AppendResponse | BatchAppendResponse | GetResponse | MetadataResponse
             | TransferResponse | PushResponse | VoteResponse | HeartbeatResponse
             | TakeLeadershipResponse | OpenSessionResponse | QueryResponse | SnapshotResponse
@@ -685,6 +706,16 @@ def _enc_metadata(m: MetadataRequest) -> bytes:
 def _enc_transfer(m: LeadershipTransferRequest) -> bytes:
     return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _s(m.transferee_id),
                      _TERM.pack(m.term)))
+
+
+_CHANGE_KINDS = (1, 2, 3)  # node.core.membership.ChangeKind (the codec imports no node code)
+
+
+def _enc_member_change(m: MemberChangeRequest) -> bytes:
+    if m.kind not in _CHANGE_KINDS:
+        raise ProtocolError(f"membership change kind {m.kind}: expected 1 (add), 2 (promote) or 3 (remove)")
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), _U8.pack(m.kind), _s(m.member_id),
+                     _s(m.host, MAX_LONG_STR), struct.pack(">H", m.port), _s(m.public_key)))
 
 
 def _enc_push(m: PushRequest) -> bytes:
@@ -856,6 +887,7 @@ _ENCODERS = {
     GetRequest: _enc_get,
     MetadataRequest: _enc_metadata,
     LeadershipTransferRequest: _enc_transfer,
+    MemberChangeRequest: _enc_member_change,
     PushRequest: _enc_push,
     VoteRequest: _enc_vote,
     HeartbeatRequest: _enc_leader_term,
@@ -1018,6 +1050,22 @@ def _dec_transfer(mv: memoryview, off: int, rid: int, max_body: int) -> Leadersh
     (term,) = _TERM.unpack_from(mv, off)
     _end(mv, off + 8)
     return LeadershipTransferRequest(group, remote, transferee, term, rid)
+
+
+def _dec_member_change(mv: memoryview, off: int, rid: int, max_body: int) -> MemberChangeRequest:
+    group, off = _str(mv, off)
+    remote, off = _str(mv, off)
+    _need(mv, off, 1, "change kind")
+    kind = mv[off]
+    if kind not in _CHANGE_KINDS:
+        raise ProtocolError(f"membership change kind {kind}: expected 1 (add), 2 (promote) or 3 (remove)")
+    member, off = _str(mv, off + 1)
+    host, off = _str(mv, off, MAX_LONG_STR)
+    _need(mv, off, 2, "port")
+    (port,) = struct.unpack_from(">H", mv, off)
+    key, off = _str(mv, off + 2)
+    _end(mv, off)
+    return MemberChangeRequest(group, remote, kind, member, host, port, key, rid)
 
 
 def _dec_push(mv: memoryview, off: int, rid: int, max_body: int) -> PushRequest:
@@ -1327,6 +1375,7 @@ _DECODERS = {
     MsgType.GET: _dec_get,
     MsgType.METADATA: _dec_metadata,
     MsgType.LEADERSHIP_TRANSFER: _dec_transfer,
+    MsgType.MEMBER_CHANGE: _dec_member_change,
     MsgType.PUSH: _dec_push,
     MsgType.VOTE: _dec_vote,
     MsgType.HEARTBEAT: _dec_leader_term(HeartbeatRequest),

@@ -392,7 +392,7 @@ _CLAIMS_SENDER = frozenset({"PushRequest", "InstallRequest", "VoteRequest", "Hea
 _NEEDS = {"GetRequest": "read", "FetchRequest": "read", "QueryRequest": "read",
           "MetadataRequest": "read", "AppendRequest": "write", "BatchAppendRequest": "write",
           "OpenSessionRequest": "write", "LeadershipTransferRequest": "admin",
-          "SnapshotRequest": "admin"}
+          "SnapshotRequest": "admin", "MemberChangeRequest": "admin"}
 """The right each client request needs; a request type not named here needs `admin` (a new
 kind of request is closed to read and write keys until someone decides otherwise)."""
 

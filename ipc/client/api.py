@@ -23,6 +23,7 @@ from ipc.client.calls import (
     APPEND,
     BATCH,
     GET,
+    MEMBER,
     META,
     QUERY,
     SNAPSHOT,
@@ -366,6 +367,17 @@ class DLedgerClient:
             time.sleep(pause)
         raise DLedgerError(getattr(resp, "code", RC.UNKNOWN), getattr(resp, "reason", "") or f"from {node_id}",
                            node=node_id)
+
+    def change_membership(self, kind: int, member_id: str, host: str = "", port: int = 0,
+                          public_key: str = "", timeout: float | None = None) -> int:
+        """One membership change (docs/membership.md): `kind` 1 adds `member_id` at
+        `host`:`port` as a learner, 2 promotes a learner, 3 removes a member. Sent to the
+        leader (admin right); returns the index of the configuration entry once it committed.
+        Raises DLedgerError with the refusal code (MEMBERSHIP_CHANGE_IN_PROGRESS: retry later;
+        MEMBERSHIP_NO_CHANGE: an earlier attempt already did it; ...)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        call = Call(MEMBER, (kind, member_id, host, port, public_key), deadline)
+        return self._wait(self._submit(call), deadline - time.monotonic())
 
     def metadata(self, timeout: float | None = None) -> Metadata:
         """Ask every node in parallel. Silent nodes get alive=False and None fields.

@@ -26,9 +26,9 @@ BACKOFF_BASE = 0.005
 BACKOFF_MAX = 0.2
 
 # Kinds of call.
-APPEND, BATCH, GET, META, TRANSFER, OPEN, QUERY, SNAPSHOT, FETCH = range(9)
+APPEND, BATCH, GET, META, TRANSFER, OPEN, QUERY, SNAPSHOT, FETCH, MEMBER = range(10)
 KIND_NAMES = ("APPEND", "BATCH_APPEND", "GET", "METADATA", "LEADERSHIP_TRANSFER", "OPEN_SESSION",
-              "QUERY", "SNAPSHOT", "FETCH")
+              "QUERY", "SNAPSHOT", "FETCH", "MEMBER_CHANGE")
 # States of a call: not yet dispatched, one attempt outstanding, parked (for a leader or a
 # session), waiting out a backoff, completed.
 NEW, INFLIGHT, WAITING, BACKOFF, DONE = range(5)
@@ -119,6 +119,8 @@ def encode_request(group: str, call: Call, node_id: str, rid: int) -> bytes:
                                        any_member=call.pinned is not None))
     if k == SNAPSHOT:
         return P.encode(P.SnapshotRequest(group, node_id, rid))
+    if k == MEMBER:
+        return P.encode(P.MemberChangeRequest(group, node_id, *call.payload, request_id=rid))
     if k == FETCH:  # always to a named node: any member answers
         index, max_entries, max_bytes, wait_ms = call.payload
         return P.encode(P.FetchRequest(group, node_id, index, max_entries, max_bytes, wait_ms, rid))
@@ -146,6 +148,8 @@ def success_value(call: Call, msg: P.Message) -> Any:
             return [AppendResult(first + i, term, p, None if r is None else bytes(r))
                     for i, (p, r) in enumerate(zip(msg.positions, msg.results, strict=True))]
         return UNEXPECTED
+    if kind == MEMBER and type(msg) is P.AppendResponse:
+        return msg.index  # the configuration entry's index, committed
     if kind == QUERY and type(msg) is P.QueryResponse:
         return QueryResult(bytes(msg.answer), msg.applied_index)
     if kind == GET and type(msg) is P.GetResponse:

@@ -29,6 +29,7 @@ from node.block.shared_state import (
     NO_INDEX,
     NO_SLOT,
     PEER_FIELDS,
+    ConfigWords,
     LedgerView,
     MemberView,
     PeerView,
@@ -65,6 +66,7 @@ class MemoryBlock:
         self.self_slot = self_slot
         self.member = MemberView(Role.CANDIDATE, 0, NO_SLOT, NO_SLOT, NO_SLOT, 0, 0, 0)
         self.ledger = LedgerView(NO_INDEX, NO_INDEX, -1, NO_INDEX, 0)
+        self.config = ConfigWords()  # the ledger group's configuration words
         self.quorum = QuorumView(NO_INDEX, -1)
         self.snapshot = SnapshotView(NO_INDEX, -1)  # the applier's newest snapshot
         self.peers = [PeerView(p, NO_INDEX, -1, False, 0, 0, 0, 0, 0) for p in range(n_peers)]
@@ -165,6 +167,11 @@ class MemoryState:
         self._read_point()
         return v
 
+    def read_ledger_config(self, timeout_s: float | None = None) -> tuple[LedgerView, ConfigWords]:
+        v = (self.block.ledger, self.block.config)
+        self._read_point()
+        return v
+
     def read_quorum(self, timeout_s: float | None = None) -> QuorumView:
         v = self.block.quorum
         self._read_point()
@@ -227,13 +234,21 @@ class MemoryState:
         ledger_end_term: int | None = None,
         committed_index: int | None = None,
         store_generation: int | None = None,
+        config_index: int | None = None,
+        config_voters: int | None = None,
+        config_learners: int | None = None,
     ) -> LedgerView:
         self._write_point()
         given = dict(ledger_begin_index=ledger_begin_index, ledger_end_index=ledger_end_index,
                      ledger_end_term=ledger_end_term, committed_index=committed_index,
                      store_generation=store_generation)
+        words = dict(config_index=config_index, config_voters=config_voters,
+                     config_learners=config_learners)
         cur = self.block.ledger
         new = dataclasses.replace(cur, **{k: v for k, v in given.items() if v is not None})
+        if any(v is not None for v in words.values()):  # one write with the ledger: one group
+            self.block.config = dataclasses.replace(self.block.config,
+                                                    **{k: v for k, v in words.items() if v is not None})
         self.block.ledger = new
         self._published("ledger", cur, new)
         return new

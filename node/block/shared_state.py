@@ -18,7 +18,7 @@ Peers are named by *slot*: the position of the peer id in the configured peers l
 (:func:`monotonic_ms`), which Linux keeps system-wide, so they are comparable across processes
 (not across reboots or hosts). Indices are -1 when the ledger is empty.
 
-Layout (``P = 4608 + 256*p`` is the base of peer slot ``p``; records are 256 bytes so two
+Layout (``P = 5248 + 256*p`` is the base of peer slot ``p``; records are 256 bytes so two
 dispatchers never write the same cache line; sections of different writers start on 64-byte
 boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket histograms
 (node/observe/histogram.py) and the request matrix (node/observe/request_counts.py) -- each with one writer). The table is rendered from ``LAYOUT``/``PEER_LAYOUT`` by
@@ -60,42 +60,45 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | 280 | int64 | ledger_end_term | handler | ledger |
 | 288 | int64 | committed_index | handler | ledger |
 | 296 | int64 | store_generation | handler | ledger |
-| 304 | int64 | handler_beat_ms | handler | - |
-| 312 | int64 | appends | handler | - |
-| 320 | int64 | append_errors | handler | - |
-| 328 | int64 | gets | handler | - |
-| 336 | int64 | push_requests | handler | - |
-| 344 | int64 | bad_frames | handler | - |
-| 352 | int64 | entries_appended | handler | - |
-| 360 | int64 | commits_published | handler | - |
-| 368 | int64 | store_unwritable_ms | handler | - |
-| 376 | int64 | pending_appends | handler | - |
-| 384 | int64 | bytes_appended | handler | - |
-| 392 | int64 | ledger_end_pos | handler | - |
-| 400 | int64 | retention_files_deleted | handler | - |
-| 408 | int64 | repair_index | handler | - |
-| 416 | int64 | unchecked_end_index | handler | - |
-| 424 | int64 | fetches | handler | - |
-| 432 | int64 | fetched_entries | handler | - |
-| 440 | int64 | auth_refused | handler | - |
-| 448 | int64 | quorum_seq | ack_checker | quorum (seq) |
-| 456 | int64 | quorum_index | ack_checker | quorum |
-| 464 | int64 | quorum_term | ack_checker | quorum |
-| 472 | int64 | ack_checker_beat_ms | ack_checker | - |
-| 480 | int64 | quorum_advances | ack_checker | - |
-| 488 | int64 | ack_timeouts | ack_checker | - |
-| 512 | int64 | snapshot_seq | applier | snapshot (seq) |
-| 520 | int64 | snapshot_index | applier | snapshot |
-| 528 | int64 | snapshot_term | applier | snapshot |
-| 536 | int64 | applier_beat_ms | applier | - |
-| 544 | int64 | applied_index | applier | - |
-| 552 | int64 | entries_applied | applier | - |
-| 560 | int64 | snapshots_taken | applier | - |
-| 568 | int64 | queries_served | applier | - |
-| 576 | int64[14] | append_latency_ms | handler | - |
-| 704 | int64[14] | append_batch_entries | handler | - |
-| 832 | int64[14] | fsync_us | handler | - |
-| 960 | int64[517] | requests | handler | - |
+| 304 | int64 | config_index | handler | ledger |
+| 312 | int64 | config_voters | handler | ledger |
+| 320 | int64 | config_learners | handler | ledger |
+| 328 | int64 | handler_beat_ms | handler | - |
+| 336 | int64 | appends | handler | - |
+| 344 | int64 | append_errors | handler | - |
+| 352 | int64 | gets | handler | - |
+| 360 | int64 | push_requests | handler | - |
+| 368 | int64 | bad_frames | handler | - |
+| 376 | int64 | entries_appended | handler | - |
+| 384 | int64 | commits_published | handler | - |
+| 392 | int64 | store_unwritable_ms | handler | - |
+| 400 | int64 | pending_appends | handler | - |
+| 408 | int64 | bytes_appended | handler | - |
+| 416 | int64 | ledger_end_pos | handler | - |
+| 424 | int64 | retention_files_deleted | handler | - |
+| 432 | int64 | repair_index | handler | - |
+| 440 | int64 | unchecked_end_index | handler | - |
+| 448 | int64 | fetches | handler | - |
+| 456 | int64 | fetched_entries | handler | - |
+| 464 | int64 | auth_refused | handler | - |
+| 512 | int64 | quorum_seq | ack_checker | quorum (seq) |
+| 520 | int64 | quorum_index | ack_checker | quorum |
+| 528 | int64 | quorum_term | ack_checker | quorum |
+| 536 | int64 | ack_checker_beat_ms | ack_checker | - |
+| 544 | int64 | quorum_advances | ack_checker | - |
+| 552 | int64 | ack_timeouts | ack_checker | - |
+| 576 | int64 | snapshot_seq | applier | snapshot (seq) |
+| 584 | int64 | snapshot_index | applier | snapshot |
+| 592 | int64 | snapshot_term | applier | snapshot |
+| 600 | int64 | applier_beat_ms | applier | - |
+| 608 | int64 | applied_index | applier | - |
+| 616 | int64 | entries_applied | applier | - |
+| 624 | int64 | snapshots_taken | applier | - |
+| 632 | int64 | queries_served | applier | - |
+| 640 | int64[14] | append_latency_ms | handler | - |
+| 768 | int64[14] | append_batch_entries | handler | - |
+| 896 | int64[14] | fsync_us | handler | - |
+| 1024 | int64[517] | requests | handler | - |
 | P+0 | int64 | peer[p].seq | dispatcher[p] | peer[p] (seq) |
 | P+8 | int64 | peer[p].match_index | dispatcher[p] | peer[p] |
 | P+16 | int64 | peer[p].match_term | dispatcher[p] | peer[p] |
@@ -108,7 +111,7 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | P+72 | int64 | peer[p].match_pos | dispatcher[p] | - |
 | P+80 | int64[14] | peer[p].replication_latency_ms | dispatcher[p] | - |
 
-Total size: ``4608 + 256 * n_peers`` bytes (layout version 4: version 3 had no metrics
+Total size: ``5248 + 256 * n_peers`` bytes (layout version 5: version 4 had no configuration words in the ledger group; version 3 had no metrics
 words, histograms or request matrix and 128-byte peer records). The record of ``self_slot`` is never written (no
 dispatcher pushes to itself; the ack checker takes this node's own watermark from the ledger
 group).
@@ -195,7 +198,7 @@ from node.observe.histogram import NODE_HISTOGRAMS, PEER_HISTOGRAMS, HistogramSp
 log = logging.getLogger("dledger.shared_state")
 
 MAGIC: Final = int.from_bytes(b"DLedgSB1", "little")
-LAYOUT_VERSION: Final = 4
+LAYOUT_VERSION: Final = 5
 NO_SLOT: Final = -1
 NO_INDEX: Final = -1
 
@@ -316,7 +319,7 @@ def _build_layout() -> tuple[tuple[FieldSpec, ...], int]:
         "handler",
         "ledger",
         ("ledger_begin_index", "ledger_end_index", "ledger_end_term", "committed_index",
-         "store_generation"),
+         "store_generation", "config_index", "config_voters", "config_learners"),
         "ledger_seq",
     )
     out += f
@@ -465,6 +468,23 @@ class LedgerView:
     """The store's generation counter (node/store, docs/contracts.md C1) when this snapshot was
     published: a reader passes it to ``StoreReader.begin``/``validate`` so it never uses bytes
     of a file a truncation replaced after the snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigWords:
+    """The newest configuration in the handler's log, as the ledger group's last three words
+    (docs/membership.md). In the ledger group so that one snapshot gives a decision both the
+    ledger end and the voter set it is counted against (`read_ledger_config`); a separate
+    view so that `read_ledger`, on every dispatcher's push path, builds no more than before."""
+
+    config_index: int = NO_INDEX
+    """The index of the newest configuration entry in this node's log, committed or not (-1:
+    none, the bootstrap configuration from ``--peers``)."""
+    config_voters: int = 0
+    """That configuration's voters as a bit mask over the peer slots (bit ``p``: slot ``p``);
+    0 means "not published yet": the bootstrap configuration (every slot a voter)."""
+    config_learners: int = 0
+    """Its learners, the same way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -626,7 +646,9 @@ _SNAPSHOT_BODY: Final = tuple(f for f in LAYOUT if f.group == "snapshot" and not
 _PEER_BODY: Final = tuple(f for f in PEER_LAYOUT if f.group == "peer" and not f.is_seq)
 _PEER_WORDS: Final = tuple(f for f in PEER_LAYOUT if f.group is None)
 _MEMBER_S: Final = _struct_for(_MEMBER_BODY)
-_LEDGER_S: Final = _struct_for(_LEDGER_BODY)
+_LEDGER_S: Final = _struct_for(_LEDGER_BODY)  # every word, the configuration's too
+_LEDGER_END: Final = tuple(f for f in _LEDGER_BODY if not f.name.startswith("config_"))
+_LEDGER5_S: Final = _struct_for(_LEDGER_END)  # what LedgerView holds: a prefix of the group
 _QUORUM_S: Final = _struct_for(_QUORUM_BODY)
 _SNAPSHOT_S: Final = _struct_for(_SNAPSHOT_BODY)
 _PEER_S: Final = _struct_for(_PEER_BODY)
@@ -726,7 +748,7 @@ class SharedState:
         _MEMBER_S.pack_into(self._buf, _MEMBER_BODY[0].offset,
                             Role.CANDIDATE, 0, NO_SLOT, NO_SLOT, NO_SLOT, 0, 0, 0)
         _LEDGER_S.pack_into(self._buf, _LEDGER_BODY[0].offset,
-                            NO_INDEX, NO_INDEX, NO_INDEX, NO_INDEX, 0)
+                            NO_INDEX, NO_INDEX, NO_INDEX, NO_INDEX, 0, NO_INDEX, 0, 0)
         _QUORUM_S.pack_into(self._buf, _QUORUM_BODY[0].offset, NO_INDEX, NO_INDEX)
         _SNAPSHOT_S.pack_into(self._buf, _SNAPSHOT_BODY[0].offset, NO_INDEX, NO_INDEX)
         w[idx["applied_index"].offset // 8] = NO_INDEX
@@ -1094,8 +1116,15 @@ class SharedState:
 
     def read_ledger(self, timeout_s: float | None = None) -> LedgerView:
         """Consistent begin/end/endTerm/committed snapshot."""
-        return LedgerView(*self._read_group(FIELDS["ledger_seq"].offset // 8, _LEDGER_S,
+        return LedgerView(*self._read_group(FIELDS["ledger_seq"].offset // 8, _LEDGER5_S,
                                             _LEDGER_BODY[0].offset, "ledger", timeout_s))
+
+    def read_ledger_config(self, timeout_s: float | None = None) -> tuple[LedgerView, ConfigWords]:
+        """The ledger snapshot and the newest configuration's words, from ONE read of the
+        group (the elector's and the ack checker's decisions count that configuration)."""
+        vals = self._read_group(FIELDS["ledger_seq"].offset // 8, _LEDGER_S,
+                                _LEDGER_BODY[0].offset, "ledger", timeout_s)
+        return LedgerView(*vals[:5]), ConfigWords(*vals[5:])
 
     def write_ledger(
         self,
@@ -1105,10 +1134,17 @@ class SharedState:
         ledger_end_term: int | None = None,
         committed_index: int | None = None,
         store_generation: int | None = None,
+        config_index: int | None = None,
+        config_voters: int | None = None,
+        config_learners: int | None = None,
     ) -> LedgerView:
-        """Handler: publish the ledger group; omitted fields keep their value."""
+        """Handler: publish the ledger group; omitted fields keep their value. The
+        configuration words are written only when one is given (they rarely change: the
+        handler passes them once after a change), so a plain publish costs what it did."""
         self._check_writer("handler")
-        cur = _LEDGER_S.unpack_from(self._buf, _LEDGER_BODY[0].offset)
+        words = config_index is not None or config_voters is not None or config_learners is not None
+        struct_ = _LEDGER_S if words else _LEDGER5_S
+        cur = struct_.unpack_from(self._buf, _LEDGER_BODY[0].offset)
         vals = (
             cur[0] if ledger_begin_index is None else ledger_begin_index,
             cur[1] if ledger_end_index is None else ledger_end_index,
@@ -1116,15 +1152,19 @@ class SharedState:
             cur[3] if committed_index is None else committed_index,
             cur[4] if store_generation is None else store_generation,
         )
+        if words:
+            vals += (cur[5] if config_index is None else config_index,
+                     cur[6] if config_voters is None else config_voters,
+                     cur[7] if config_learners is None else config_learners)
         seq_idx = FIELDS["ledger_seq"].offset // 8
-        data = _LEDGER_S.pack(*vals)
+        data = struct_.pack(*vals)
         off = _LEDGER_BODY[0].offset
         end = self._seq_begin(seq_idx)
         try:
             self._buf[off:off + len(data)] = data
         finally:
             self._w[seq_idx] = end
-        return LedgerView(*vals)
+        return LedgerView(*vals[:5])
 
     # ---- quorum group (ack checker) -----------------------------------------------------------
 

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ipc.codes import Role
-from node.block.shared_state import LedgerView, MemberView, PeerView, QuorumView, SnapshotView
+from node.block.shared_state import (
+    ConfigWords,
+    LedgerView,
+    MemberView,
+    PeerView,
+    QuorumView,
+    SnapshotView,
+)
 
 
 class Observer(Protocol):
@@ -62,6 +69,8 @@ class StateBlock(Protocol):
 
     def read_ledger(self, timeout_s: float | None = None) -> LedgerView: ...
 
+    def read_ledger_config(self, timeout_s: float | None = None) -> tuple[LedgerView, ConfigWords]: ...
+
     def write_ledger(
         self,
         *,
@@ -70,6 +79,9 @@ class StateBlock(Protocol):
         ledger_end_term: int | None = None,
         committed_index: int | None = None,
         store_generation: int | None = None,
+        config_index: int | None = None,
+        config_voters: int | None = None,
+        config_learners: int | None = None,
     ) -> LedgerView: ...
 
     def read_quorum(self, timeout_s: float | None = None) -> QuorumView: ...

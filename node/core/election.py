@@ -97,7 +97,7 @@ from node.core.heartbeat import (
     follower_timed_out,
     parse_heartbeats,
 )
-from node.core.membership import Configuration
+from node.core.membership import Configuration, leader_steps_down
 from node.core.vote import (
     VoteDecision,
     VoteParse,
@@ -253,7 +253,7 @@ class ElectorCore:
     def __init__(self, self_id: str, members: Iterable[str] | Configuration, group: str = "default",
                  cfg: ElectionConfig | None = None, rng: random.Random | None = None, *,
                  term: int = 0, voted_for: str | None = None, now_ms: int = 0,
-                 new_member: bool = False) -> None:
+                 new_member: bool = False, peers: Iterable[str] = ()) -> None:
         self.cfg = (cfg or ElectionConfig()).validate()
         # Tests inject a seeded Random; the default is OS-seeded because identical sequences
         # on all members would synchronize their vote timers (endless split votes).
@@ -263,14 +263,19 @@ class ElectorCore:
         # The voters of a Configuration (docs/membership.md), or a plain id list (every one a
         # voter: the bootstrap configuration, as tests and tools give it). Learners do not vote
         # and are not counted: `_n` is the voter count every tally divides.
-        self.configuration: Configuration | None = members if isinstance(members, Configuration) else None
-        self.members: tuple[str, ...] = (self.configuration.voters if self.configuration is not None
-                                         else tuple(dict.fromkeys(members)))
-        if self_id not in self.members:
-            raise ValueError(f"self id {self_id!r} is not among the voters {self.members}")
-        self.others: tuple[str, ...] = tuple(m for m in self.members if m != self_id)
-        self._member_set = frozenset(self.members)
-        self._n = len(self.members)
+        # A plain list must name this node; a Configuration need not (a learner, or a member the
+        # newest configuration removed: it follows, answers votes, never stands or counts).
+        if not isinstance(members, Configuration):
+            ids = tuple(dict.fromkeys(members))
+            if self_id not in ids:
+                raise ValueError(f"self id {self_id!r} is not among the voters {ids}")
+        # Whose heartbeats this node follows besides its newest configuration's members: the
+        # `--peers` members. A node whose configuration is stale (it was removed, or missed
+        # the entry adding another leader) must still follow the group's leader, or it never
+        # receives the entries that bring it up to date (Raft: append entries are accepted
+        # whatever the receiver's configuration; votes are where configurations decide).
+        self._known_leaders = frozenset(peers)
+        self._set_members(members)
 
         # MemberState
         self.role = Role.CANDIDATE
@@ -308,6 +313,15 @@ class ElectorCore:
             self.cfg, max_vote_interval_ms=max(self.cfg.min_vote_interval_ms + 1, (
                 self.cfg.min_vote_interval_ms + self.cfg.max_vote_interval_ms) // 2))
         self._next_vote_ms: int | None = None
+        # The newest term in which this node's voter set changed (a configuration from the log
+        # counted at start, or a change since); -1: never. A round won in that term or before
+        # does not make it leader: it was a pre-vote, the next round is in a new term. Why: DLedger's candidates revote in their current
+        # term, which is safe while one voter set decides a term (each voter votes once in it,
+        # so two majorities of it share a voter). A configuration change inside a term breaks
+        # that: a leader elected by {n2} alone, then {n1} alone after n2 removed itself, and n1,
+        # which never voted in that term, elected itself in it too: two leaders of one term
+        # (found by the simulator's membership fault). Static groups never set it.
+        self._stale_term = self.term if self.configuration is not None and self.configuration.index >= 0 else -1
         self._beat_requested = False  # request_heartbeat while a round was in flight
         # (token, asked at) of confirmations waiting for a quorum round that started at or
         # after `asked at` (request_heartbeat with a token): answered by LeadershipConfirmed.
@@ -325,6 +339,60 @@ class ElectorCore:
         self._persisted = (term, voted_for)
         self._published = (self.role, self.term, self.leader_id)
         self._out = _Outbox()
+
+    def _set_members(self, members: Iterable[str] | Configuration) -> None:
+        """The sets every count and every send uses, from one configuration:
+
+        * `members`: the voters, the only ones a tally counts (`_n` of them);
+        * `others`: the voters but this node, whom a vote round asks;
+        * `beat_to`: every member but this node, learners too, whom heartbeats go to (a learner
+          must know the leader to accept its pushes), though only voters' answers count;
+        * `_member_set`: every member, voters and learners: the candidates this node may vote
+          for (docs/membership.md "Removed members cannot disrupt": a voter lacking the promote
+          entry of a new voter still knows it as a learner);
+        * `stands`: whether this node may stand or count itself (a voter)."""
+        self.configuration = members if isinstance(members, Configuration) else None
+        if self.configuration is not None:
+            self.members = self.configuration.voters
+            everyone = self.configuration.ids
+        else:
+            self.members = everyone = tuple(dict.fromkeys(members))
+        self.others = tuple(m for m in self.members if m != self.self_id)
+        self.beat_to = tuple(m for m in everyone if m != self.self_id)
+        self._member_set = frozenset(everyone)
+        self._voter_set = frozenset(self.members)
+        self._n = len(self.members)
+        self.stands = self.self_id in self._voter_set
+
+    def _may_stand(self, ledger: LedgerEnd) -> bool:
+        """A voter of its newest configuration stands. So does a member that configuration
+        removed, while it is not committed (Raft's dissertation, 4.2.2): it may hold the only
+        copy of the entry that removes it, as the leader that removed itself does until its
+        change commits. If it stood back, the remaining voters (still counting it: they lack
+        the entry) could elect nobody, since it has the longer log (found by the simulator's
+        membership fault). Elected, it counts only the new voters, commits the entry and steps
+        down (`leader_steps_down`). A learner never stands."""
+        if self.stands:
+            return True
+        c = self.configuration
+        return c is not None and c.member(self.self_id) is None and ledger.committed < c.index
+
+    def set_configuration(self, config: Configuration, now_ms: int) -> None:
+        """The newest configuration in this node's log changed (appended, or rolled back by a
+        truncation): count its voters from now on. Rounds in flight were counted against the
+        old one and are dropped, so no decision mixes two configurations: a leader beats again
+        at once, a candidate asks again at once (same term: its own vote stands)."""
+        if config == self.configuration:
+            return
+        self._set_members(config)
+        self._stale_term = self.term
+        self._inflight.clear()
+        if self._hb_round is not None:
+            self._hb_round = None
+            self.last_send_heartbeat_ms = None
+        if self._vote_round is not None:
+            self._vote_round = None
+            self.next_vote_ms = now_ms
 
     @property
     def next_vote_ms(self) -> int:
@@ -458,7 +526,10 @@ class ElectorCore:
     def on_heartbeat_request(self, req: HeartbeatRequest, now_ms: int,
                              token: object = None) -> Step:
         """handleHeartBeat(request)."""
-        d: HeartbeatDecision = decide_heartbeat(self.view(EMPTY_LEDGER), req, now_ms)
+        view = self.view(EMPTY_LEDGER)
+        if self._known_leaders:
+            view = replace(view, peers=view.peers | self._known_leaders)
+        d: HeartbeatDecision = decide_heartbeat(view, req, now_ms)
         if d.action is HeartbeatAction.REFRESH:
             self.last_leader_heartbeat_ms = now_ms
         elif d.action is HeartbeatAction.BECOME_FOLLOWER:
@@ -491,7 +562,7 @@ class ElectorCore:
             code = ResponseCode.UNEXPECTED_MEMBER
         elif req.term != self.term:
             code = ResponseCode.INCONSISTENT_TERM  # "[BUG] currTerm != request.term"
-        elif not ledger.writable or not ledger.voting:
+        elif not ledger.writable or not ledger.voting or not self.stands:
             code = ResponseCode.TAKE_LEADERSHIP_FAILED
         if code is not None:
             self._out.replies.append(Reply(TakeLeadershipResponse(
@@ -519,7 +590,7 @@ class ElectorCore:
             rnd, peer = entry
             if isinstance(rnd, _HeartbeatRound):
                 self.peers_alive[peer] = resp.code != ResponseCode.NETWORK_ERROR
-                if rnd is self._hb_round:
+                if rnd is self._hb_round and peer in self._voter_set:  # a learner's answer counts for nothing
                     rnd.tally.add(resp.code, resp.term)
                     if rnd.tally.done(self._n):
                         self._finish_heartbeat_round(now_ms)
@@ -546,7 +617,8 @@ class ElectorCore:
         entry = self._inflight.pop(request_id, None)
         if entry is not None:
             rnd, peer = entry
-            rnd.tally.add(None)
+            if peer in self._voter_set:  # a learner's silence counts for nothing
+                rnd.tally.add(None)
             if isinstance(rnd, _HeartbeatRound):
                 self.peers_alive[peer] = False  # peersLiveTable.put(id, FALSE)
                 if rnd is self._hb_round and rnd.tally.done(self._n):
@@ -594,6 +666,12 @@ class ElectorCore:
             # so that a member that can write takes over.
             self._step_down(now_ms)
             return
+        if (self.configuration is not None and not self.stands
+                and leader_steps_down(self.self_id, self.configuration, ledger.committed)):
+            # It removed itself, and that configuration committed (on the new voters alone):
+            # its work is done; the voters elect one of themselves (docs/membership.md).
+            self._step_down(now_ms)
+            return
         last = self.last_send_heartbeat_ms
         if last is not None and now_ms - last < self.cfg.heartbeat_interval_ms:
             return
@@ -606,10 +684,12 @@ class ElectorCore:
     def _start_heartbeat_round(self, now_ms: int) -> None:
         self.last_send_heartbeat_ms = now_ms
         self._beat_requested = False
-        rnd = _HeartbeatRound(self.term, HeartbeatTally(self.term),
-                              now_ms + self.cfg.heartbeat_interval_ms, now_ms)
+        # A leader that is not a voter of its newest configuration (it removed itself) does not
+        # count itself: its lease needs a majority of the voters without it.
+        tally = HeartbeatTally(self.term) if self.stands else HeartbeatTally(self.term, 0, 0)
+        rnd = _HeartbeatRound(self.term, tally, now_ms + self.cfg.heartbeat_interval_ms, now_ms)
         self._hb_round = rnd
-        for peer in self.others:
+        for peer in self.beat_to:
             rid = self._rid(rnd, peer)
             self._out.sends.append(Send(peer, HeartbeatRequest(
                 self.group, peer, self.self_id, self.term, rid)))
@@ -623,7 +703,8 @@ class ElectorCore:
     def _maintain_as_candidate(self, now_ms: int, ledger: LedgerEnd) -> None:
         if self._vote_round is not None or now_ms < self.next_vote_ms:
             return
-        if not ledger.writable or not ledger.voting:
+        if not ledger.writable or not ledger.voting or not self._may_stand(ledger):
+            # Not a voter of its newest configuration (a learner, removed): does not stand.
             # C5: could not write a NOOP if elected (or must not vote, not even for itself):
             # look again after another vote interval
             # (re-arming the timer also keeps the caller from spinning on a past deadline).
@@ -643,7 +724,8 @@ class ElectorCore:
             self.voted_for = d.grant_to  # persisted (Persist effect) before the Sends go out
         rnd = _VoteRound(term, VoteTally(term), now_ms, now_ms + self.cfg.vote_round_timeout_ms,
                          ledger)
-        rnd.tally.add(d.result, d.reply_term)
+        if self.stands:  # a removed member standing (`_may_stand`) counts only the voters
+            rnd.tally.add(d.result, d.reply_term)
         self._vote_round = rnd
         for peer in self.others:
             rid = self._rid(rnd, peer)
@@ -679,6 +761,12 @@ class ElectorCore:
             None if p.next_time_ms is None else p.next_time_ms - now_ms)
         if p.candidate_term is not None:
             self._change_role_to_candidate(p.candidate_term)
+        if p.result == ParseResult.PASSED and rnd.term <= self._stale_term:
+            # Its voter set changed in this term: a round in it is a pre-vote only (it found
+            # nobody following a leader, so nobody is disturbed); it wins in the next term.
+            self.last_parse = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_vote_ms = now_ms
+            return
         if p.result == ParseResult.PASSED:
             self._change_role_to_leader(rnd.term, rnd.started_ms)
 

@@ -99,6 +99,9 @@ class LedgerEnd(NamedTuple):
     (answers UNKNOWN: no valid answer, so no candidate moves to a new term because of it),
     does not stand, refuses TAKE_LEADERSHIP, and a LEADER steps down. It still follows a
     leader and stores what it pushes: that is how it repairs."""
+    committed: int = -1
+    """The committed index (the ledger group's): a leader that removed itself steps down once
+    its newest configuration is committed (`leader_steps_down`). -1: unknown, never."""
 
 
 EMPTY_LEDGER = LedgerEnd()

@@ -120,7 +120,12 @@ class VoteTally:
         self.all_num += 1
         if result is None:
             return  # the future completed exceptionally: counted in allNum only
-        if result != VoteResult.UNKNOWN:
+        # REJECT_UNKNOWN_LEADER ("you are not in my newest configuration") is no valid answer
+        # either: a removed member that lacks the entry removing it would otherwise count the
+        # refusals of the group as a quorum that answered without a leader, and raise its term
+        # each round (docs/membership.md "Removed members cannot disrupt"); re-added later, it
+        # would bring that term back and depose the leader.
+        if result != VoteResult.UNKNOWN and result != VoteResult.REJECT_UNKNOWN_LEADER:
             self.valid_num += 1
             if ahead:
                 self.ahead_num += 1
@@ -137,8 +142,8 @@ class VoteTally:
             self.bigger_ledger_num += 1
         elif result == VoteResult.REJECT_TERM_NOT_READY:
             self.not_ready_term_num += 1
-        # REJECT_ALREADY_VOTED, REJECT_TAKING_LEADERSHIP, REJECT_UNKNOWN/UNEXPECTED_LEADER:
-        # valid answers that count for nothing else.
+        # REJECT_ALREADY_VOTED, REJECT_TAKING_LEADERSHIP, REJECT_UNEXPECTED_LEADER: valid
+        # answers that count for nothing else.
 
     def done(self, member_count: int) -> bool:
         """voteLatch.countDown conditions: enough is known to parse before the deadline."""

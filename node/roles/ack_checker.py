@@ -27,8 +27,8 @@ import zmq
 from ipc.codes import Role
 from ipc.sockets import drain
 from node.core.lease import holds_lease, lease_ms
-from node.core.membership import bootstrap_configuration
-from node.core.replication import current_term_watermarks, quorum_advance, voter_slots
+from node.core.membership import voter_slot_set
+from node.core.replication import current_term_watermarks, quorum_advance
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
 from node.wiring import channels
@@ -60,9 +60,11 @@ class AckChecker:
         self.log = rc.log
         self.self_slot = rc.cfg.self_slot
         self.n = len(rc.cfg.peer_ids)
-        # The voters whose watermarks make the quorum: today the bootstrap configuration (all of
-        # --peers); the newest configuration in the log once membership changes are wired.
-        self.voter_slots = voter_slots(bootstrap_configuration(rc.cfg.peer_map))
+        # The voters whose watermarks make the quorum: those of the newest configuration in the
+        # log, as the handler publishes it in the ledger group (a slot bit mask; 0: the
+        # bootstrap configuration, every --peers member). Re-derived when the mask moves.
+        self._voters_mask = 0
+        self.voter_slots = voter_slot_set(0, self.n)
         self.reader = StoreReader(rc.cfg.store_dir)
         self.transport: AckTransport | None = None
         self.lease = lease_ms(rc.cfg.election_config())
@@ -80,7 +82,14 @@ class AckChecker:
             return False
         self._lease_wait = False
         term = m.current_term
-        led = self.state.read_ledger()
+        led, words = self.state.read_ledger_config()  # one snapshot: the end AND its voters
+        if words.config_voters != self._voters_mask:
+            self._voters_mask = words.config_voters
+            slots = voter_slot_set(words.config_voters, self.n)
+            if slots != self.voter_slots:
+                self.voter_slots = slots
+                self.log.info("counting the voters of configuration entry %d: slots %s",
+                              words.config_index, sorted(slots))
         peers = []
         for slot in range(self.n):
             if slot == self.self_slot:

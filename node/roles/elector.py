@@ -39,7 +39,7 @@ from ipc.security import authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     recv_routed,
 )
-from node.block.shared_state import NO_SLOT
+from node.block.shared_state import NO_SLOT, ConfigWords
 from node.core.election import (
     ElectorCore,
     LeadershipConfirmed,
@@ -50,7 +50,7 @@ from node.core.election import (
     Send,
     Step,
 )
-from node.core.membership import bootstrap_configuration
+from node.core.membership import Configuration, ConfigurationError, config_from_masks
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -122,6 +122,7 @@ class Elector:
         self.leader_since_ms = 0
         self._not_voting = 0  # the reason last published to the block's `not_voting`
         self.mismatch = MemberMismatch(self.log, self.cfg.id, self.peer_ids)  # --peers disagreements
+        self._config_key: ConfigWords | None = None  # the ledger group's config words, as counted
 
     def now(self) -> int:
         return self.rc.clock()
@@ -139,7 +140,8 @@ class Elector:
 
     # ------------------------------------------------------------------ reading the block
     def _ledger(self) -> LedgerEnd:
-        led = self.state.read_ledger()
+        led, words = self.state.read_ledger_config()  # one snapshot: the ledger and its voters
+        self._follow_configuration(words)
         try:
             writable = self.state.get("store_unwritable_ms") == 0
         except KeyError:  # a block layout without the field: the handler cannot tell us
@@ -152,7 +154,30 @@ class Elector:
                 self.log.warning("%s does not vote or stand: %s", self.cfg.id, NOT_VOTING_WHY[reason])
             else:
                 self.log.warning("%s votes again", self.cfg.id)
-        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0)
+        return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0,
+                         led.committed_index)
+
+    def _configuration(self, w: ConfigWords) -> Configuration:
+        """The newest configuration in this node's log, as the handler published it."""
+        try:
+            return config_from_masks(self.cfg.peer_map, w.config_index, w.config_voters,
+                                     w.config_learners)
+        except ConfigurationError as e:  # the handler never publishes one: a damaged block
+            self.rc.fatal(f"the published configuration (entry {w.config_index}) is not one: {e}")
+
+    def _follow_configuration(self, w: ConfigWords) -> None:
+        """Count the newest configuration from the same ledger snapshot the decision reads
+        (one snapshot per decision: a tally never mixes two configurations)."""
+        if self.core is None or w == self._config_key:
+            return
+        self._config_key = w
+        c = self._configuration(w)
+        if c == self.core.configuration:
+            return
+        self.core.set_configuration(c, self.now())
+        self.log.warning("%s counts configuration entry %d: voters %s, learners %s%s", self.cfg.id,
+                         c.index, ",".join(c.voters), ",".join(c.learners) or "-",
+                         "" if self.core.stands else "; not a voter: does not stand")
 
     def _not_voting_reason(self, committed: int) -> int:
         """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`)."""
@@ -327,14 +352,14 @@ class Elector:
         """Build the core from the term file and publish the initial role (call once the
         handler published the ledger end: see the module docstring)."""
         tv = self.termvote.current
-        led = self.state.read_ledger()
+        led, self._config_key = self.state.read_ledger_config()
         # Never voted (no term/vote file, also after learning the group's term: a group with
         # history makes it record one) and nothing stored: its first campaign may come sooner.
         new_member = (self.termvote.absent and led.ledger_end_index < 0
                       and led.ledger_begin_index < 0)
-        self.core = ElectorCore(self.cfg.id, bootstrap_configuration(self.cfg.peer_map), self.cfg.group,
+        self.core = ElectorCore(self.cfg.id, self._configuration(self._config_key), self.cfg.group,
                                 self.cfg.election_config(), term=tv.term, voted_for=tv.voted_for,
-                                now_ms=self.now(), new_member=new_member)
+                                now_ms=self.now(), new_member=new_member, peers=self.peer_ids)
         with self.lock:
             self._publish(Step([RoleChanged(self.core.role, self.core.term, None)], 0))
         # Whether it may vote, decided (and said, in the log and the block) before it is ready:

@@ -29,6 +29,8 @@ through it):
 | `install` | install.py | the follower side of install snapshot |
 | `relay` | transfer.py | leadership transfer, relayed to the elector |
 | `metadata` | metadata.py | METADATA |
+| `configs` | configs.py | the configurations in the log: history, `DIR/configuration`, publishing |
+| `member_changes` | member_change.py | a membership change as leader: decide, append, answer at commit |
 
 The Raft rules live in node/core (docs/replication.md): `node.core.leader.LeaderCore` decides
 the leader side (admission of appends, reads, NOOP backoff, session ids) and
@@ -76,11 +78,13 @@ from node.roles.handling.appends import LeaderAppends
 from node.roles.handling.applier_link import ApplierLink, StateMachineLink
 from node.roles.handling.common import store_error_code
 from node.roles.handling.completion import Completion
+from node.roles.handling.configs import ConfigKeeper
 from node.roles.handling.damage import SCRUB_DELAY_MS, DamageRepair
 from node.roles.handling.fetches import Fetches
 from node.roles.handling.install import FollowerInstall
 from node.roles.handling.leadership import Leadership
 from node.roles.handling.ledger import FOLLOWER_APPLY_RUN, LedgerPublisher
+from node.roles.handling.member_change import MemberChanges
 from node.roles.handling.metadata import Metadata
 from node.roles.handling.pushes import FollowerPushes
 from node.roles.handling.reads import LeaderReads
@@ -204,6 +208,8 @@ class Handler:
         self.install = FollowerInstall(self)
         self.relay = TransferRelay(self)
         self.metadata = Metadata(self)
+        self.configs = ConfigKeeper(self)
+        self.member_changes = MemberChanges(self)
 
     def now(self) -> int:
         return self.rc.clock()
@@ -242,6 +248,7 @@ class Handler:
                           "a backup or a copy")
         self.retention.store = self.store  # `store` may have been replaced after construction
         self.metrics.watch_store(self.store)
+        self.configs.opened()
         self.damage.opened(self.store.unchecked_end, self.now())
         self.publish_ledger()
 
@@ -392,6 +399,7 @@ class Handler:
         P.InstallRequest: ("install", "on_install"),
         P.ReadIndexRequest: ("reads", "on_read_index"),
         P.FetchRequest: ("fetches", "on_fetch"),
+        P.MemberChangeRequest: ("member_changes", "on_member_change"),
     }
 
     # ------------------------------------------------------------------ loop

@@ -254,6 +254,41 @@ def test_an_old_term_entry_committed_by_counting_is_caught() -> None:
     assert "committed entry" in error, error
 
 
+MEMBERSHIP_FAULTS = ALL_FAULTS + ("membership",)
+
+
+def test_membership_changes_under_faults_keep_every_invariant() -> None:
+    """Fault `membership`: random removes, re-adds as learners and promotions among the
+    `--peers` members (the leader removing itself among them), mixed with the default faults;
+    at the heal every member is made a voter again. Every committed configuration must be one
+    step from the previous one (intersecting majorities), and nothing else may break."""
+    changes = 0
+    for seed in range(0, 12):  # ~10 s; docs/testing.md has the longer runs
+        r = run_seed(SimConfig(seed=seed, steps=2500, faults=MEMBERSHIP_FAULTS))
+        assert r.ok, _explain(r)
+        changes += r.stats.get("configurations_committed", 0)
+    assert changes >= 20, f"only {changes} configurations committed in 12 seeds"
+
+
+@pytest.mark.parametrize(("shape", "nodes", "seed"), [
+    ("m2015-two-removes", 5, 0), ("m2015-add-remove", 5, 0), ("m2015-two-adds", 6, 1)])
+def test_the_2015_single_server_change_shapes_are_caught(shape: str, nodes: int, seed: int) -> None:
+    """The three shapes of the 2015 bug (docs/membership.md): L1 appends change X on itself
+    alone, L2 is elected without it and handed change Y at once, the majorities of C0+X and
+    C0+Y are disjoint. With the own-term rule L2 appends Y only after its NOOP committed on a
+    majority of C0, which it cannot while the X side is away: the seed passes. With the rule
+    reverted (`membership-no-own-term`) Y commits on its side, L1 is elected again by the
+    other and commits X at the same index: a committed entry lost, or two leaders in a term."""
+    kw = dict(nodes=nodes, steps=3000, faults=("drop", "delay", shape))
+    r = run_seed(SimConfig(seed=seed, **kw))  # type: ignore[arg-type]
+    assert r.ok, _explain(r)
+    assert r.stats.get("m2015_end_a-leads"), f"the shape did not play out: {dict(r.stats)}"
+    with mutations.apply("membership-no-own-term"):
+        r = run_seed(SimConfig(seed=seed, **kw))  # type: ignore[arg-type]
+    assert not r.ok, "membership-no-own-term was not caught"
+    assert "committed entry" in r.error or "two leaders" in r.error, r.error
+
+
 # What a role may not call itself: the time and the disk reach roles through their context
 # (RoleContext.clock, .wall_clock, .disk_usage), which the simulator fills with its own.
 _DIRECT = {"monotonic_ms", "disk_usage_ratio", "utc_now", "time.time", "time.perf_counter", "time.monotonic",

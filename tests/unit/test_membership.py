@@ -361,6 +361,15 @@ def disjoint_majorities(a: Configuration, b: Configuration) -> tuple[frozenset, 
 
 
 @settings(max_examples=300)
+@given(configurations(max_members=7), configurations(max_members=7))
+def test_majorities_intersect_agrees_with_enumerating_them(a, b):
+    """The simulator's check (`majorities_intersect`, by counting) against the definition."""
+    from node.core.membership import majorities_intersect
+
+    assert majorities_intersect(a, b) == (disjoint_majorities(a, b) is None)
+
+
+@settings(max_examples=300)
 @given(configurations(max_members=9))
 def test_one_accepted_change_keeps_majorities_intersecting(c):
     """Every change `check_change` accepts from `c` (all of them are tried: an add, and a
@@ -437,8 +446,12 @@ def test_elector_core_counts_the_voters_of_a_configuration():
     assert (boot.members, boot.others, boot._n) == (static.members, static.others, static._n)
     with_learners = ElectorCore("a", config("abc", "de"))
     assert (with_learners.members, with_learners.others, with_learners._n) == (("a", "b", "c"), ("b", "c"), 3)
+    assert with_learners.beat_to == ("b", "c", "d", "e")  # learners hear heartbeats, never vote
+    assert with_learners.stands
+    learner = ElectorCore("d", config("abc", "de"))  # a learner (or a removed member) follows
+    assert (learner.members, learner.stands) == (("a", "b", "c"), False)
     with pytest.raises(ValueError, match="not among the voters"):
-        ElectorCore("d", config("abc", "de"))
+        ElectorCore("d", ["a", "b", "c"])  # a plain list is the bootstrap: every member a voter
 
 
 def test_ack_checker_watermarks_count_voters_only():

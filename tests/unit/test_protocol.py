@@ -80,6 +80,8 @@ MESSAGES = [
              encode(p.MetadataRequest("default", "n0", request_id=31))]),
     p.Multi([encode(p.AppendResponse(200, "default", 4, "n0", 12, 4096, request_id=30)), b""],
             response=True),
+    p.MemberChangeRequest("default", "n0", 1, "n3", "10.0.0.3", 20006, "", request_id=32),
+    p.MemberChangeRequest("default", "n0", 3, "n1", request_id=33),
 ]
 
 

@@ -141,6 +141,8 @@ G = "default"
     ("client:w:write", P.SnapshotRequest(G, "n0"), False),
     ("client:a:admin", P.LeadershipTransferRequest(G, "n0", "n1", 1), True),
     ("client:a:admin", P.SnapshotRequest(G, "n0"), True),
+    ("client:w:write", P.MemberChangeRequest(G, "n0", 3, "n1"), False),  # membership: admin only
+    ("client:a:admin", P.MemberChangeRequest(G, "n0", 3, "n1"), True),
     ("client:a:admin", P.AppendRequest(G, "n0", b"x"), True),
     ("client:a:admin", P.VoteRequest(G, "n0", "n1", 5, 1, 1), False),  # members only
     ("client:a:admin", P.PushRequest(G, "n0", "n1", 5, P.PushKind.COMMIT), False),

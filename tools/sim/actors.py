@@ -324,6 +324,9 @@ class HandlerActor(Actor):
                     h.on_results(payload)
                 elif kind == "qreply":
                     h.on_query_reply(payload)
+                elif kind == "change":  # fault membership (tools/sim/membership.py)
+                    got = h.member_changes.propose(payload)
+                    self.sim.on_change_result(self.node, payload, got.code, got.reason, got.index)
             h.tick()
         self.rc.beat()
         now = self.node.clock()

@@ -33,7 +33,11 @@ ALL_FAULTS = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-cra
 SESSION_FAULTS = ("session-evict", "handler-restart", "disk-probe", "retention", "bad-client")
 # figure8 (5 nodes): the history of Raft's Figure 8, where committing an old-term entry by
 # counting replicas loses it (Sim._figure8_shape).
-OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8") + SESSION_FAULTS
+# membership: random single-server changes among the --peers members (tools/sim/membership.py).
+# m2015-two-removes, m2015-add-remove (5 nodes), m2015-two-adds (6 nodes): the shapes of the
+# 2015 single-server-change bug, once per seed (tools/sim/membership.py).
+OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8", "membership", "m2015-two-removes",
+                 "m2015-add-remove", "m2015-two-adds") + SESSION_FAULTS
 TRACE_LEN = 60
 RETENTION_RATIO = 0.87  # --state-machine --store segment: the disk every handler measures (clean < it < full)
 FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill

@@ -156,6 +156,10 @@ class FaultsMixin:
         self.next_fault = self.now + r.randint(*self.fault_every)
         if self.now < self.quiet_until:
             return  # a multi-step fault shape is playing out
+        if self.m15 is None and any(f.startswith("m2015-") for f in self.faults) \
+                and not self.stats["m2015_shapes"]:
+            self.m15_start()  # once per seed (tools/sim/membership.py)
+            return
         kinds = [k for k in ("partition", "crash", "role-crash", "pause", "truncate", "clock") if k in self.faults]
         if "eager-commit" in self.faults:
             kinds.append("lagging-follower")
@@ -169,6 +173,8 @@ class FaultsMixin:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if self.installs and ("partition" in self.faults or "crash" in self.faults):
             kinds += ["lagging-install", "lagging-install"]
+        if "membership" in self.faults:
+            kinds += ["membership"] * 3
         if not kinds:
             return
         k = r.choice(kinds)
@@ -229,6 +235,8 @@ class FaultsMixin:
             n.probe_full_until = self.now + ms
             self.stats["disk_probe_full"] += 1
             self.trace_event(n.id, "disk-probe", f"reads full for {ms} ms")
+        elif k == "membership":
+            self.membership_fault()
         elif k == "clock":
             j = r.randint(1, 150)
             n.clock_offset += j

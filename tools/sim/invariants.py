@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, Any
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.core.membership import (
+    ConfigurationError,
+    bootstrap_configuration,
+    decode_configuration,
+    majorities_intersect,
+)
 from node.store import codec
 from node.store.base import StoreError
 from node.store.stamps import _STAMP
@@ -66,6 +72,8 @@ class InvariantsMixin:
             self.leaders[new.current_term] = n.id
             if self.f8 is not None and (old.role != Role.LEADER or old.current_term != new.current_term):
                 self._figure8_leader(n, new.current_term)
+            if self.m15 is not None and (old.role != Role.LEADER or old.current_term != new.current_term):
+                self.m15_leader(n, new.current_term)
             if old.role != Role.LEADER or old.current_term != new.current_term:
                 # Never lead twice in one term, across restarts too: a second leadership of one
                 # term may write a different entry at an (index, term) a follower already holds.
@@ -155,7 +163,7 @@ class InvariantsMixin:
                 self.fail(f"{n.id}: committed {i} while the history ends at {len(h) - 1}")
             if got[1] == codec.MAGIC_NOOP:
                 if got[2]:
-                    self.fail(f"{n.id}: NOOP entry {i} has a body")
+                    self._check_configuration(n, i, got[2])
             elif got[2] not in self.sent:
                 self.fail(f"{n.id}: committed entry {i} {got[2][:24]!r} was never written by a client")
             elif got[2] in self.chist_where:
@@ -179,6 +187,22 @@ class InvariantsMixin:
                 self.fail(f"acknowledged append {a[0][:24]!r} at {i} term {a[1]}, but {got[2][:24]!r} term "
                           f"{got[0]} was committed there")
         return hi
+
+    def _check_configuration(self, n: Node, i: int, body: bytes) -> None:
+        """A committed NOOP with a body must be a configuration (docs/membership.md), one that
+        only a change from the previous committed one could lead to: every majority of the one
+        meets every majority of the other (one voter added or removed at a time)."""
+        try:
+            c = decode_configuration(body, i)
+        except ConfigurationError as e:
+            self.fail(f"{n.id}: NOOP entry {i} has a body that is not a configuration: {e}")
+        prev = getattr(self, "committed_config", None) or bootstrap_configuration(self.nodes[0].cfg.peers)
+        if not majorities_intersect(prev, c):
+            self.fail(f"{n.id}: committed configurations {prev.index} (voters {','.join(prev.voters)}) and {i} "
+                      f"(voters {','.join(c.voters)}) have disjoint majorities")
+        self.committed_config = c
+        self.stats["configurations_committed"] += 1
+        self.trace_event(n.id, "configuration", f"{i} voters={','.join(c.voters)} learners={','.join(c.learners)}")
 
     def _check_stamp(self, n: Node, s: Any, i: int) -> None:
         """Every (session, seq) is committed at most once."""

@@ -27,6 +27,8 @@ finds what it found before. The names say what they break:
 - `t6-no-stepdown`: the elector ignores the handler's "store not writable": a leader whose
   disk is full keeps leading (docs/contracts.md C5); fault `disk-full` fills the leader's disk at
   the heal.
+- `membership-no-own-term`: a leader appends a membership change before an entry of its own
+  term committed (the 2015 single-server-change bug; fault `membership`).
 - `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
   restart rule reverted): a restarted leader can lead the same term twice.
 
@@ -167,6 +169,24 @@ def _old_term_commit() -> Callable[[], None]:
         return q if q > committed and q >= 0 else None
 
     return _patch(ack_checker, "quorum_advance", quorum_advance)
+
+
+@_mutation("membership-no-own-term")
+def _membership_no_own_term() -> Callable[[], None]:
+    """The own-term commit rule of a membership change reverted (docs/membership.md, the 2015
+    single-server-change bug): a leader may append a change before an entry of its term has
+    committed. Needs fault `membership`."""
+    from node.core import membership
+    from node.roles.handling import member_change
+
+    real = membership.check_change
+
+    def check_change(current: Any, change: Any, leader: Any, progress: Any = None,
+                     rule: Any = membership.CatchUp()) -> Any:  # noqa: B008
+        first = min(leader.term_first_index, max(leader.committed_index, 0))
+        return real(current, change, membership.LeaderState(first, leader.committed_index), progress, rule)
+
+    return _patch(member_change, "check_change", check_change)
 
 
 @_mutation("vote-any-log")

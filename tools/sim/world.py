@@ -46,6 +46,7 @@ from tools.sim.config import (
 )
 from tools.sim.faults import FaultsMixin
 from tools.sim.invariants import InvariantsMixin
+from tools.sim.membership import MembershipMixin, Shape2015Mixin
 from tools.sim.network import NetworkMixin
 from tools.sim.scheduler import SchedulerMixin
 from tools.sim.state import NodeBlock, SimLock
@@ -56,7 +57,7 @@ __all__ = ["ALL_FAULTS", "CLIENT", "FAILOVER_MS", "OPT_IN_FAULTS", "RETENTION_RA
            "Writer", "definite_failure", "run_seed"]
 
 
-class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin):
+class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015Mixin, InvariantsMixin, TraceMixin):
     """One seed: the cluster, its clients and the random source every choice draws from."""
 
     def __init__(self, cfg: SimConfig) -> None:
@@ -101,6 +102,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
         self.fault_every = (r.randint(100, 600), r.randint(600, 2500))
         self.next_fault = r.randint(*self.fault_every)
         self.quiet_until = 0
+        self.m15: dict[str, Any] | None = None  # a 2015 shape in progress (tools/sim/membership.py)
         sm: dict[str, Any] = {}
         # client sessions: the session faults turn them on (and draw only when named)
         self.session_faults = [f for f in SESSION_FAULTS if f in self.faults]
@@ -223,8 +225,14 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
                 stop_writes = full + FAILOVER_MS
             deadline = self.now + self.cfg.heal_ms
             next_check = self.now
+            # every --peers member a voter again first (faults membership, m2015-*)
+            restoring = any(f == "membership" or f.startswith("m2015-") for f in self.faults)
+            next_restore = self.now
             while True:
                 self.step_once()
+                if restoring and self.now >= next_restore:
+                    next_restore = self.now + 200
+                    restoring = self.restore_membership()
                 if full is not None and self.now >= full + FAILOVER_MS:
                     if self.last_ack_at < full + FAILOVER_MS // 2:
                         self.fail(f"no append acknowledged in the {FAILOVER_MS // 2}-{FAILOVER_MS} ms after the "
@@ -234,7 +242,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, InvariantsMixin, TraceMixin
                     self.writing = False
                 if not self.writing and self.now >= next_check:
                     next_check = self.now + 50
-                    why = self.converged()
+                    why = "the membership is not every --peers member a voter yet" if restoring else self.converged()
                     if why is None:
                         break
                     if self.now >= deadline:

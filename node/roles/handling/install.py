@@ -83,6 +83,7 @@ class FollowerInstall:
                               "%d..%d, committed %d)", e.index, e.term, self.h.store.ledger_begin_index,
                               self.h.store.ledger_end_index, self.h.store.committed_index)
                 self.h.store.reset_to(e.index, e.term)
+                self.h.configs.truncated(e.index + 1)
                 self.h.ledger.publish()
         except Exception as err:  # noqa: BLE001 - StoreError/OSError: any failure is answered
             self.h.log.error("log reset to snapshot %d/%d failed: %s", e.index, e.term, err)

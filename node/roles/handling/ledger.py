@@ -39,7 +39,7 @@ class LedgerPublisher:
         s = self.h.store
         self.h.state.write_ledger(ledger_begin_index=s.ledger_begin_index, ledger_end_index=s.ledger_end_index,
                                 ledger_end_term=s.ledger_end_term, committed_index=s.committed_index,
-                                store_generation=s.generation)
+                                store_generation=s.generation, **self.h.configs.published())
         repair = getattr(s, "repair_index", -1)
         if self.h.damage.found is not None:
             repair = max(repair, self.h.damage.found[2])

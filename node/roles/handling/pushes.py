@@ -20,6 +20,7 @@ from node.core.follower import (
     same_leadership,
 )
 from node.roles.handling.common import DISK_CODES, store_error_code
+from node.roles.handling.configs import find_configurations
 from node.store import codec
 from node.store.base import StoreError
 
@@ -110,7 +111,11 @@ class FollowerPushes:
                 if not same_leadership(view, fresh):
                     self.reply(e.ident, e.req, RC.INCONSISTENT_TERM, fresh.current_term)
                     return
+                # configuration entries go to DIR/configuration before the log (configs.py)
+                found = find_configurations(e.blob, s.ledger_end_index + 1)
+                configs = self.h.configs.before_store(found) if found else []
                 new_end = s.append_follower(e.blob, e.recs, run_crc=e.run_crc)
+                self.h.configs.stored(configs)
                 committed = self.h.follower.appended(new_end, e.req.commit_index, s.committed_index)
                 if committed > s.committed_index:
                     s.set_committed_index(committed)
@@ -140,6 +145,7 @@ class FollowerPushes:
                         s.reset_to(e.cut - 1, e.base_term)
                     else:
                         s.truncate(e.cut)
+                    self.h.configs.truncated(e.cut)
                     self.h.ledger.publish()
         except (StoreError, OSError) as err:
             self._write_refused(err, f"truncate({e.cut})", e.ident, e.req, view)
