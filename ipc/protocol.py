@@ -24,7 +24,8 @@ BATCH_APPEND (2)       group, remote_id, u32 count, count x u32 lengths, bodies 
                        present iff 8 bytes follow; node/core/sessions.py)
 GET (3)                group, remote_id, i64 index, u32 count, u8 linearizable
 METADATA (4)           group, remote_id, [u8 want_status] (optional: 1 asks for the status
-                       trailer of the response; absent in a plain request)
+                       trailer of the response, 2 for it and the configuration after it;
+                       absent in a plain request)
 LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
 PUSH (6)               group, remote_id, leader_id, i64 term, u8 kind, i64 commit_index,
                        i64 first_index, u32 count, i64 pre_log_index, i64 pre_log_term,
@@ -300,6 +301,10 @@ class MetadataRequest:
     # Ask for the NodeStatus trailer (`dledger top`, `health`, `metadata`): sent as one trailing
     # u8 only when True, so a plain request is byte-for-byte what older nodes decode.
     want_status: bool = False
+    # ... and the newest configuration in the node's log after it (`dledger member list`): the
+    # same byte, 2. Only a tool that knows the extension asks for it, so an older decoder,
+    # which ends the answer after the status, never meets it.
+    want_config: bool = False
 
 
 @dataclass(slots=True)
@@ -449,6 +454,9 @@ class NodeStatus:
     applied_index: int = -1
     end_pos: int = 0  # data-file write position (bytes written to this node's store)
     append_latency: tuple[int, ...] = ()  # per-bucket counts, node/observe/histogram.py LATENCY_MS, +Inf last
+    # The newest configuration in the node's log (asked with want_config; None otherwise):
+    # (entry index, -1 for the --peers bootstrap; voter ids; learner ids). docs/membership.md
+    configuration: tuple[int, tuple[str, ...], tuple[str, ...]] | None = None
 
 
 @dataclass(slots=True)
@@ -699,8 +707,10 @@ def _enc_get(m: GetRequest) -> bytes:
 
 
 def _enc_metadata(m: MetadataRequest) -> bytes:
-    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id),
-                     b"\x01" if getattr(m, "want_status", False) else b""))
+    # getattr: SNAPSHOT requests share this layout and have neither field
+    want = (b"\x02" if getattr(m, "want_config", False) else
+            b"\x01" if getattr(m, "want_status", False) else b"")
+    return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), want))
 
 
 def _enc_transfer(m: LeadershipTransferRequest) -> bytes:
@@ -813,6 +823,12 @@ def _enc_meta_resp(m: MetadataResponse) -> bytes:
                                                st.leader_change_age_ms, st.applied_index, st.end_pos),
                   _U8.pack(len(st.append_latency)),
                   struct.pack(f">{len(st.append_latency)}q", *st.append_latency))
+        if st.configuration is not None:
+            index, voters, learners = st.configuration
+            if len(voters) > 255 or len(learners) > 255:
+                raise ProtocolError("more than 255 voters or learners")
+            parts += (_TERM.pack(index), _U8.pack(len(voters)), *(_s(v) for v in voters),
+                      _U8.pack(len(learners)), *(_s(x) for x in learners))
     return b"".join(parts)
 
 
@@ -1034,12 +1050,12 @@ def _dec_get(mv: memoryview, off: int, rid: int, max_body: int) -> GetRequest:
 def _dec_metadata(mv: memoryview, off: int, rid: int, max_body: int) -> MetadataRequest:
     group, off = _str(mv, off)
     remote, off = _str(mv, off)
-    want = False
+    want = 0
     if off < len(mv):  # the optional want_status byte
-        want = bool(mv[off])
+        want = mv[off]
         off += 1
     _end(mv, off)
-    return MetadataRequest(group, remote, rid, want)
+    return MetadataRequest(group, remote, rid, want >= 1, want >= 2)
 
 
 def _dec_transfer(mv: memoryview, off: int, rid: int, max_body: int) -> LeadershipTransferRequest:
@@ -1271,7 +1287,23 @@ def _dec_meta_resp(mv: memoryview, off: int, rid: int, max_body: int) -> Metadat
         _need(mv, off, 8 * nb, "METADATA status histogram")
         buckets = struct.unpack_from(f">{nb}q", mv, off)
         off += 8 * nb
-        status = NodeStatus(version, store_bytes, ratio, age, applied, end_pos, buckets)
+        config = None
+        if off < len(mv):  # the configuration, asked with want_config
+            _need(mv, off, 9, "METADATA configuration")
+            (index,) = _TERM.unpack_from(mv, off)
+            off += 8
+            groups: list[tuple[str, ...]] = []
+            for _ in range(2):
+                _need(mv, off, 1, "METADATA configuration")
+                k = mv[off]
+                off += 1
+                ids = []
+                for _ in range(k):
+                    nid, off = _str(mv, off)
+                    ids.append(nid)
+                groups.append(tuple(ids))
+            config = (index, groups[0], groups[1])
+        status = NodeStatus(version, store_bytes, ratio, age, applied, end_pos, buckets, config)
     _end(mv, off)
     return MetadataResponse(code, group, term, leader, self_id, Role(role), begin, end,
                             committed, peers, rid, status)

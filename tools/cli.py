@@ -43,6 +43,7 @@ SUBCOMMANDS: dict[str, str] = {
     "top": "tools.commands.top",
     "completion": "tools.commands.completion",
     "keygen": "tools.commands.keygen",
+    "member": "tools.commands.member",
 }
 
 
@@ -73,6 +74,7 @@ HELP: dict[str, str] = {
     "restore": "seed a new group's node from a backup",
     "config": "check a node config file",
     "health": "exit 0 only if the group has one leader, a quorum and no lagging follower",
+    "member": "online membership change: list, add, promote, remove",
     "top": "live view of a group (role, commits, lag, rates, p99, disk)",
     "completion": "print a bash or zsh completion script for dledger",
     "keygen": "write a CurveZMQ key pair (NAME.key, NAME.key_secret)",

@@ -70,8 +70,9 @@ class GroupProbe:
                 raise
             self.socks[nid] = s
 
-    def round(self) -> list[NodeAnswer]:
-        """One METADATA (with status) to every node; answers in peers order."""
+    def round(self, want_config: bool = False) -> list[NodeAnswer]:
+        """One METADATA (with status; with `want_config` the newest configuration in each
+        node's log too) to every node; answers in peers order."""
         self.rid += 1
         rid = self.rid
         answers = {nid: NodeAnswer(nid, f"{h}:{p}") for nid, (h, p) in self.peers.items()}
@@ -79,7 +80,8 @@ class GroupProbe:
         waiting: dict[zmq.Socket, str] = {}
         for nid, s in self.socks.items():
             try:
-                s.send(P.encode(P.MetadataRequest(self.group, nid, rid, want_status=True)), zmq.NOBLOCK)
+                s.send(P.encode(P.MetadataRequest(self.group, nid, rid, want_status=True,
+                                                  want_config=want_config)), zmq.NOBLOCK)
             except zmq.Again:
                 answers[nid].error = "send queue full"
                 continue

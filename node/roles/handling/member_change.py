@@ -77,6 +77,8 @@ class MemberChanges:
         if refused is not None:
             return Proposed(refused.code, refused.reason)
         addr = h.peer_map.get(change.id)
+        if addr is None and change.kind != ChangeKind.ADD_LEARNER:  # never a member here
+            return Proposed(RC.UNKNOWN_MEMBER, f"{change.kind.name.lower()} {change.id}: {_WHY[RC.UNKNOWN_MEMBER]}")
         if addr is None or (change.kind == ChangeKind.ADD_LEARNER and (change.host, change.port) != tuple(addr)):
             return Proposed(RC.UNSUPPORTED, NOT_IN_PEERS)
         current = h.configs.latest

@@ -33,10 +33,14 @@ class Metadata:
             host, port = self.h.peer_map[pid]
             match = led.ledger_end_index if pid == self.h.cfg.id else self.h.state.read_peer(slot).match_index
             peers.append(P.PeerInfo(pid, f"{host}:{port}", match))
+        status = None
         if req.want_status:
             self.h.ledger.check_disk(self.h.now())
+            status = node_status(self.h.state, self.h.cfg.store_dir, self.h.ledger.disk_ratio)
+            if req.want_config:
+                c = self.h.configs.latest
+                status.configuration = (c.index, c.voters, c.learners)
         self.h.replies.send(ident, P.MetadataResponse(
             RC.SUCCESS, self.h.cfg.group, m.current_term, leader, self.h.cfg.id,
             role, led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
-            req.request_id,
-            node_status(self.h.state, self.h.cfg.store_dir, self.h.ledger.disk_ratio) if req.want_status else None))
+            req.request_id, status))
