@@ -65,8 +65,10 @@ def test_json_of_append_kv_snapshot_metadata_and_config(group, tmp_path):
     leader = m["leader"]
     for n in m["nodes"]:
         assert {"id", "address", "role", "term", "leader", "ledger_begin_index", "ledger_end_index",
-                "committed_index", "alive", "lag", "version", "store_bytes", "disk_usage_ratio"} <= set(n)
+                "committed_index", "alive", "lag", "version", "store_bytes", "disk_usage_ratio",
+                "config_index", "member"} <= set(n)
         assert n["version"] and n["store_bytes"] > 0 and 0 <= n["disk_usage_ratio"] <= 1
+        assert (n["config_index"], n["member"]) == (-1, "voter")  # no change yet: --peers
         assert (n["lag"] is None) == (n["id"] == leader)
 
     cfg = tmp_path / "node.toml"

@@ -38,6 +38,11 @@ def test_remove_a_voter_then_add_it_back_through_the_cli(make_cluster):
     assert removed["index"] >= 0
     now = member(c, "list")
     assert other not in now["voters"] + now["learners"] and now["index"] == removed["index"]
+    r = dledger("metadata", "--peers", c.peers, "--json")
+    nodes = {n["id"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert (nodes[lead]["member"], nodes[lead]["config_index"]) == ("voter", removed["index"])
+    wait_for(lambda: json.loads(dledger("metadata", "--peers", c.peers, "--json").stdout)["nodes"][
+        list(c.nodes).index(other)]["member"] == "removed", 10, f"{other} sees itself removed")
     with c.client() as client:  # two voters commit alone (the removed one is stopped)
         c.nodes[other].stop()
         assert client.append(b"with two voters").index > removed["index"]

@@ -183,16 +183,24 @@ def member_set_problem(answers: list[NodeAnswer]) -> str | None:
 def node_extras(peers: str, group: str, timeout: float,
                 key_file: str | os.PathLike[str] | None = None) -> dict[str, dict[str, object]]:
     """Per node id: `lag` (entries behind the leader, leader's view; None for the leader and
-    when unknown), `version`, `store_bytes`, `disk_usage_ratio` -- what `dledger metadata`
+    when unknown), `version`, `store_bytes`, `disk_usage_ratio`, and from the newest
+    configuration in the node's own log `config_index` (-1: still the `--peers` one) and
+    `member` (voter, learner or removed, as that node sees itself) -- what `dledger metadata`
     adds to the documented fields of `dledger metadata --json` (docs/client.md "CLI") (None where a
-    node did not answer with a status trailer)."""
+    node did not answer with a status trailer, or is older than the configuration)."""
     with GroupProbe(peers, group, timeout=timeout, key_file=key_file) as probe:
-        view = read_group(probe.round())
+        view = read_group(probe.round(want_config=True))
     out: dict[str, dict[str, object]] = {}
     for a in view.answers:
         st = a.meta.status if a.meta is not None else None
+        conf = st.configuration if st else None
+        member = None
+        if conf is not None:
+            member = "voter" if a.id in conf[1] else "learner" if a.id in conf[2] else "removed"
         out[a.id] = {"lag": view.lag.get(a.id),
                      "version": st.version if st else None,
                      "store_bytes": st.store_bytes if st else None,
-                     "disk_usage_ratio": round(st.disk_usage_ratio, 4) if st else None}
+                     "disk_usage_ratio": round(st.disk_usage_ratio, 4) if st else None,
+                     "config_index": conf[0] if conf is not None else None,
+                     "member": member}
     return out

@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     extras = node_extras(args.peers, args.group, min(args.timeout, 1.0), key_file_of(args))
     if args.json:
         d = m.to_dict()
-        blank = {"lag": None, "version": None, "store_bytes": None, "disk_usage_ratio": None}
+        blank = {"lag": None, "version": None, "store_bytes": None, "disk_usage_ratio": None,
+                 "config_index": None, "member": None}
         for n in d["nodes"]:  # added keys only: the documented keys stay as they were
             n.update({**blank, **extras.get(n["id"], {})})
         print(json.dumps(d))
@@ -124,8 +125,8 @@ def _print_table(m, extras: dict[str, dict] | None = None) -> None:
 
     t = Table(title=f"group {m.group}: leader {v(m.leader_id)}, term {v(m.term)}",
               title_justify="left")
-    for col in ("id", "address", "role", "term", "leader", "begin", "end", "committed", "lag", "disk",
-                "version", "alive"):
+    for col in ("id", "address", "role", "member", "term", "leader", "begin", "end", "committed", "lag",
+                "disk", "version", "alive"):
         t.add_column(col, justify="right" if col in ("term", "begin", "end", "committed", "lag", "disk")
                      else "left", no_wrap=True)
     for n in m.nodes:
@@ -136,7 +137,10 @@ def _print_table(m, extras: dict[str, dict] | None = None) -> None:
         disk = "-" if x.get("store_bytes") is None else f"{x['store_bytes'] / (1 << 20):.0f}MiB"
         if x.get("disk_usage_ratio") is not None:
             disk += f" ({x['disk_usage_ratio']:.0%})"
-        t.add_row(n.id, n.address, role, v(n.term), v(n.leader), v(n.ledger_begin_index),
+        member = v(x.get("member"))
+        if x.get("config_index") is not None and x["config_index"] >= 0:
+            member += f" @{x['config_index']}"  # the configuration entry that node counts
+        t.add_row(n.id, n.address, role, member, v(n.term), v(n.leader), v(n.ledger_begin_index),
                   v(n.ledger_end_index), v(n.committed_index), v(x.get("lag")), disk,
                   v(x.get("version")), "yes" if n.alive else "[bold red]NO[/]")
     Console(width=max(132, Console().width)).print(t)
