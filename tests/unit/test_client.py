@@ -649,7 +649,7 @@ def test_cli_metadata_json_exact_keys(make_cluster, capsys):
             "committed_index", "alive"]
     # The documented keys (docs/client.md "CLI"), in order, then what the table also shows (added,
     # never instead)
-    added = ["lag", "version", "store_bytes", "disk_usage_ratio"]
+    added = ["lag", "version", "store_bytes", "disk_usage_ratio", "config_index", "member"]
     assert [list(n) for n in doc["nodes"]] == [keys + added] * 3
     assert [n["role"] for n in doc["nodes"]] == ["LEADER", None, "FOLLOWER"]
     dead = doc["nodes"][1]
