@@ -56,6 +56,7 @@ from node.core.membership import (
     is_configuration_body,
     slot_masks,
 )
+from node.core.slots import SlotTable, assign, bootstrap_slots
 from node.store.layout import LayoutError, read_properties, write_properties_atomically
 
 if TYPE_CHECKING:
@@ -100,7 +101,10 @@ class ConfigKeeper:
         self.history = ConfigHistory(self.base)
         self.covers = -1  # the log index the history's base covers (an installed snapshot's)
         self.path = os.path.join(h.cfg.store_dir, CONFIG_FILE)
-        self.masks = slot_masks(self.base, h.peer_map)  # what `published` gives the block
+        # Each member's peer slot (node.core.slots): while members are `--peers` members their
+        # slots are their `--peers` positions, so the masks are what `slot_masks` gives.
+        self.slots: SlotTable = bootstrap_slots(h.peer_map)
+        self.masks = self.slots.masks(self.base)  # what `published` gives the block
         self._unpublished = True  # the block's words are not these yet (a new process: maybe stale)
 
     @property
@@ -266,7 +270,10 @@ class ConfigKeeper:
         self._publishable()
 
     def _publishable(self) -> None:
-        self.masks = slot_masks(self.history.latest, self.h.peer_map)
+        c = self.history.latest
+        slot_masks(c, self.h.peer_map)  # a member outside --peers: refused (no dispatcher yet)
+        self.slots = assign(self.slots, c)
+        self.masks = self.slots.masks(c)
         self._unpublished = True
 
 
