@@ -111,7 +111,10 @@ boundaries; ``int64[n]`` rows are arrays of lock-free counters -- fixed-bucket h
 | P+72 | int64 | peer[p].match_pos | dispatcher[p] | - |
 | P+80 | int64[14] | peer[p].replication_latency_ms | dispatcher[p] | - |
 
-Total size: ``5248 + 256 * n_peers`` bytes (layout version 5: version 4 had no configuration words in the ledger group; version 3 had no metrics
+Total size: ``5248 + 256 * 16`` bytes: always ``PEER_RECORDS`` (16) peer records, the most
+members a configuration may have, so a member added while the group runs has a record without
+a new block; ``n_peers`` is the number of ``--peers`` members, slots 0..n_peers-1 (layout version 6: version 5
+had ``n_peers`` records; version 4 had no configuration words in the ledger group; version 3 had no metrics
 words, histograms or request matrix and 128-byte peer records). The record of ``self_slot`` is never written (no
 dispatcher pushes to itself; the ack checker takes this node's own watermark from the ledger
 group).
@@ -198,7 +201,7 @@ from node.observe.histogram import NODE_HISTOGRAMS, PEER_HISTOGRAMS, HistogramSp
 log = logging.getLogger("dledger.shared_state")
 
 MAGIC: Final = int.from_bytes(b"DLedgSB1", "little")
-LAYOUT_VERSION: Final = 5
+LAYOUT_VERSION: Final = 6
 NO_SLOT: Final = -1
 NO_INDEX: Final = -1
 
@@ -399,9 +402,15 @@ HISTOGRAMS: Final = {h.name: h for h in NODE_HISTOGRAMS + PEER_HISTOGRAMS}
 _IMMUTABLE: Final = frozenset({"magic", "layout_version", "total_size", "n_peers", "self_slot"})
 
 
-def layout_size(n_peers: int) -> int:
-    """Bytes needed for a block with ``n_peers`` peer records."""
-    return PEERS_OFFSET + PEER_STRIDE * n_peers
+PEER_RECORDS: Final = 16  # node.core.membership.MAX_MEMBERS (a test keeps them equal)
+
+
+def layout_size(n_peers: int = PEER_RECORDS) -> int:
+    """Bytes of a block: the same for every group of 1..PEER_RECORDS ``--peers`` members (the
+    block always holds PEER_RECORDS peer records; docs/membership.md "Processes")."""
+    if not 1 <= n_peers <= PEER_RECORDS:
+        raise ValueError(f"{n_peers} peers: a block holds 1..{PEER_RECORDS}")
+    return PEERS_OFFSET + PEER_STRIDE * PEER_RECORDS
 
 
 def render_layout_table() -> str:
@@ -714,8 +723,8 @@ class SharedState:
         """
         check_platform()
         _validate_name(name)
-        if n_peers < 1 or not 0 <= self_slot < n_peers:
-            raise ValueError(f"need n_peers >= 1 and 0 <= self_slot < n_peers, "
+        if not 1 <= n_peers <= PEER_RECORDS or not 0 <= self_slot < n_peers:
+            raise ValueError(f"need 1 <= n_peers <= {PEER_RECORDS} and 0 <= self_slot < n_peers, "
                              f"got {n_peers=} {self_slot=}")
         size = layout_size(n_peers)
         try:
@@ -754,7 +763,7 @@ class SharedState:
         w[idx["applied_index"].offset // 8] = NO_INDEX
         w[idx["repair_index"].offset // 8] = NO_INDEX
         w[idx["unchecked_end_index"].offset // 8] = NO_INDEX
-        for p in range(self.n_peers):
+        for p in range(PEER_RECORDS):  # every record, used or not yet: watermarks start at -1
             base = PEERS_OFFSET + p * PEER_STRIDE
             _PEER_S.pack_into(self._buf, base + _PEER_BODY[0].offset, NO_INDEX, NO_INDEX, 0, 0)
         # Everything else is zero from ftruncate. magic goes last: a reader that races creation
@@ -790,7 +799,7 @@ class SharedState:
                 problem = f"bad magic {hdr.magic:#x} (expected {MAGIC:#x})"
             elif hdr.layout_version != LAYOUT_VERSION:
                 problem = f"layout version {hdr.layout_version}, this code reads {LAYOUT_VERSION}"
-            elif not 1 <= hdr.n_peers <= (len(mm) - PEERS_OFFSET) // PEER_STRIDE:
+            elif not 1 <= hdr.n_peers <= min(PEER_RECORDS, (len(mm) - PEERS_OFFSET) // PEER_STRIDE):
                 problem = f"n_peers {hdr.n_peers} does not fit a {len(mm)}-byte segment"
             elif hdr.total_size != layout_size(hdr.n_peers) or len(mm) < hdr.total_size:
                 problem = (f"size mismatch: header says {hdr.total_size}, layout needs "

@@ -153,6 +153,7 @@ class StoreReset:
 
     index: int
     term: int
+    meta: bytes = b""  # the snapshot's meta.json: it carries the configuration in force at index
 
 
 Effect = Reply | StoreAppend | StoreTruncate | SetCommitted | InstallReply | ForwardInstall | StoreReset
@@ -261,7 +262,7 @@ class FollowerCore:
             if follow_key(view) == self.key:
                 self.verified_end = max(self.verified_end, index)
             return [SetCommitted(index), done]
-        return [StoreReset(index, term), done]
+        return [StoreReset(index, term, bytes(req.meta)), done]
 
     def reset_done(self, index: int, view: MemberSnapshot) -> list[Effect]:
         """A `StoreReset` to `index` succeeded: the log is the snapshot's prefix (all of it the

@@ -38,6 +38,7 @@ from node.core.apply import (
     replay_start,
     snapshot_due,
 )
+from node.core.membership import encode_configuration, is_configuration_body
 from node.roles.runtime import RoleContext, role_main
 from node.statemachine.api import CommittedEntry, StateMachine, check_results
 from node.statemachine.loader import StateMachineSpecError, load_state_machine
@@ -56,6 +57,13 @@ from node.wiring import channels
 IDLE_POLL_MS = 100
 SNAPSHOT_RETRY_MS = 10_000  # after a failed snapshot (disk full...), wait this long before retrying
 MAX_READ_BYTES = 16 << 20
+
+
+def _meta_config(meta: SnapshotMeta) -> tuple[int, bytes] | None:
+    """(index, entry body) of the configuration a snapshot's meta records (validated when the
+    meta was parsed), None when it records none."""
+    c = meta.config()
+    return None if c is None else (c.index, encode_configuration(c))
 
 
 def _one_line(e: BaseException) -> str:
@@ -110,6 +118,11 @@ class Applier:
         self.receiver = None  # node.statemachine.snapshot_install.SnapshotReceiver of an install
         self.transport: ApplierTransport | None = None
         self._busy = False  # the last tick applied something: look again at once
+        # The configuration in force at `applied` (index, entry body), recorded in each snapshot
+        # taken (docs/membership.md "Snapshots and installs carry the configuration"): the
+        # restored snapshot's, then each configuration entry applied. This process applies
+        # every committed entry in order, so it knows it exactly; None: none yet (bootstrap).
+        self.config: tuple[int, bytes] | None = None
 
     def now(self) -> int:
         return self.rc.clock()
@@ -129,6 +142,7 @@ class Applier:
                 continue
             self.applied, self.applied_term = snap.last_index, snap.last_term
             self.snapshot_index = snap.last_index
+            self.config = _meta_config(snap.meta)
             self.log.info("restored the snapshot at index %d (term %d, %d bytes)", snap.last_index,
                           snap.last_term, snap.size)
             break
@@ -178,6 +192,9 @@ class Applier:
             self.log.debug("apply %d..%d: stale read, retrying: %s", lo, hi, e)
             return False
         user = [CommittedEntry(e.index, e.term, e.body) for e in entries if e.magic == codec.MAGIC_NORMAL]
+        for e in entries:
+            if is_configuration_body(e.magic, e.body):
+                self.config = (e.index, bytes(e.body))
         try:
             results = check_results(user, self.sm.apply(user)) if user else []
         except Exception as e:
@@ -206,7 +223,8 @@ class Applier:
             return
         t0 = self.now()
         try:
-            pending = self.snaps.begin(self.applied, self.applied_term, self.cfg.state_machine)
+            pending = self.snaps.begin(self.applied, self.applied_term, self.cfg.state_machine,
+                                       self.config)
             try:
                 self.sm.snapshot(pending.file)
                 snap = pending.commit()
@@ -336,6 +354,7 @@ class Applier:
             self.sm.restore(f)
         self.applied, self.applied_term = meta.last_index, meta.last_term
         self.snapshot_index = meta.last_index
+        self.config = _meta_config(meta)
         self.state.write_snapshot(snapshot_index=meta.last_index, snapshot_term=meta.last_term)
         self.state.set("applied_index", self.applied)
 

@@ -13,12 +13,16 @@ docs/snapshots.md has the layout and the field table.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import json
 import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from node.core.membership import Configuration, decode_configuration
 
 SNAPSHOTS_DIR = "snapshots"  # under the node's store dir
 DATA_FILE = "data"
@@ -137,9 +141,15 @@ class SnapshotMeta:
     state_machine: str  # what wrote ``data`` (e.g. "kv"), so the wrong class is not fed it
     created: str  # ISO 8601 UTC, informational
     format: int = FORMAT_VERSION  # of this layout; a newer number is refused, not guessed
+    # The configuration in force at last_index (docs/membership.md): its entry's body in
+    # base64 and its index; "" / -1: none (the group never changed members up to there).
+    # In meta.json one optional object, {"configuration": {"entry": ..., "index": ...}}.
+    configuration: str = ""
+    configuration_index: int = -1
 
     def __post_init__(self) -> None:
         check_position(self.last_index, self.last_term)
+        self._check_configuration()
         for name in ("size", "crc32c", "format"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -161,13 +171,42 @@ class SnapshotMeta:
         if not self.state_machine:
             raise SnapshotMetaError("state_machine is empty (name the class that wrote data)")
 
+    def _check_configuration(self) -> None:
+        """A configuration must decode and lie within the snapshot: a node that installs one
+        counts its voters, so a bad one is refused where it enters, with the field named."""
+        c, i = self.configuration, self.configuration_index
+        if not isinstance(c, str) or not isinstance(i, int) or isinstance(i, bool):
+            raise SnapshotMetaError("configuration must hold a string entry and an integer index")
+        if not c:
+            if i != -1:
+                raise SnapshotMetaError(f"configuration index {i} without an entry")
+            return
+        if not 0 <= i <= self.last_index:
+            raise SnapshotMetaError(f"configuration index {i} is outside 0..{self.last_index}")
+        self.config()
+
+    def config(self) -> Configuration | None:
+        """The configuration in force at last_index; None: none recorded (the bootstrap one)."""
+        if not self.configuration:
+            return None
+        try:
+            body = base64.b64decode(self.configuration, validate=True)
+            return decode_configuration(body, self.configuration_index)
+        except (ValueError, binascii.Error) as e:  # ConfigurationError is a ValueError
+            raise SnapshotMetaError(f"configuration: {e}") from None
+
     @property
     def name(self) -> str:
         return dir_name(self.last_index, self.last_term)
 
     def to_json(self) -> bytes:
-        """meta.json's bytes (sorted keys, one line: small, diffable, stable for tests)."""
-        return json.dumps(asdict(self), sort_keys=True).encode() + b"\n"
+        """meta.json's bytes (sorted keys, one line: small, diffable, stable for tests). No
+        configuration: no key, so such a meta is byte for byte what it was before the field."""
+        d = asdict(self)
+        entry, index = d.pop("configuration"), d.pop("configuration_index")
+        if entry:
+            d["configuration"] = {"entry": entry, "index": index}
+        return json.dumps(d, sort_keys=True).encode() + b"\n"
 
     @classmethod
     def from_dict(cls, d: object) -> SnapshotMeta:
@@ -180,7 +219,13 @@ class SnapshotMeta:
         missing = [f for f in fields if f not in d]
         if missing:
             raise SnapshotMetaError(f"meta lacks {', '.join(missing)}")
-        return cls(**{f: d[f] for f in fields})
+        extra: dict[str, object] = {}
+        if "configuration" in d:
+            c = d["configuration"]
+            if not isinstance(c, dict) or set(c) != {"entry", "index"}:
+                raise SnapshotMetaError("configuration must be an object of entry and index")
+            extra = {"configuration": c["entry"], "configuration_index": c["index"]}
+        return cls(**{f: d[f] for f in fields}, **extra)
 
     @classmethod
     def from_json(cls, raw: bytes, source: str = "meta") -> SnapshotMeta:

@@ -24,6 +24,7 @@ processes or sockets here: the applier role and the install message use this mod
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import logging
 import os
@@ -255,14 +256,19 @@ class SnapshotStore:
             return False
         return True
 
-    def begin(self, last_index: int, last_term: int, state_machine: str) -> PendingSnapshot:
+    def begin(self, last_index: int, last_term: int, state_machine: str,
+              configuration: tuple[int, bytes] | None = None) -> PendingSnapshot:
         """Start a snapshot of the state after applying entry ``last_index`` (of ``last_term``),
         written by ``state_machine`` (its name, recorded in the meta). Raises SnapshotMetaError
         for a bad position or name, SnapshotExists when an intact snapshot is already there
-        (checked now, before the state machine writes gigabytes for nothing)."""
+        (checked now, before the state machine writes gigabytes for nothing). ``configuration``
+        (index, entry body): the configuration in force at ``last_index``, recorded in the meta."""
         self._require_writable("take a snapshot")
         check_position(last_index, last_term)
-        meta = SnapshotMeta(last_index, last_term, 0, 0, state_machine, "")  # validates the name
+        cfg = {} if configuration is None else {
+            "configuration_index": configuration[0],
+            "configuration": base64.b64encode(configuration[1]).decode()}
+        meta = SnapshotMeta(last_index, last_term, 0, 0, state_machine, "", **cfg)  # validates
         if self._intact(self.dir / meta.name):
             raise SnapshotExists(f"snapshot {meta.name} already exists in {self.dir}")
         try:

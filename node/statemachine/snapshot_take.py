@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
@@ -106,8 +107,8 @@ class PendingSnapshot:
             if self._raw.failed is not None:  # never publish a silently truncated state
                 raise self._raw.failed
             os.fsync(self._fd)
-            meta = SnapshotMeta(self.last_index, self.last_term, self._raw.size, self._raw.crc,
-                                self._meta.state_machine, utc_iso(self._store.wall_clock()))
+            meta = replace(self._meta, size=self._raw.size, crc32c=self._raw.crc,
+                           created=utc_iso(self._store.wall_clock()))
             write_file_durably(self.path / META_FILE, meta.to_json())
             fsync_dir(self.path)
             self._close()

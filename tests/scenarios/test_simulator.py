@@ -356,3 +356,14 @@ def test_the_simulators_role_context_offers_every_field_of_the_real_one() -> Non
         assert h.wall_clock() == sim.now / 1000 and h.disk_usage(h.cfg.store_dir) == sim.disk_ratio_at(h.cfg.store_dir)
     finally:
         sim.close()
+
+
+def test_an_install_past_a_configuration_entry_carries_it() -> None:
+    """Fault `membership` with installs (KV state machine, segment store): seed 7 installed a
+    follower past configuration entry 67, which it never stored; without the snapshot carrying
+    the configuration it kept counting entry 4's (smcheck: a node never counts a configuration
+    older than one it has committed). docs/testing.md has the longer run."""
+    r = run_seed(SimConfig(seed=7, steps=2500, store="segment", state_machine="kv",
+                           faults=MEMBERSHIP_FAULTS))
+    assert r.ok, _explain(r)
+    assert r.stats.get("install_resets", 0) >= 1 and r.stats.get("configurations_committed", 0) >= 1

@@ -223,7 +223,7 @@ def test_an_install_from_the_leader_is_forwarded_to_the_applier():
 def test_installed_snapshot_resets_a_log_that_does_not_hold_its_last_entry():
     c, s, req = core(), store_of([1, 1, 2]), install_req()
     out = c.snapshot_installed(b"id", req, 10, 3, follower_view(), s)
-    assert out == [StoreReset(10, 3), InstallReply(b"id", req, RC.SUCCESS, 3, installed=True)]
+    assert out == [StoreReset(10, 3, b"{}"), InstallReply(b"id", req, RC.SUCCESS, 3, installed=True)]
 
 
 def test_installed_snapshot_keeps_a_log_that_holds_its_last_entry_and_commits_it():
@@ -237,7 +237,7 @@ def test_installed_snapshot_keeps_a_log_that_holds_its_last_entry_and_commits_it
 def test_installed_snapshot_with_a_different_term_at_its_index_resets_the_log():
     c, s, req = core(), store_of([1, 1, 2, 2, 2]), install_req()  # an old leader's tail
     out = c.snapshot_installed(b"id", req, 3, 3, follower_view(), s)
-    assert out[0] == StoreReset(3, 3)
+    assert out[0] == StoreReset(3, 3, b"{}")  # with the meta: it carries the configuration
 
 
 def test_installed_snapshot_already_committed_here_changes_nothing():

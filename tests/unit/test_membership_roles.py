@@ -395,3 +395,105 @@ def test_refusals_of_an_unknown_candidate_do_not_raise_its_term() -> None:
         terms.add(core.term)
         now = core.next_deadline(now) + 1
     assert max(terms) <= 4, sorted(terms)
+
+
+# ------------------------------------------------------------------------------------------
+# Snapshots and installs carry the configuration
+# ------------------------------------------------------------------------------------------
+def snapshot_meta(last_index: int, config: Configuration | None) -> bytes:
+    import base64
+
+    from node.statemachine.snapshot_meta import SnapshotMeta
+    extra = {} if config is None else {"configuration": base64.b64encode(encode_configuration(config)).decode(),
+                                       "configuration_index": config.index}
+    return SnapshotMeta(last_index, 1, 0, 0, "kv", "", **extra).to_json()
+
+
+def install_reset(h, last_index: int, meta: bytes) -> None:  # noqa: ANN001
+    from node.core.follower import StoreReset
+    assert h.install.store_reset(StoreReset(last_index, 1, meta), h.state.read_member())
+
+
+def test_an_install_past_a_configuration_entry_never_stored_counts_its_voters(tmp_path: Path) -> None:
+    """The regression: a follower whose log was reset to a snapshot that covers a configuration
+    entry it never stored kept counting its old configuration (the simulator's membership fault
+    with installs: 10 of 60 seeds). The snapshot's meta carries it; it becomes the base."""
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    store = MemoryStore()
+    store.append_leader(b"a", 1)
+    h, _ = make_handler(tmp_path, "n1", state, Clock(), store=store)
+    c = removed("n2", 3)  # entry 3 of the leader's log; this follower never stored it
+    install_reset(h, 5, snapshot_meta(5, c))
+    assert (store.ledger_begin_index, store.ledger_end_index) == (6, 5)
+    assert h.configs.latest == c
+    assert words(state) == (3, 0b011, 0)
+    # a restart finds it in DIR/configuration (the log holds no configuration entry at all)
+    state2 = FakeState()
+    h2, _ = make_handler(tmp_path, "n1", state2, Clock(), store=store)
+    assert h2.configs.latest == c and words(state2) == (3, 0b011, 0)
+
+
+def test_an_install_drops_an_uncommitted_configuration_of_the_old_log(tmp_path: Path) -> None:
+    """A configuration entry the follower stored from a deposed leader (uncommitted, below the
+    snapshot's last index) is not the group's: after the reset the snapshot's one counts, and
+    with none recorded the bootstrap one, also after a restart."""
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    store = MemoryStore()
+    h, _ = make_handler(tmp_path, "n1", state, Clock(), store=store)
+    x = leader_log([(1, b"a", 1), (1, encode_configuration(removed("n0", 1)), MAGIC_NOOP)])
+    push_run(h, x, 0, 2, term=1, rid=1, pre_term=-1)
+    assert words(state) == (1, 0b110, 0)
+    install_reset(h, 4, snapshot_meta(4, None))
+    assert h.configs.latest == BOOT and words(state) == (-1, 0b111, 0)
+    state2 = FakeState()
+    h2, _ = make_handler(tmp_path, "n1", state2, Clock(), store=store)
+    assert h2.configs.latest == BOOT
+
+
+def test_a_crash_between_the_file_and_the_reset_keeps_the_old_logs_configuration(tmp_path: Path) -> None:
+    """The base is written before the log is reset; until the log begins after the snapshot
+    the base is not used (the old log is still there; the leader installs again)."""
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    store = MemoryStore()
+    h, _ = make_handler(tmp_path, "n1", state, Clock(), store=store)
+    c1 = removed("n2", 1)
+    x = leader_log([(1, b"a", 1), (1, encode_configuration(c1), MAGIC_NOOP)])
+    push_run(h, x, 0, 2, term=1, rid=1, pre_term=-1)
+    h.configs.before_reset(7, removed("n0", 5))  # ... and the process dies before reset_to
+    text = (tmp_path / "n1" / CONFIG_FILE).read_text()
+    assert "base.5=" in text and "covers=7" in text and "entry.1=" in text
+    state2 = FakeState()
+    h2, _ = make_handler(tmp_path, "n1", state2, Clock(), store=store)
+    assert h2.configs.latest == c1
+
+
+def test_a_snapshot_meta_carries_the_configuration_and_old_metas_stay_as_they_were() -> None:
+    from node.statemachine.snapshot_meta import SnapshotMeta, SnapshotMetaError
+    plain = SnapshotMeta.from_json(snapshot_meta(9, None))
+    assert b"configuration" not in plain.to_json() and plain.config() is None
+    c = removed("n2", 4)
+    m = SnapshotMeta.from_json(snapshot_meta(9, c))
+    assert m.config() == c and SnapshotMeta.from_json(m.to_json()) == m
+    import json
+    d = json.loads(m.to_json())
+    assert d["configuration"]["index"] == 4
+    for bad in ({"index": 10, "entry": d["configuration"]["entry"]},  # past last_index
+                {"index": 4, "entry": "AAAA"},  # not a configuration
+                {"index": 4}, "text"):
+        with pytest.raises(SnapshotMetaError, match="configuration"):
+            SnapshotMeta.from_json(json.dumps({**d, "configuration": bad}).encode())
+
+
+def test_a_snapshot_taken_with_a_configuration_records_it_in_meta_json(tmp_path: Path) -> None:
+    """The applier passes the configuration in force at the index it snapshots (it applies
+    every committed entry in order, so it knows it); the published meta.json holds it."""
+    from node.statemachine.snapshot_store import SnapshotStore
+    c = removed("n2", 1)
+    snaps = SnapshotStore(tmp_path)
+    p = snaps.begin(3, 1, "kv", (c.index, encode_configuration(c)))
+    p.file.write(b"state")
+    snap = p.commit()
+    assert SnapshotStore(tmp_path, writable=False).list()[-1].meta.config() == c == snap.meta.config()

@@ -506,7 +506,7 @@ _GOOD = {"magic": ss.MAGIC, "layout_version": ss.LAYOUT_VERSION, "total_size": s
         (ss.layout_size(3), {}, "bad magic"),
         (ss.layout_size(3), {**_GOOD, "magic": 12345}, "bad magic"),
         (ss.layout_size(3), {**_GOOD, "layout_version": 99}, "layout version 99"),
-        (ss.layout_size(2), _GOOD, "n_peers 3 does not fit"),
+        (ss.layout_size(3), {**_GOOD, "n_peers": 17}, "n_peers 17 does not fit"),
         (ss.layout_size(3), {**_GOOD, "total_size": 4096}, "size mismatch"),
         (ss.layout_size(3), {**_GOOD, "self_slot": 3}, "self_slot 3"),
         (64, {}, "smaller than a state block header"),
@@ -533,3 +533,13 @@ def test_close_and_unlink_are_idempotent(shm_name: str) -> None:
     assert st.closed
     st.close()
     assert not _shm_path(shm_name).exists()
+
+
+def test_the_block_always_holds_max_members_peer_records() -> None:
+    """A member added while the group runs needs a record without a new block: every block has
+    MAX_MEMBERS records, initialised (watermark -1) whether a slot is used yet or not."""
+    from node.core.membership import MAX_MEMBERS
+    assert ss.PEER_RECORDS == MAX_MEMBERS
+    assert ss.layout_size(1) == ss.layout_size(16) == ss.PEERS_OFFSET + ss.PEER_STRIDE * MAX_MEMBERS
+    with pytest.raises(ValueError):
+        ss.layout_size(MAX_MEMBERS + 1)

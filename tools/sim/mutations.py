@@ -325,8 +325,9 @@ def _snapshot_index_early() -> Callable[[], None]:
 
     orig = SnapshotStore.begin
 
-    def begin(self: SnapshotStore, last_index: int, last_term: int, state_machine: str) -> Any:
-        return orig(self, last_index - 1, last_term, state_machine)
+    def begin(self: SnapshotStore, last_index: int, last_term: int, state_machine: str,
+              configuration: Any = None) -> Any:
+        return orig(self, last_index - 1, last_term, state_machine, configuration)
 
     return _patch(SnapshotStore, "begin", begin)
 
@@ -403,7 +404,7 @@ def _reset_before_restore() -> Callable[[], None]:
         except SnapshotError:
             meta = None
         if meta is not None and len(r.data) and r.offset + len(r.data) == meta.size:
-            self.h.pushes.execute([StoreReset(meta.last_index, meta.last_term)], m)  # "the last chunk is here"
+            self.h.pushes.execute([StoreReset(meta.last_index, meta.last_term, bytes(r.meta))], m)  # "the last chunk is here"
         orig(self, e, m)
 
     return _patch(FollowerInstall, "forward", forward)
@@ -422,7 +423,7 @@ def _install_keeps_conflicting_suffix() -> Callable[[], None]:
             return [done]
         if store.ledger_begin_index >= 0 and store.ledger_begin_index - 1 <= index:
             return [SetCommitted(index), done]  # no check that the log holds (index, term)
-        return [StoreReset(index, term), done]
+        return [StoreReset(index, term, bytes(req.meta)), done]
 
     return _patch(FollowerCore, "snapshot_installed", snapshot_installed)
 

@@ -38,6 +38,7 @@ What is checked here besides the state itself (`on_reset`, `on_restore_installed
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
+from node.core.membership import is_configuration_body
 from node.statemachine import kv
 from node.statemachine.api import CommittedEntry, StateMachine
 from node.statemachine.loader import load_state_machine
@@ -139,6 +141,8 @@ class StateMachineChecks:
         self.waiting: dict[int, list[tuple[bytes, str]]] = {}  # results for indexes not committed yet
         self.last_value: dict[bytes, bytes] = {}  # per key, the value a writer sent last
         self.positions: list[tuple[str, int, int, str]] = []  # snapshot positions not committed yet
+        self.config_at: list[int] = []  # indexes of the committed configuration entries
+        self.config_seen = 0  # how much of the committed history config_at has looked at
 
     # ------------------------------------------------------------------ what clients send
     def command(self, rng: Any, tag: bytes, pad: int) -> bytes:
@@ -238,8 +242,30 @@ class StateMachineChecks:
             if n.up and a is not None and a.alive and a.started:
                 self._check_applier(n, a, v)  # type: ignore[arg-type]
             self._check_compaction(n, v)
+            self._check_configuration(n)
         if sim.installs:
             self._check_matches()
+
+    def _check_configuration(self, n: Node) -> None:
+        """A node's handler never counts a configuration older than one it has committed: the
+        newest configuration entry at or below its committed index is in force there, or a
+        newer one (an installed snapshot that skipped the entry must carry it: docs/membership.md
+        "Snapshots and installs carry the configuration")."""
+        h = self.sim.chist
+        while self.config_seen < len(h):
+            if is_configuration_body(h[self.config_seen][1], h[self.config_seen][2]):
+                self.config_at.append(self.config_seen)
+            self.config_seen += 1
+        a = n.roles.get("handler")
+        if not n.up or n.store is None or a is None or not getattr(a, "opened", False) \
+                or not getattr(a, "alive", True):
+            return
+        k = bisect.bisect_right(self.config_at, min(n.store.committed_index, len(h) - 1))
+        if k and a.h.configs.latest.index < self.config_at[k - 1]:  # type: ignore[attr-defined]
+            self.sim.fail(f"{n.id}: counts the configuration of entry {a.h.configs.latest.index} "  # type: ignore[attr-defined]
+                          f"but has committed the configuration entry {self.config_at[k - 1]} "
+                          f"(log {n.store.ledger_begin_index}..{n.store.ledger_end_index}, "
+                          f"committed {n.store.committed_index})")
 
     def _check_applier(self, n: Node, a: ApplierActor, v: NodeView) -> None:
         ap = a.ap

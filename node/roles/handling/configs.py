@@ -25,6 +25,15 @@ the file enough: **every configuration entry the log holds is in the file**. It 
 
 The file keeps the newest committed configuration and everything after it: only the entries
 after the committed index can be truncated, and older ones can never be in force again.
+
+**Installs.** A leader's snapshot replaces the log up to its last index S, and its meta carries
+the configuration in force at S (none: the bootstrap one). The handler writes it to the file
+as the base (`base.INDEX=base64 body`, `covers=S`) BEFORE the log reset, next to the entries the
+log still holds. `open` uses the base only once the log begins after S (the reset happened, or
+retention deleted past S since): then every entry at or below S is replaced by it (they were
+the log's before the reset, maybe another leader's, uncommitted). Until then the log is the
+old one and the base is ignored: the leader's next probe finds the snapshot installed and the
+reset is done again.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from node.core.membership import (
     is_configuration_body,
     slot_masks,
 )
+from node.core.slots import SlotTable, assign, bootstrap_slots
 from node.store.layout import LayoutError, read_properties, write_properties_atomically
 
 if TYPE_CHECKING:
@@ -56,6 +66,8 @@ CONFIG_FILE = "configuration"
 _NOTHING: dict[str, int] = {}
 _TAG = re.compile(re.escape(CONFIG_TAG))
 _KEY = "entry."
+_BASE = "base."
+_COVERS = "covers"
 
 
 def find_configurations(blob: bytes | memoryview, first_index: int) -> list[tuple[int, bytes]]:
@@ -87,8 +99,12 @@ class ConfigKeeper:
         self.h = h
         self.base = bootstrap_configuration(h.peer_map)
         self.history = ConfigHistory(self.base)
+        self.covers = -1  # the log index the history's base covers (an installed snapshot's)
         self.path = os.path.join(h.cfg.store_dir, CONFIG_FILE)
-        self.masks = slot_masks(self.base, h.peer_map)  # what `published` gives the block
+        # Each member's peer slot (node.core.slots): while members are `--peers` members their
+        # slots are their `--peers` positions, so the masks are what `slot_masks` gives.
+        self.slots: SlotTable = bootstrap_slots(h.peer_map)
+        self.masks = self.slots.masks(self.base)  # what `published` gives the block
         self._unpublished = True  # the block's words are not these yet (a new process: maybe stale)
 
     @property
@@ -109,7 +125,8 @@ class ConfigKeeper:
     def _entries(self) -> list[Configuration]:
         return list(self.history._entries)  # noqa: SLF001 - the history's own list, ascending
 
-    def _save(self, extra: list[Configuration] = ()) -> None:
+    def _save(self, extra: list[Configuration] = (), base: Configuration | None = None,
+              covers: int | None = None) -> None:
         """Write the file: the newest committed configuration entry, everything after it, and
         `extra` (entries about to be stored). Raises OSError (the caller refuses the write)."""
         committed = self.h.store.committed_index
@@ -117,8 +134,14 @@ class ConfigKeeper:
         old = [c for c in keep if c.index <= committed]
         if old:
             keep = [c for c in keep if c.index >= old[-1].index]
-        write_properties_atomically(self.path, {
-            f"{_KEY}{c.index}": base64.b64encode(_body(c)).decode() for c in keep})
+        props = {f"{_KEY}{c.index}": base64.b64encode(_body(c)).decode() for c in keep}
+        base = self.history.base if base is None else base
+        covers = self.covers if covers is None else covers
+        if covers >= 0:
+            props[_COVERS] = str(covers)
+            if base.index >= 0:
+                props[f"{_BASE}{base.index}"] = base64.b64encode(_body(base)).decode()
+        write_properties_atomically(self.path, props)
 
     def _load(self) -> list[Configuration]:
         """The file's entries, checked against the log (module docstring)."""
@@ -128,6 +151,20 @@ class ConfigKeeper:
             self.h.rc.fatal(f"{self.path}: cannot read the configuration file: {e}")
         s = self.h.store
         out: list[Configuration] = []
+        covers, base = -1, None
+        try:
+            if _COVERS in props:
+                covers = int(props[_COVERS])
+                for key in (k for k in props if k.startswith(_BASE)):
+                    base = decode_configuration(base64.b64decode(props[key], validate=True),
+                                                int(key[len(_BASE):]))
+        except (ValueError, binascii.Error) as e:  # ConfigurationError is a ValueError
+            self.h.rc.fatal(f"{self.path}: damaged configuration file at its base: {e}")
+        if covers >= 0 and s.ledger_begin_index > covers:  # the reset to that snapshot happened
+            self.covers = covers
+            self.history = ConfigHistory(self.base if base is None else base)
+        else:
+            covers = -1
         for key in sorted((k for k in props if k.startswith(_KEY)), key=lambda k: int(k[len(_KEY):])):
             try:
                 index = int(key[len(_KEY):])
@@ -135,6 +172,8 @@ class ConfigKeeper:
                 config = decode_configuration(body, index)
             except (ValueError, binascii.Error) as e:  # ConfigurationError is a ValueError
                 self.h.rc.fatal(f"{self.path}: damaged configuration file at {key}: {e}")
+            if index <= covers:
+                continue  # replaced by the installed snapshot's base
             if index > s.ledger_end_index:
                 continue  # written before a store that never happened, or cut since
             if index >= s.ledger_begin_index:
@@ -151,7 +190,8 @@ class ConfigKeeper:
     def opened(self) -> None:
         """After the store opened: rebuild the history from the file (no log scan)."""
         self.history = ConfigHistory(self.base)
-        for c in self._load():
+        self.covers = -1
+        for c in self._load():  # may set the base of an installed snapshot first
             self.history.appended(c.index, MAGIC_NOOP, _body(c))
         self._publishable()
         if self.history.latest.index >= 0:
@@ -198,8 +238,42 @@ class ConfigKeeper:
                                self.history.latest.index, from_index)
             self._publishable()
 
+    def before_reset(self, last_index: int, base: Configuration | None) -> Configuration:
+        """An installed snapshot covering the log up to `last_index` is about to replace it;
+        `base` is the configuration its meta records (None: the bootstrap one). Write it to
+        the file as the base BEFORE the reset (module docstring); the entries the log still
+        holds stay listed. A configuration this node cannot count stops it, as a push's does.
+        OSError propagates (the reset is not done; the leader retries)."""
+        base = self.base if base is None else base
+        try:
+            slot_masks(base, self.h.peer_map)
+        except ConfigurationError as e:
+            self.h.rc.fatal(f"the installed snapshot {last_index}: {e}; this node stops rather "
+                            "than count another majority")
+        self._save(base=base, covers=last_index)
+        return base
+
+    def after_reset(self, last_index: int, base: Configuration) -> None:
+        """The log now begins after `last_index`: the snapshot's configuration is the base and
+        no entry of the old log counts any more (those above the last committed index may have
+        been another leader's). Rewrite the file to match; publish."""
+        before = self.history.latest.index
+        self.history = ConfigHistory(base)
+        self.covers = last_index
+        try:
+            self._save()
+        except OSError as e:  # it holds the base and entries the log lacks: open() drops those
+            self.h.log.error("cannot rewrite %s after the reset to %d: %s", self.path, last_index, e)
+        if self.history.latest.index != before:
+            self.h.log.info("configuration of entry %d from the installed snapshot %d",
+                            base.index, last_index)
+        self._publishable()
+
     def _publishable(self) -> None:
-        self.masks = slot_masks(self.history.latest, self.h.peer_map)
+        c = self.history.latest
+        slot_masks(c, self.h.peer_map)  # a member outside --peers: refused (no dispatcher yet)
+        self.slots = assign(self.slots, c)
+        self.masks = self.slots.masks(c)
         self._unpublished = True
 
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from node.core.follower import ForwardInstall, InstallReply, StoreReset
+from node.core.membership import Configuration
+from node.statemachine.snapshot_meta import SnapshotMeta
 from node.wiring import channels
 
 if TYPE_CHECKING:
@@ -82,8 +84,9 @@ class FollowerInstall:
                 self.h.log.info("log reset to begin after the installed snapshot %d/%d (it held "
                               "%d..%d, committed %d)", e.index, e.term, self.h.store.ledger_begin_index,
                               self.h.store.ledger_end_index, self.h.store.committed_index)
+                base = self.h.configs.before_reset(e.index, _snapshot_configuration(e.meta))
                 self.h.store.reset_to(e.index, e.term)
-                self.h.configs.truncated(e.index + 1)
+                self.h.configs.after_reset(e.index, base)
                 self.h.ledger.publish()
         except Exception as err:  # noqa: BLE001 - StoreError/OSError: any failure is answered
             self.h.log.error("log reset to snapshot %d/%d failed: %s", e.index, e.term, err)
@@ -91,3 +94,11 @@ class FollowerInstall:
             return False
         self.h.pushes.execute(self.h.follower.reset_done(e.index, fresh), fresh)
         return True
+
+
+def _snapshot_configuration(meta: bytes) -> Configuration | None:
+    """The configuration an installed snapshot's meta records (the applier parsed the same
+    meta before installing it, so it is well-formed); None: none recorded, the bootstrap one."""
+    if not meta:
+        return None
+    return SnapshotMeta.from_json(meta, "the installed snapshot's meta").config()

@@ -1,0 +1,71 @@
+"""Peer slot assignment (node/core/slots.py): members keep their slots, new ones take the lowest
+free slot, a slot is reused only after it was released, and the bootstrap is `--peers` order."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.core.membership import (
+    MAX_MEMBERS,
+    Change,
+    ChangeKind,
+    ConfigurationError,
+    apply_change,
+    bootstrap_configuration,
+    slot_masks,
+)
+from node.core.slots import SlotOwner, assign, bootstrap_slots, releasable, release
+
+PEERS = {"n0": ("127.0.0.1", 20000), "n1": ("127.0.0.1", 20002), "n2": ("127.0.0.1", 20004)}
+BOOT = bootstrap_configuration(PEERS)
+
+
+def test_the_bootstrap_slots_are_the_peers_positions_and_give_the_same_masks() -> None:
+    t = bootstrap_slots(PEERS)
+    assert len(t.owners) == MAX_MEMBERS
+    assert [t.slot_of(x) for x in PEERS] == [0, 1, 2] and t.owners[3] is None
+    c = apply_change(apply_change(BOOT, Change(ChangeKind.REMOVE, "n1"), 4),
+                     Change(ChangeKind.ADD_LEARNER, "n1", *PEERS["n1"]), 7)
+    assert assign(t, c).masks(c) == slot_masks(c, PEERS) == (0b101, 0b010)
+    assert assign(t, c) == t  # re-added at its address: its unreleased slot back, nothing moves
+
+
+def test_a_new_member_takes_the_lowest_free_slot_with_the_index_that_assigned_it() -> None:
+    t = bootstrap_slots(PEERS)
+    c = apply_change(BOOT, Change(ChangeKind.ADD_LEARNER, "n9", "10.0.0.9", 30000), 12)
+    t2 = assign(t, c)
+    assert t2.slot_of("n9") == 3 and t2.owners[3] == SlotOwner("n9", "10.0.0.9", 30000, 12)
+    assert t2.masks(c) == (0b0111, 0b1000)
+    assert assign(t2, c) == t2  # idempotent: a republish moves nothing
+
+
+def test_a_removed_members_slot_is_held_until_released_then_reused_with_a_new_index() -> None:
+    t = bootstrap_slots(PEERS)
+    c1 = apply_change(BOOT, Change(ChangeKind.REMOVE, "n1"), 5)
+    t1 = assign(t, c1)
+    assert t1.slot_of("n1") == 1 and releasable(t1, c1) == [1]
+    with pytest.raises(ConfigurationError, match="belongs to n0"):
+        release(t1, 0, c1)
+    c2 = apply_change(c1, Change(ChangeKind.ADD_LEARNER, "n7", "10.0.0.7", 30000), 9)
+    assert assign(t1, c2).slot_of("n7") == 3  # slot 1 is not released yet
+    t3 = assign(release(t1, 1, c1), c2)
+    assert t3.slot_of("n7") == 1 and t3.owners[1].assigned_at == 9  # told apart from n1's
+    assert t3.masks(c2) == (0b101, 0b010)
+
+
+def test_an_id_moved_to_another_address_before_its_slot_was_released_is_refused() -> None:
+    t = assign(bootstrap_slots(PEERS), apply_change(BOOT, Change(ChangeKind.REMOVE, "n2"), 3))
+    c = apply_change(apply_change(BOOT, Change(ChangeKind.REMOVE, "n2"), 3),
+                     Change(ChangeKind.ADD_LEARNER, "n2", "10.0.0.2", 30000), 6)
+    with pytest.raises(ConfigurationError, match="still held"):
+        assign(t, c)
+
+
+def test_no_free_slot_is_a_clear_refusal() -> None:
+    peers = {f"n{i}": ("127.0.0.1", 20000 + 2 * i) for i in range(MAX_MEMBERS)}
+    base = bootstrap_configuration(peers)
+    t = assign(bootstrap_slots(peers), apply_change(base, Change(ChangeKind.REMOVE, "n0"), 1))
+    c = apply_change(apply_change(base, Change(ChangeKind.REMOVE, "n0"), 1),
+                     Change(ChangeKind.ADD_LEARNER, "x", "10.0.0.1", 30000), 2)
+    with pytest.raises(ConfigurationError, match="no free slot"):
+        assign(t, c)
