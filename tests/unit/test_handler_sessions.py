@@ -174,6 +174,7 @@ def test_a_resend_of_an_entry_retention_deleted_is_answered_with_its_index(tmp_p
     again = wire.answer(11)
     assert (again.code, again.index, again.term, again.pos) == (RC.SUCCESS, first.index, -1, -1)
     assert h.store.ledger_end_index == end
+    h.store.close()  # its checkpoint thread must not outlive tmp_path (it logged "No such file")
 
 
 def test_one_stamp_twice_in_one_multi_is_written_once(tmp_path: Path) -> None:
