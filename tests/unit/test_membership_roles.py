@@ -6,6 +6,7 @@ test_replication_roles.py (a real NodeConfig, the in-memory block, a virtual clo
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -155,59 +156,53 @@ def test_find_configurations_walks_only_runs_that_hold_the_tag() -> None:
 # ------------------------------------------------------------------------------------------
 # The ack checker counts the published voters
 # ------------------------------------------------------------------------------------------
-def test_ack_checker_counts_the_voters_the_handler_published(tmp_path: Path) -> None:
-    """n0 leads {n0, n1, n2}; n1 acknowledged nothing of term 2, n2 everything. With all three
-    voters, n0 + n2 are a majority; once the published configuration is {n0, n1} (n2 removed)
-    the same watermarks are not."""
+@contextlib.contextmanager
+def _leader_ack_checker(tmp_path: Path, terms: tuple[int, ...], without: str):
+    """n0 leads term 2 of {n0, n1, n2} with entries of `terms` in its log, and the published
+    configuration (entry 1) removed `without`: (block, ack checker). Closed at the end."""
     clock = Clock()
     state = FakeState()
     rc = make_rc(tmp_path, "n0", state, clock)
     x = SegmentStore(rc.cfg.store_config())
     x.open()
     try:
-        for t in (1, 2, 2):
+        for t in terms:
             x.append_leader(b"a", t)
         publish(state, x)
-        v, lr = slot_masks(removed("n2", 1), rc.cfg.peer_map)
+        v, lr = slot_masks(removed(without, 1), rc.cfg.peer_map)
         state.write_ledger(config_index=1, config_voters=v, config_learners=lr)
         a = AckChecker(rc)
         a.transport = SimpleNamespace(commit_wakeup=lambda: None)
-        state.write_peer(2, match_index=2, match_term=2)
         state.member = member(Role.LEADER, 2, 0, quorum_ms=clock.now)
+        try:
+            yield state, a
+        finally:
+            a.close()
+    finally:
+        x.close()
+
+
+def test_ack_checker_counts_the_voters_the_handler_published(tmp_path: Path) -> None:
+    """n0 leads {n0, n1, n2}; n1 acknowledged nothing of term 2, n2 everything. With all three
+    voters, n0 + n2 are a majority; once the published configuration is {n0, n1} (n2 removed)
+    the same watermarks are not."""
+    with _leader_ack_checker(tmp_path, (1, 2, 2), "n2") as (state, a):
+        state.write_peer(2, match_index=2, match_term=2)
         a.tick()
         assert state.quorum == QuorumView(-1, -1)  # n0 alone is not a majority of {n0, n1}
         state.write_ledger(config_index=-1, config_voters=0b111, config_learners=0)
         a.tick()
         assert state.quorum == QuorumView(2, 2)
-        a.close()
-    finally:
-        x.close()
 
 
 def test_a_leader_that_removed_itself_does_not_count_its_own_log(tmp_path: Path) -> None:
-    clock = Clock()
-    state = FakeState()
-    rc = make_rc(tmp_path, "n0", state, clock)
-    x = SegmentStore(rc.cfg.store_config())
-    x.open()
-    try:
-        for t in (2, 2, 2):
-            x.append_leader(b"a", t)
-        publish(state, x)
-        v, lr = slot_masks(removed("n0", 1), rc.cfg.peer_map)
-        state.write_ledger(config_index=1, config_voters=v, config_learners=lr)
-        a = AckChecker(rc)
-        a.transport = SimpleNamespace(commit_wakeup=lambda: None)
+    with _leader_ack_checker(tmp_path, (2, 2, 2), "n0") as (state, a):
         state.write_peer(1, match_index=2, match_term=2)
-        state.member = member(Role.LEADER, 2, 0, quorum_ms=clock.now)
         a.tick()
         assert state.quorum == QuorumView(-1, -1)  # n1 is one of {n1, n2}: no majority
         state.write_peer(2, match_index=1, match_term=2)
         a.tick()
         assert state.quorum == QuorumView(1, 2)  # n1 and n2 both hold 1
-        a.close()
-    finally:
-        x.close()
 
 
 # ------------------------------------------------------------------------------------------
