@@ -347,9 +347,14 @@ class ElectorCore:
         * `others`: the voters but this node, whom a vote round asks;
         * `beat_to`: every member but this node, learners too, whom heartbeats go to (a learner
           must know the leader to accept its pushes), though only voters' answers count;
-        * `_member_set`: every member, voters and learners: the candidates this node may vote
-          for (docs/membership.md "Removed members cannot disrupt": a voter lacking the promote
-          entry of a new voter still knows it as a learner);
+        * `_member_set`: every member, voters and learners, and every `--peers` member: the
+          candidates this node may vote for. Refusing a `--peers` member because this node's
+          newest configuration lacks it deadlocked a group (simulator seed 510003: n0 still
+          counted the entry removing n1, n1 and n2 the later one removing n2 and re-adding n1;
+          each candidate needed a vote its voter refused, for ever). Raft's safety is in the
+          candidate's count (only its configuration's voters) and the log comparison, not in
+          whom a voter knows; a removed member is kept from disrupting by pre-vote and leader
+          stickiness (docs/membership.md "Removed members cannot disrupt");
         * `stands`: whether this node may stand or count itself (a voter)."""
         self.configuration = members if isinstance(members, Configuration) else None
         if self.configuration is not None:
@@ -359,7 +364,7 @@ class ElectorCore:
             self.members = everyone = tuple(dict.fromkeys(members))
         self.others = tuple(m for m in self.members if m != self.self_id)
         self.beat_to = tuple(m for m in everyone if m != self.self_id)
-        self._member_set = frozenset(everyone)
+        self._member_set = frozenset(everyone) | self._known_leaders
         self._voter_set = frozenset(self.members)
         self._n = len(self.members)
         self.stands = self.self_id in self._voter_set

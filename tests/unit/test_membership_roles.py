@@ -248,6 +248,21 @@ def test_a_candidate_outside_the_newest_configuration_is_refused() -> None:
     assert core.term == 0  # and its term was not raised by it
 
 
+def test_a_voter_grants_a_peers_member_its_newest_configuration_lacks() -> None:
+    """n0 still counts the entry that removed n1; n1 and n2 count a later one that re-added
+    n1 and removed n2. n1 can win only with n0's vote: refusing it because n0's configuration
+    lacks n1 left the group without a leader for good (simulator seed 510003). A --peers
+    member is never refused for that; the log comparison still applies."""
+    core = ElectorCore("n0", removed("n1", 20), "g", peers=["n0", "n1", "n2"])
+    step = core.on_vote_request(P.VoteRequest("g", "n0", "n1", core.term + 1, 2, 25, 7), LedgerEnd(20, 1), 10_000)
+    assert step.effects[-1].message.vote_result != VoteResult.REJECT_UNKNOWN_LEADER  # adopts the term
+    step = core.on_vote_request(P.VoteRequest("g", "n0", "n1", core.term, 2, 25, 8), LedgerEnd(20, 1), 10_001)
+    assert step.effects[-1].message.vote_result == VoteResult.ACCEPT
+    behind = P.VoteRequest("g", "n0", "n2", core.term, 1, 3, 9)  # a shorter log: refused on it
+    step = core.on_vote_request(behind, LedgerEnd(20, 1), 10_002)
+    assert step.effects[-1].message.vote_result != VoteResult.ACCEPT
+
+
 def test_the_elector_role_counts_what_the_block_publishes() -> None:
     """config_from_masks is the elector's reading of the ledger group; 0 is the bootstrap."""
     peers = bootstrap_configuration(PEER_SPEC).addresses
