@@ -531,10 +531,9 @@ class ElectorCore:
     def on_heartbeat_request(self, req: HeartbeatRequest, now_ms: int,
                              token: object = None) -> Step:
         """handleHeartBeat(request)."""
-        view = self.view(EMPTY_LEDGER)
-        if self._known_leaders:
-            view = replace(view, peers=view.peers | self._known_leaders)
-        d: HeartbeatDecision = decide_heartbeat(view, req, now_ms)
+        # view.peers holds the --peers members too (`_member_set`): a node whose configuration
+        # is stale still follows the group's leader
+        d: HeartbeatDecision = decide_heartbeat(self.view(EMPTY_LEDGER), req, now_ms)
         if d.action is HeartbeatAction.REFRESH:
             self.last_leader_heartbeat_ms = now_ms
         elif d.action is HeartbeatAction.BECOME_FOLLOWER:
