@@ -13,8 +13,13 @@ member may be given to another one; two rules keep that safe:
   configuration index that gave it to its owner: a role that read slot 3 under another
   assignment knows the owner changed (an old watermark is not the new member's).
 
-A member removed and added back at the same address before its slot was released takes its
-old slot back: its dispatcher never stopped and still sends to that address.
+A member the newest configuration no longer names keeps its slot as **leaving**
+(`removed_at`: the index of the configuration that dropped it) until the supervisor released
+it: the removal must commit first (until then the member still counts and must still get the
+log), then its dispatcher is stopped, then its record reset. A member removed and added back
+at the same address before its slot was released takes its old slot back (no longer leaving):
+its dispatcher never stopped and still sends to that address. An id added back at another
+address gets a new slot; the old one stays leaving under the old address until released.
 
 Pure functions over an immutable table: the handler computes it when it publishes a
 configuration; each node's table is its own (slots are local to a node's block, so nodes need
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from node.core.membership import MAX_MEMBERS, Configuration, ConfigurationError
+from node.core.membership import MAX_MEMBERS, Configuration, ConfigurationError, Member
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,24 @@ class SlotOwner:
     host: str
     port: int
     assigned_at: int
+    removed_at: int = -1  # >= 0: leaving, dropped by that configuration entry (module docstring)
+
+    @property
+    def leaving(self) -> bool:
+        return self.removed_at >= 0
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "host": self.host, "port": self.port,
+                "assigned_at": self.assigned_at, "removed_at": self.removed_at}
+
+    @staticmethod
+    def from_json(d: Mapping) -> SlotOwner:
+        """Raises ValueError/KeyError/TypeError on a malformed record (the caller says where)."""
+        o = SlotOwner(str(d["id"]), str(d["host"]), int(d["port"]), int(d["assigned_at"]),
+                      int(d.get("removed_at", -1)))
+        if not o.id or not 0 < o.port < 65535:
+            raise ValueError(f"slot owner {d!r}")
+        return o
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +71,53 @@ class SlotTable:
     owners: tuple[SlotOwner | None, ...]
 
     def slot_of(self, node_id: str) -> int | None:
+        """The slot `node_id` holds as a member (not a leaving slot it held at another address)."""
+        leaving = None
         for i, o in enumerate(self.owners):
             if o is not None and o.id == node_id:
-                return i
-        return None
+                if not o.leaving:
+                    return i
+                leaving = i if leaving is None else leaving
+        return leaving
+
+    def id_of(self, slot: int) -> str:
+        """The member id of `slot` ("" for a free slot or one out of range)."""
+        o = self.owners[slot] if 0 <= slot < len(self.owners) else None
+        return "" if o is None else o.id
+
+    def address_of(self, node_id: str) -> tuple[str, int] | None:
+        slot = self.slot_of(node_id)
+        if slot is None:
+            return None
+        o = self.owners[slot]
+        return o.host, o.port  # type: ignore[union-attr]
+
+    def held(self) -> list[tuple[int, SlotOwner]]:
+        """(slot, owner) of every held slot, leaving ones too (each has a dispatcher)."""
+        return [(i, o) for i, o in enumerate(self.owners) if o is not None]
+
+    def configuration(self, index: int, voters: int, learners: int) -> Configuration:
+        """The inverse of `masks`: the configuration the block's words name, members in slot
+        order (what a counting role reads). Raises ConfigurationError when a bit names a free
+        slot (a table older than the words: read the table again)."""
+        members = []
+        for i, o in enumerate(self.owners):
+            bit = 1 << i
+            if (voters | learners) & bit:
+                if o is None:
+                    raise ConfigurationError(f"configuration entry {index}: slot {i} is free here")
+                members.append(Member(o.id, o.host, o.port, bool(voters & bit)))
+        return Configuration(tuple(members), index)
+
+    def to_json(self) -> list:
+        return [None if o is None else o.to_json() for o in self.owners]
+
+    @staticmethod
+    def from_json(items: list) -> SlotTable:
+        """Raises ValueError (KeyError, TypeError) on a malformed table."""
+        if not isinstance(items, list) or len(items) != MAX_MEMBERS:
+            raise ValueError(f"a slot table of {MAX_MEMBERS} entries expected")
+        return SlotTable(tuple(None if x is None else SlotOwner.from_json(x) for x in items))
 
     def masks(self, config: Configuration) -> tuple[int, int]:
         """(voters, learners) of `config` as bit masks over these slots; a member without a
@@ -78,39 +144,46 @@ def bootstrap_slots(peer_map: Mapping[str, tuple[str, int]]) -> SlotTable:
 
 def assign(table: SlotTable, config: Configuration) -> SlotTable:
     """The table once `config` is the newest configuration: its members keep their slots (one
-    re-added at the same address takes its unreleased slot back); a new member takes the lowest
-    free slot, `assigned_at` = config.index; slots of members not in `config` stay held until
-    `release`. Raises ConfigurationError when no slot is free (released slots are too few)."""
+    re-added at the same address takes its unreleased slot back, no longer leaving); a new
+    member, or one at a new address, takes the lowest free slot with `assigned_at` =
+    config.index; a held slot whose owner `config` does not name (at that address) becomes
+    leaving, `removed_at` = config.index, until `release`. Raises ConfigurationError when no
+    slot is free (released slots are too few)."""
     owners = list(table.owners)
-    for m in config.members:
-        slot = table.slot_of(m.id)
-        if slot is not None and (owners[slot].host, owners[slot].port) == m.address:  # type: ignore[union-attr]
+    wanted = {(m.id, m.host, m.port) for m in config.members}
+    for i, o in enumerate(owners):
+        if o is None:
             continue
-        if slot is not None:
-            raise ConfigurationError(f"configuration entry {config.index}: member {m.id} at "
-                                     f"{m.host}:{m.port}, its slot {slot} is still held at "
-                                     f"{owners[slot].host}:{owners[slot].port}")  # type: ignore[union-attr]
+        if (o.id, o.host, o.port) in wanted:
+            if o.leaving:
+                owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at)
+        elif not o.leaving:
+            owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at, config.index)
+    for m in config.members:
+        if any(o is not None and (o.id, o.host, o.port) == (m.id, m.host, m.port) for o in owners):
+            continue
         free = next((i for i, o in enumerate(owners) if o is None), None)
         if free is None:
             raise ConfigurationError(f"configuration entry {config.index}: no free slot for {m.id} "
                                      f"(all {MAX_MEMBERS} held; a removed member's slot is free once "
-                                     "its dispatcher stopped)")
+                                     "its removal committed and its dispatcher stopped)")
         owners[free] = SlotOwner(m.id, m.host, m.port, config.index)
     return SlotTable(tuple(owners))
 
 
-def releasable(table: SlotTable, config: Configuration) -> list[int]:
-    """Slots held by members that `config` does not name (their dispatchers are to stop once
-    `config` commits)."""
-    return [i for i, o in enumerate(table.owners) if o is not None and config.member(o.id) is None]
+def releasable(table: SlotTable, committed_index: int) -> list[int]:
+    """Leaving slots whose removal has committed: their dispatchers may stop and the slots be
+    released. (A removal not yet committed may still be cut, which brings the member back.)"""
+    return [i for i, o in enumerate(table.owners)
+            if o is not None and o.leaving and o.removed_at <= committed_index]
 
 
-def release(table: SlotTable, slot: int, config: Configuration) -> SlotTable:
-    """Free `slot` (its member's dispatcher stopped, its record reset). A slot whose owner is a
-    member of `config` cannot be released: it is counted."""
+def release(table: SlotTable, slot: int) -> SlotTable:
+    """Free `slot` (its member's dispatcher stopped, its record reset). Only a leaving slot can
+    be released: a member's is counted."""
     o = table.owners[slot]
-    if o is not None and config.member(o.id) is not None:
-        raise ConfigurationError(f"slot {slot} belongs to {o.id}, a member of configuration {config.index}")
+    if o is not None and not o.leaving:
+        raise ConfigurationError(f"slot {slot} belongs to {o.id}, a member")
     owners = list(table.owners)
     owners[slot] = None
     return SlotTable(tuple(owners))

@@ -3,6 +3,8 @@ free slot, a slot is reused only after it was released, and the bootstrap is `--
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from node.core.membership import (
@@ -14,7 +16,7 @@ from node.core.membership import (
     bootstrap_configuration,
     slot_masks,
 )
-from node.core.slots import SlotOwner, assign, bootstrap_slots, releasable, release
+from node.core.slots import SlotOwner, SlotTable, assign, bootstrap_slots, releasable, release
 
 PEERS = {"n0": ("127.0.0.1", 20000), "n1": ("127.0.0.1", 20002), "n2": ("127.0.0.1", 20004)}
 BOOT = bootstrap_configuration(PEERS)
@@ -39,26 +41,50 @@ def test_a_new_member_takes_the_lowest_free_slot_with_the_index_that_assigned_it
     assert assign(t2, c) == t2  # idempotent: a republish moves nothing
 
 
-def test_a_removed_members_slot_is_held_until_released_then_reused_with_a_new_index() -> None:
+def test_a_removed_members_slot_is_held_leaving_until_released_then_reused_with_a_new_index() -> None:
     t = bootstrap_slots(PEERS)
     c1 = apply_change(BOOT, Change(ChangeKind.REMOVE, "n1"), 5)
     t1 = assign(t, c1)
-    assert t1.slot_of("n1") == 1 and releasable(t1, c1) == [1]
+    assert t1.owners[1] == SlotOwner("n1", "127.0.0.1", 20002, -1, removed_at=5)
+    assert releasable(t1, committed_index=4) == []  # the removal may still be cut
+    assert releasable(t1, committed_index=5) == [1]
     with pytest.raises(ConfigurationError, match="belongs to n0"):
-        release(t1, 0, c1)
+        release(t1, 0)
     c2 = apply_change(c1, Change(ChangeKind.ADD_LEARNER, "n7", "10.0.0.7", 30000), 9)
     assert assign(t1, c2).slot_of("n7") == 3  # slot 1 is not released yet
-    t3 = assign(release(t1, 1, c1), c2)
+    t3 = assign(release(t1, 1), c2)
     assert t3.slot_of("n7") == 1 and t3.owners[1].assigned_at == 9  # told apart from n1's
     assert t3.masks(c2) == (0b101, 0b010)
 
 
-def test_an_id_moved_to_another_address_before_its_slot_was_released_is_refused() -> None:
-    t = assign(bootstrap_slots(PEERS), apply_change(BOOT, Change(ChangeKind.REMOVE, "n2"), 3))
-    c = apply_change(apply_change(BOOT, Change(ChangeKind.REMOVE, "n2"), 3),
-                     Change(ChangeKind.ADD_LEARNER, "n2", "10.0.0.2", 30000), 6)
-    with pytest.raises(ConfigurationError, match="still held"):
-        assign(t, c)
+def test_a_member_re_added_before_its_release_takes_its_slot_back_no_longer_leaving() -> None:
+    c1 = apply_change(BOOT, Change(ChangeKind.REMOVE, "n1"), 5)
+    t1 = assign(bootstrap_slots(PEERS), c1)
+    c2 = apply_change(c1, Change(ChangeKind.ADD_LEARNER, "n1", *PEERS["n1"]), 8)
+    t2 = assign(t1, c2)
+    assert t2.owners[1] == SlotOwner("n1", "127.0.0.1", 20002, -1) and releasable(t2, 99) == []
+    assert assign(t1, c1) == t1  # a republish of the removal moves nothing
+
+
+def test_an_id_moved_to_another_address_gets_a_new_slot_and_the_old_one_leaves() -> None:
+    c1 = apply_change(BOOT, Change(ChangeKind.REMOVE, "n2"), 3)
+    t = assign(bootstrap_slots(PEERS), c1)
+    c = apply_change(c1, Change(ChangeKind.ADD_LEARNER, "n2", "10.0.0.2", 30000), 6)
+    t2 = assign(t, c)
+    assert t2.slot_of("n2") == 3 and t2.address_of("n2") == ("10.0.0.2", 30000)
+    assert t2.owners[2].leaving and t2.owners[2].port == 20004
+    assert t2.masks(c) == (0b011, 0b1000)
+    assert releasable(t2, 6) == [2]
+    assert assign(release(t2, 2), c).slot_of("n2") == 3  # nothing moves on a republish
+
+
+def test_the_table_round_trips_through_json_and_refuses_damage() -> None:
+    t = assign(bootstrap_slots(PEERS), apply_change(BOOT, Change(ChangeKind.REMOVE, "n1"), 5))
+    assert SlotTable.from_json(json.loads(json.dumps(t.to_json()))) == t
+    for bad in ([], [None] * 3, [{"id": "x"}] + [None] * (MAX_MEMBERS - 1),
+                [{"id": "", "host": "h", "port": 1, "assigned_at": -1}] + [None] * (MAX_MEMBERS - 1)):
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            SlotTable.from_json(bad)
 
 
 def test_no_free_slot_is_a_clear_refusal() -> None:
