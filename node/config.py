@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ipc.peers import format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
+from ipc.peers import PeersError, format_peers, parse_peers  # noqa: F401 - re-exported for the CLI
 from node.core.election_types import ElectionConfig
 from node.core.membership import MAX_MEMBERS
 from node.observe.logfmt import LOG_FORMATS, LOG_LEVELS, configure_logging  # noqa: F401 - re-exported
@@ -51,6 +51,12 @@ class ConfigError(ValueError):
 class NodeConfig:
     id: str = ""
     peers: str = ""
+    # A node that is not yet a member (docs/membership.md "Joining"): the group's members as
+    # PEERS, and this node's own HOST:PORT. `peers` is then derived: those members plus this
+    # node, whose bootstrap configuration does not hold it (it stands for nothing, and waits
+    # for a leader's push that makes it a learner).
+    join: str = ""
+    join_address: str = ""  # `--address` on the command line (as `server --join` is documented)
     group: str = "default"
     store_dir: str = ""
     # election (DLedger: heartBeatTimeIntervalMs, maxHeartBeatLeak, min/maxVoteIntervalMs)
@@ -116,10 +122,23 @@ class NodeConfig:
     metrics_port: int = 0  # 0 = off
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.join and not self.peers and self.id and self.join_address:
+            self.peers = f"{self.join};{self.id}-{self.join_address}"
+
     # ---- derived -------------------------------------------------------------------------
     @property
     def peer_map(self) -> dict[str, tuple[str, int]]:
         return parse_peers(self.peers)
+
+    @property
+    def bootstrap_members(self) -> dict[str, tuple[str, int]]:
+        """The members of the bootstrap configuration (before any configuration entry): every
+        `--peers` member; with `--join`, the members joined, not this node."""
+        peers = self.peer_map
+        if self.join:
+            peers.pop(self.id, None)
+        return peers
 
     @property
     def peer_ids(self) -> list[str]:
@@ -154,8 +173,12 @@ class NodeConfig:
     def validate(self) -> None:
         p: list[str] = []
         peers: dict[str, tuple[str, int]] = {}
-        if not self.peers:
-            p.append("peers: required")
+        p.extend(self._join_problems())
+        if p:
+            pass
+        elif not self.peers:
+            p.append("peers: required (or --join PEERS --address HOST:PORT for a node that is "
+                     "not yet a member)")
         else:
             conflicts = peers_problems(self.peers)
             p.extend(f"peers: {m}" for m in conflicts)
@@ -225,6 +248,24 @@ class NodeConfig:
         if p:
             raise ConfigError(p)
 
+    def _join_problems(self) -> list[str]:
+        if not self.join:
+            return (["join_address: only with --join (a member's address is in --peers)"]
+                    if self.join_address else [])
+        p = [f"join: {m}" for m in peers_problems(self.join)]
+        if not self.join_address:
+            p.append("join_address: --address HOST:PORT is required with --join (this node's own)")
+        elif not p and self.id:
+            try:
+                parse_peers(f"{self.id}-{self.join_address}")
+            except PeersError as e:
+                p.append(f"join_address: {e}")
+        if not p and self.id in parse_peers(self.join):
+            p.append(f"join: {self.id} is already a member there; a member restarts with --peers")
+        if not p and self.peers != f"{self.join};{self.id}-{self.join_address}":
+            p.append("peers: give --peers (a member) or --join (a new node), not both")
+        return p
+
     def security_problems(self, peers: dict[str, tuple[str, int]]) -> list[str]:
         """The key directory's problems (all of them), or the plain-mode rule: a node without
         keys binds loopback addresses only, unless told `insecure`."""
@@ -287,6 +328,10 @@ FIELD_HELP: dict[str, tuple[str, str]] = {
     "id": ("this node's id, one of --peers", "ID"),
     "peers": ("the group, ID-HOST:PORT;... (each node also listens on PORT+1): the same on "
               "every node", "PEERS"),
+    "join": ("a new node: the members of the group it joins (it waits to be added with "
+             "`dledger member add`, then catches up); instead of --peers", "PEERS"),
+    "join_address": ("with --join: this node's own HOST:PORT (and PORT+1); also --address",
+                     "HOST:PORT"),
     "group": ("group name; requests naming another group get UNKNOWN_GROUP", "NAME"),
     "store_dir": ("this node's store directory (data/, index/, checkpoint, currterm)", "DIR"),
     "heartbeat_interval_ms": ("leader -> follower heartbeat period", "ms"),
@@ -623,7 +668,8 @@ def add_node_arguments(parser: Any, skip: tuple[str, ...] = (),
         # A true/false option given alone means true (`--insecure`, as the docs write it);
         # `--insecure false` still says it in full.
         bare = {"nargs": "?", "const": "true"} if metavar == "BOOL" else {}
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar=metavar,
+        flags = ["--" + name.replace("_", "-")] + (["--address"] if name == "join_address" else [])
+        parser.add_argument(*flags, dest=name, default=None, metavar=metavar,
                             help=help_text(name, (defaults or {}).get(name)), **bare)
 
 

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     placeholders: dict[str, str] = {}
     if not args.strict:
         # What the command line would add: a stand-in that never hides a problem of the file's.
-        if "peers" not in given:
+        if "peers" not in given and "join" not in given:
             placeholders["peers"] = f"{values.get('id') or 'n0'}-127.0.0.1:20911"
         if "id" not in given and isinstance(values.get("peers"), str):
             placeholders["id"] = values["peers"].split(";")[0].partition("-")[0].strip()
@@ -72,4 +72,5 @@ def run(args: argparse.Namespace) -> int:
         build_config({**placeholders, **values}, {})
     except ConfigError as e:
         return _verdict(args, [f"{args.file}: {problem}" for problem in e.problems], [])
-    return _verdict(args, [], [k for k in REQUIRED if k not in given])
+    return _verdict(args, [], [k for k in REQUIRED if k not in given
+                               and not (k == "peers" and "join" in given)])
