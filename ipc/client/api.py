@@ -404,9 +404,9 @@ class DLedgerClient:
         Raises DLedgerError on a refused transfer (e.g. TAKE_LEADERSHIP_FAILED, a lagging or
         dead target) or, indeterminate, if the transfer was accepted but not observed in time.
         """
-        if target not in self.peers:
-            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{target!r} is not in the peers list")
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        # A target this client was not given may be a member added later: the leader, which
+        # knows the configuration, decides (an unknown id is refused with UNKNOWN_MEMBER).
         accepted = False
         unanswered = False  # a transfer request went out and its answer never came
         last: tuple[int, str] = (RC.TIMEOUT, "no leader found to transfer from within the timeout")

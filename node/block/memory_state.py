@@ -19,7 +19,7 @@ record nothing: metrics decide nothing).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ipc.codes import Role
@@ -193,8 +193,10 @@ class MemoryState:
         self._read_point()
         return v
 
-    def read_peers(self, timeout_s: float | None = None) -> list[PeerView]:
-        v = [self._with_counters(p) for p in self.block.peers if p.slot != self.self_slot]
+    def read_peers(self, timeout_s: float | None = None, slots: Iterable[int] | None = None) -> list[PeerView]:
+        wanted = None if slots is None else set(slots)
+        v = [self._with_counters(p) for p in self.block.peers
+             if p.slot != self.self_slot and (wanted is None or p.slot in wanted)]
         self._read_point()
         return v
 

@@ -189,7 +189,7 @@ import platform
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from typing import Final
@@ -639,7 +639,8 @@ def _parse_writer(role: str, n_peers: int, self_slot: int) -> tuple[str, int | N
     if m is None:
         raise ValueError(f"unknown role {role!r}: one of {FIXED_ROLES} or 'dispatcher[p]'")
     slot = int(m.group(1))
-    if not 0 <= slot < n_peers or slot == self_slot:
+    # Any of the block's records: a member added later holds a slot past the --peers ones.
+    if not 0 <= slot < PEER_RECORDS or slot == self_slot:
         raise ValueError(f"{role!r}: dispatcher slot must be a peer slot other than {self_slot}")
     return "dispatcher[p]", slot
 
@@ -949,8 +950,8 @@ class SharedState:
         return HISTOGRAMS[name], words[:-1], words[-1]
 
     def _peer_word_index(self, slot: int, name: str) -> int:
-        if not 0 <= slot < self.n_peers:
-            raise IndexError(f"peer slot {slot} outside 0..{self.n_peers - 1}")
+        if not 0 <= slot < PEER_RECORDS:
+            raise IndexError(f"peer slot {slot} outside 0..{PEER_RECORDS - 1}")
         return (PEERS_OFFSET + slot * PEER_STRIDE + PEER_FIELDS[name].offset) // 8
 
     def get_peer(self, slot: int, name: str) -> int:
@@ -1060,8 +1061,8 @@ class SharedState:
         return repaired
 
     def _check_slot(self, what: str, slot: int) -> None:
-        if not NO_SLOT <= slot < self.n_peers:
-            raise ValueError(f"{what}={slot} is not a peer slot (-1..{self.n_peers - 1})")
+        if not NO_SLOT <= slot < PEER_RECORDS:  # members added later hold slots past --peers
+            raise ValueError(f"{what}={slot} is not a peer slot (-1..{PEER_RECORDS - 1})")
 
     # ---- member group (elector) ---------------------------------------------------------------
 
@@ -1226,9 +1227,26 @@ class SharedState:
         c = _PEER_WORDS_S.unpack_from(self._buf, base + _PEER_WORDS[0].offset)
         return PeerView(slot, v[0], v[1], bool(v[2]), v[3], *c)
 
-    def read_peers(self, timeout_s: float | None = None) -> list[PeerView]:
-        """Every peer record except our own slot (which no dispatcher writes)."""
-        return [self.read_peer(p, timeout_s) for p in range(self.n_peers) if p != self.self_slot]
+    def read_peers(self, timeout_s: float | None = None, slots: Iterable[int] | None = None) -> list[PeerView]:
+        """Every peer record except our own slot (which no dispatcher writes): those of
+        `slots` (the slot table's held ones), or else the `--peers` slots."""
+        wanted = range(self.n_peers) if slots is None else slots
+        return [self.read_peer(p, timeout_s) for p in wanted if p != self.self_slot]
+
+    def reset_peer(self, slot: int) -> None:
+        """supervisor: clear a released slot's watermark (its dispatcher stopped: it had the
+        record to itself), so the member the slot goes to next never inherits it."""
+        self._check_writer("supervisor")
+        if slot == self.self_slot:
+            raise ValueError(f"slot {slot} is this node's own")
+        seq_idx = self._peer_word_index(slot, "seq")
+        off = PEERS_OFFSET + slot * PEER_STRIDE + _PEER_BODY[0].offset
+        data = _PEER_S.pack(NO_INDEX, NO_INDEX, 0, 0)
+        end = self._seq_begin(seq_idx)
+        try:
+            self._buf[off:off + len(data)] = data
+        finally:
+            self._w[seq_idx] = end
 
     def write_peer(
         self,

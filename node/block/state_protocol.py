@@ -14,7 +14,7 @@ Only what the roles call is here; the supervisor's lifecycle (create/attach/unli
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from ipc.codes import Role
@@ -94,7 +94,7 @@ class StateBlock(Protocol):
 
     def read_peer(self, slot: int, timeout_s: float | None = None) -> PeerView: ...
 
-    def read_peers(self, timeout_s: float | None = None) -> list[PeerView]: ...
+    def read_peers(self, timeout_s: float | None = None, slots: Iterable[int] | None = None) -> list[PeerView]: ...
 
     def write_peer(
         self,

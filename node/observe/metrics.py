@@ -98,8 +98,11 @@ class NodeCollector(Collector):
 
     def __init__(self, state: Callable[[], SharedState | None], group: str, node: str,
                  peer_ids: list[str], store_dir: str, version: str = "",
-                 restarts: Callable[[], dict[str, int]] | None = None) -> None:
+                 restarts: Callable[[], dict[str, int]] | None = None,
+                 slot_ids: Callable[[], list[str]] | None = None) -> None:
         self._state = state
+        # The follower id of each peer slot (members added later too): the node's slot table.
+        self._slot_ids = slot_ids
         self.group, self.node = group, node
         self.peer_ids = peer_ids
         self.store_dir = store_dir
@@ -237,8 +240,10 @@ class NodeCollector(Collector):
         hist = HistogramMetricFamily("dledger_replication_latency_seconds",
                                      "APPEND push sent -> answered, per follower",
                                      labels=list(_PEER_LABELS))
-        for p in st.read_peers():
-            pv = [*lv, self.peer_ids[p.slot] if p.slot < len(self.peer_ids) else str(p.slot)]
+        ids = self._slot_ids() if self._slot_ids is not None else self.peer_ids
+        held = [i for i, x in enumerate(ids) if x] if self._slot_ids is not None else None
+        for p in st.read_peers(slots=held):
+            pv = [*lv, ids[p.slot] if p.slot < len(ids) else str(p.slot)]
             for key, fam in counters.items():
                 fam.add_metric(pv, getattr(p, key))
             spec, counts, total = st.read_histogram(hist_name, p.slot)

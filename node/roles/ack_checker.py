@@ -27,7 +27,7 @@ import zmq
 from ipc.codes import Role
 from ipc.sockets import drain
 from node.core.lease import holds_lease, lease_ms
-from node.core.membership import voter_slot_set
+from node.core.membership import MAX_MEMBERS, voter_slot_set
 from node.core.replication import current_term_watermarks, quorum_advance
 from node.roles.runtime import RoleContext, role_main
 from node.store.reader import StaleRead, StoreReader
@@ -85,13 +85,15 @@ class AckChecker:
         led, words = self.state.read_ledger_config()  # one snapshot: the end AND its voters
         if words.config_voters != self._voters_mask:
             self._voters_mask = words.config_voters
-            slots = voter_slot_set(words.config_voters, self.n)
+            # A mask names any of the block's MAX_MEMBERS slots (members added later hold
+            # slots past the --peers ones); 0 is the bootstrap, the --peers slots.
+            slots = voter_slot_set(words.config_voters, MAX_MEMBERS if words.config_voters else self.n)
             if slots != self.voter_slots:
                 self.voter_slots = slots
                 self.log.info("counting the voters of configuration entry %d: slots %s",
                               words.config_index, sorted(slots))
         peers = []
-        for slot in range(self.n):
+        for slot in range(max(self.n, max(self.voter_slots, default=0) + 1)):
             if slot == self.self_slot:
                 peers.append((led.ledger_end_index, term))
             else:

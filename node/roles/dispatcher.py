@@ -76,7 +76,9 @@ class Dispatcher:
         self.log = rc.log
         self.state = rc.state
         self.peer = rc.peer_id
-        self.slot = self.cfg.peer_ids.index(self.peer)
+        slot = getattr(rc, "peer_slot", None)  # the supervisor's; else the --peers position
+        self.slot = slot if slot is not None else self.cfg.peer_ids.index(self.peer)
+        self.address = getattr(rc, "peer_address", None) or self.cfg.peer_map[self.peer]
         self.core = DispatcherCore(DispatcherConfig(
             max_pending=self.cfg.max_pending_pushes, max_push_timeout_ms=self.cfg.max_push_timeout_ms))
         self.reader = StoreReader(self.cfg.store_dir)
@@ -416,7 +418,7 @@ class Dispatcher:
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         rc = self.rc
-        host, port = self.cfg.peer_map[self.peer]
+        host, port = self.address
         source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
         sock = dealer(rc.zctx, from_source(data_address(host, port), source),
                       curve=rc.peer_curve(self.peer))

@@ -24,6 +24,7 @@ transport and poller and loops over them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -50,7 +51,8 @@ from node.core.election import (
     Send,
     Step,
 )
-from node.core.membership import Configuration, ConfigurationError, config_from_masks
+from node.core.membership import Configuration, ConfigurationError, bootstrap_configuration
+from node.core.slots import SlotTable, bootstrap_slots
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -77,6 +79,7 @@ from node.store.base import StoreError
 from node.store.layout import LOCK_FILE, TERM_FILE, LayoutError
 from node.store.term_vote import TermVoteFile
 from node.wiring import channels
+from node.wiring.slot_file import SlotFileError, slot_store
 
 MAX_WAIT_MS = 1000  # the loop beats at least this often
 
@@ -106,22 +109,30 @@ class Elector:
         self.log = rc.log
         self.state = rc.state
         self.peer_ids = self.cfg.peer_ids
-        self.others = [p for p in self.peer_ids if p != self.cfg.id]
-        self.slot = {p: i for i, p in enumerate(self.peer_ids)}
+        # Who holds which peer slot (node.wiring.slot_file): `slot` maps ids to slots, `others`
+        # is every other member with a slot; both follow the table as members come and go.
+        self.slot_file = slot_store(getattr(rc, "run_dir", None))
+        self.slots: SlotTable = bootstrap_slots(self.cfg.peer_map)
+        self.slot: dict[str, int] = {}
+        self.others: list[str] = []
+        self._poller: zmq.Poller | None = None  # run(): a dealer opened later is registered
+        self._by_sock: dict[zmq.Socket, str] = {}
+        self.transport: ZmqElectorTransport | None = None  # set by run() or the simulator
+        self._refresh_slots()
         self.termvote = self._open_termvote()
         self.lock = MemberLock(f"{self.cfg.store_dir}/{LOCK_FILE}")
         self.transport: ZmqElectorTransport | None = None  # set by run() or the simulator
         self.core: ElectorCore | None = None  # built by start(), from `termvote` as it is then
         preferred = tuple(p.strip() for p in self.cfg.preferred_leader_ids.split(",") if p.strip())
         self.transfers = TransferCore(TransferConfig(
-            self.cfg.id, tuple(self.peer_ids), self.cfg.transfer_timeout_ms,
+            self.cfg.id, tuple(self.slot), self.cfg.transfer_timeout_ms,
             self.cfg.heartbeat_interval_ms, self.cfg.max_heartbeat_leak, preferred))
         self._published: tuple | None = None
         self.hook = shlex.split(self.cfg.on_role_change) if self.cfg.on_role_change else []
         self.hook_procs: list[subprocess.Popen] = []
         self.leader_since_ms = 0
         self._not_voting = 0  # the reason last published to the block's `not_voting`
-        self.mismatch = MemberMismatch(self.log, self.cfg.id, self.peer_ids)  # --peers disagreements
+        self.mismatch = MemberMismatch(self.log, self.cfg.id, list(self.slot))  # --peers disagreements
         self._config_key: ConfigWords | None = None  # the ledger group's config words, as counted
 
     def now(self) -> int:
@@ -157,11 +168,51 @@ class Elector:
         return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0,
                          led.committed_index)
 
-    def _configuration(self, w: ConfigWords) -> Configuration:
-        """The newest configuration in this node's log, as the handler published it."""
+    def _refresh_slots(self) -> None:
+        """Re-read the slot table if it moved; open a dealer to each member new to it."""
         try:
-            return config_from_masks(self.cfg.peer_map, w.config_index, w.config_voters,
-                                     w.config_learners)
+            table = self.slot_file.refresh()
+        except SlotFileError as e:
+            self.rc.fatal(str(e))
+        if table is None or table == self.slots and self.slot:
+            if not self.slot:
+                self._adopt_slots(self.slots)
+            return
+        self._adopt_slots(table)
+
+    def _adopt_slots(self, table: SlotTable) -> None:
+        self.slots = table
+        slot: dict[str, int] = {}
+        for i, o in table.held():
+            if o.id not in slot or not o.leaving:
+                slot[o.id] = i
+        self.slot = slot
+        self.others = [p for p in slot if p != self.cfg.id]
+        if hasattr(self, "mismatch"):  # built after the first table (__init__)
+            self.mismatch.members = frozenset(slot)
+            self.transfers.cfg = dataclasses.replace(self.transfers.cfg, members=tuple(slot))
+        tr = self.transport
+        if isinstance(tr, ZmqElectorTransport):
+            for p in self.others:
+                if p not in tr.dealers:
+                    o = table.owners[slot[p]]
+                    s = tr.connect(p, o.host, o.port)  # type: ignore[union-attr]
+                    if self._poller is not None:
+                        self._poller.register(s, zmq.POLLIN)
+                        self._by_sock[s] = p
+
+    def _configuration(self, w: ConfigWords) -> Configuration:
+        """The newest configuration in this node's log, as the handler published it: the
+        masks over the slot table (the handler writes the table before it publishes masks
+        that name a new slot, so a table read after the words holds every slot they name)."""
+        if w.config_voters == 0:  # nothing published yet: the bootstrap configuration
+            return bootstrap_configuration(self.cfg.bootstrap_members)
+        try:
+            return self.slots.configuration(w.config_index, w.config_voters, w.config_learners)
+        except ConfigurationError:
+            self._refresh_slots()
+        try:
+            return self.slots.configuration(w.config_index, w.config_voters, w.config_learners)
         except ConfigurationError as e:  # the handler never publishes one: a damaged block
             self.rc.fatal(f"the published configuration (entry {w.config_index}) is not one: {e}")
 
@@ -171,6 +222,7 @@ class Elector:
         if self.core is None or w == self._config_key:
             return
         self._config_key = w
+        self._refresh_slots()  # a configuration that moved may have given a slot to a new member
         c = self._configuration(w)
         if c == self.core.configuration:
             return
@@ -455,7 +507,7 @@ class Elector:
 
     def run(self) -> None:
         rc = self.rc
-        tr = self.transport = ZmqElectorTransport(rc, self.others)
+        tr = self.transport = ZmqElectorTransport(rc, self.others, self.slots)
         if not self._wait_for_handler() or not self._learn_group_term():
             return
         self.start()
@@ -465,9 +517,12 @@ class Elector:
         poller.register(tr.ctl, zmq.POLLIN)
         poller.register(tr.confirm.fd, zmq.POLLIN)
         poller.register(rc.wake_fd, zmq.POLLIN)
-        by_sock = {s: p for p, s in tr.dealers.items()}
+        by_sock = self._by_sock
+        by_sock.update({s: p for p, s in tr.dealers.items()})
         for s in tr.dealers.values():
             poller.register(s, zmq.POLLIN)
+        self._poller = poller
+        self._adopt_slots(self.slots)  # members the table gained before the poller existed
         counted = 0  # handshakes refused by this process's ZAP handler, as added to the block
         while not rc.should_stop():
             events = dict(poller.poll(self.next_wait_ms()))

@@ -7,6 +7,7 @@ import zmq
 
 from ipc.security import ELECTOR_DOMAIN
 from ipc.sockets import dealer, elector_address, from_source, router, send_routed
+from node.core.slots import SlotTable
 from node.roles.runtime import RoleContext
 from node.wiring import channels, fault_hooks
 
@@ -17,8 +18,9 @@ class ZmqElectorTransport:
     """The elector's sockets: ROUTER on the elector port, one IMMEDIATE DEALER per peer, the
     role PUB and the control ROUTER (node.wiring.channels)."""
 
-    def __init__(self, rc: RoleContext, peers: list[str]) -> None:
+    def __init__(self, rc: RoleContext, peers: list[str], table: SlotTable) -> None:
         cfg = rc.cfg
+        self.rc = rc
         host, port = cfg.address
         self.router = router(rc.zctx, elector_address(host, port), max_msg_size=MAX_ELECTOR_FRAME,
                              curve=rc.curve_server(ELECTOR_DOMAIN))
@@ -27,18 +29,28 @@ class ZmqElectorTransport:
         self.confirm = rc.bell(channels.CONFIRM_BELL)  # the handler's CONFIRM_LEADERSHIP rings
         self.confirmed = rc.bell(channels.CONFIRMED_BELL)
         self.dealers: dict[str, zmq.Socket] = {}
-        source = host if cfg.connect_from_own_host else None
         for peer in peers:
-            h, p = cfg.peer_map[peer]
-            self.dealers[peer] = dealer(rc.zctx, from_source(elector_address(h, p), source),
-                                        curve=rc.peer_curve(peer))
+            h, p = table.address_of(peer)  # type: ignore[misc]
+            self.connect(peer, h, p)
+
+    def connect(self, peer: str, host: str, port: int) -> zmq.Socket:
+        """A DEALER to member `peer`'s elector port (one per member: those of the slot table
+        at start, and each one it gains later)."""
+        cfg = self.rc.cfg
+        source = cfg.address[0] if cfg.connect_from_own_host else None
+        s = self.dealers[peer] = dealer(self.rc.zctx, from_source(elector_address(host, port), source),
+                                        curve=self.rc.peer_curve(peer))
+        return s
 
     def send(self, peer: str, frame: bytes) -> bool:
         """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
         if fault_hooks.faults.blocked(peer):
             return True  # test-only partition: the message is lost on the way
+        s = self.dealers.get(peer)
+        if s is None:  # not in this node's slot table (yet): as unreachable
+            return False
         try:
-            self.dealers[peer].send(frame, zmq.NOBLOCK)
+            s.send(frame, zmq.NOBLOCK)
             return True
         except zmq.Again:
             return False

@@ -99,7 +99,7 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
                         and msg.group == cfg.group and msg.self_id == peer):
                     answers[peer] = PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
                     differs = member_set_difference(cfg.id, cfg.peer_map, peer, msg.peers)
-                    if differs is not None:
+                    if differs is not None and not cfg.join:  # a joining node is not one of them yet
                         log.warning("%s", differs)
             rc.beat()
         else:

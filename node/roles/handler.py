@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import zmq
@@ -72,6 +73,7 @@ from node.core.leader import LeaderCore
 from node.core.lease import lease_ms
 from node.core.pending import PendingTable
 from node.core.sessions import SessionTable
+from node.core.slots import SlotTable
 from node.host.member_lock import MemberLock
 from node.observe.role_metrics import HandlerMetrics
 from node.roles.handling.appends import LeaderAppends
@@ -126,6 +128,9 @@ class ZmqHandlerTransport:
                  peers: dict[str, zmq.Socket] | None = None, local: LocalClients | None = None,
                  confirm: Doorbell | None = None) -> None:
         self.sock, self.appended_bells, self.ctl = sock, appended, ctl
+        self.bells_by_slot: dict[int, Doorbell] = {}  # follow_slots: the dispatchers' bells
+        # follow_slots: open a follower-read DEALER to a member added later (set by the handler)
+        self.dial: Callable[[str, str, int], None] | None = None
         self.peers = peers or {}
         self.confirm = confirm  # CONFIRM_LEADERSHIP as a doorbell (node.wiring.channels)
         self.local = local  # local clients' links (ipc.local_link): their replies go there
@@ -151,6 +156,22 @@ class ZmqHandlerTransport:
         """Wake whoever reads new entries: the end index itself is in the block."""
         for bell in self.appended_bells:
             bell.ring()
+
+    def follow_slots(self, rc: RoleContext, table: SlotTable, self_id: str) -> None:
+        """One "appended" doorbell per held slot but this node's (a dispatcher each: members
+        added later too, leaving ones until their dispatcher stops), and, with follower reads,
+        a DEALER to each member this transport has none for."""
+        want = {slot for slot, o in table.held() if o.id != self_id}
+        for slot in list(self.bells_by_slot):
+            if slot not in want:
+                self.bells_by_slot.pop(slot).close()
+        for slot in sorted(want - set(self.bells_by_slot)):
+            self.bells_by_slot[slot] = rc.bell(channels.APPENDED_BELL, slot)
+        self.appended_bells = [self.bells_by_slot[s] for s in sorted(self.bells_by_slot)]
+        if self.dial is not None:
+            for _, o in table.held():
+                if o.id != self_id and not o.leaving and o.id not in self.peers:
+                    self.dial(o.id, o.host, o.port)
 
     def control(self, frame: bytes) -> bool:
         if frame == channels.CONFIRM_LEADERSHIP and self.confirm is not None:
@@ -209,14 +230,24 @@ class Handler:
         self.relay = TransferRelay(self)
         self.metadata = Metadata(self)
         self.configs = ConfigKeeper(self)
+        self.retention.slot_table = lambda: self.configs.slots
         self.member_changes = MemberChanges(self)
 
     def now(self) -> int:
         return self.rc.clock()
 
     def slot_id(self, slot: int) -> str:
-        """The member id of a block slot ("" for none)."""
-        return self.peer_ids[slot] if 0 <= slot < len(self.peer_ids) else ""
+        """The member id of a block slot ("" for none), from the node's slot table."""
+        return self.configs.slots.id_of(slot)
+
+    def slots_changed(self, table: SlotTable) -> None:
+        """The slot table moved (a member added or leaving, a slot released): the follower's
+        leader-slot names, and on a real node the dispatchers' doorbells and the follower-read
+        sockets follow it."""
+        self.follower.peer_ids = [table.id_of(i) for i in range(len(table.owners))]
+        t = self.transport
+        if isinstance(t, ZmqHandlerTransport) and not self.single:
+            t.follow_slots(self.rc, table, self.cfg.id)
 
     # Book-keeping of the parts, under the names tests and the simulator read.
     @property
@@ -468,6 +499,15 @@ class Handler:
                                   max_msg_size=self.cfg.max_frame_size, curve=self.rc.peer_curve(pid))
         return out
 
+    def _dial_peer(self, peers: dict[str, zmq.Socket], poller: zmq.Poller, peer_id: str,
+                   host: str, port: int) -> None:
+        """A follower-read DEALER to a member added after this handler started."""
+        source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
+        s = dealer(self.rc.zctx, from_source(data_address(host, port), source),
+                   max_msg_size=self.cfg.max_frame_size, curve=self.rc.peer_curve(peer_id))
+        peers[peer_id] = s
+        poller.register(s, zmq.POLLIN)
+
     def run(self) -> None:
         rc = self.rc
         self.open()
@@ -480,9 +520,7 @@ class Handler:
             # quorum is this node's own end. (With followers the ack checker need not wake on
             # an append: a follower acknowledges only what a dispatcher read after the ledger
             # end it covers was published, so the ack's ring comes after.)
-            self_slot = self.cfg.self_slot
-            wakes = ([rc.bell(channels.ACK_BELL)] if self.single else
-                     [rc.bell(channels.APPENDED_BELL, s) for s in range(len(self.peer_ids)) if s != self_slot])
+            wakes = [rc.bell(channels.ACK_BELL)] if self.single else []
             commits = rc.bell(channels.COMMIT_BELL)
             bells += [*wakes, commits]
             roles = rc.open(channels.ROLE)
@@ -493,6 +531,11 @@ class Handler:
             bells += [local_bell, confirm, confirmed]
             local = LocalClients(rc.run_dir, self.log)
             self.transport = ZmqHandlerTransport(sock, wakes, ctl, peers, local, confirm)
+            poller = zmq.Poller()
+            if self.cfg.state_machine:
+                self.transport.dial = lambda pid, h, p: self._dial_peer(peers, poller, pid, h, p)
+            if not self.single:  # a dispatcher per held slot (node.wiring.slot_file)
+                self.transport.follow_slots(rc, self.configs.slots, self.cfg.id)
             sm_in: list[zmq.Socket] = []
             if self.cfg.state_machine:
                 apply_bell = rc.bell(channels.APPLY_BELL)
@@ -508,7 +551,6 @@ class Handler:
             secure = rc.server_keys() is not None
             recv = recv_routed_user if secure else recv_routed
             counted = 0  # handshakes refused by ZAP so far, as added to the block
-            poller = zmq.Poller()
             for s in (sock, roles, commits.fd, ctl, rc.wake_fd, local_bell.fd, confirmed.fd, *sm_in,
                       *peers.values()):
                 poller.register(s, zmq.POLLIN)
@@ -576,6 +618,9 @@ class Handler:
                 self.transport.local.close()
             for b in bells:
                 b.close()
+            if isinstance(self.transport, ZmqHandlerTransport):
+                for b in self.transport.bells_by_slot.values():
+                    b.close()
 
     def _serve_local(self, local: LocalClients) -> None:
         """The requests of local clients' links, as data-port frames from a client that holds

@@ -17,6 +17,7 @@ from node.block.state_protocol import StateBlock
 from node.config import NodeConfig
 from node.core.apply import compaction_floor
 from node.core.retention import DataFile, RetentionPlan, RetentionPolicy, plan_retention
+from node.core.slots import SlotTable
 from node.store.segment_store import SegmentStore
 
 CHECK_MS = 1000
@@ -34,6 +35,8 @@ class RetentionService:
         self.policy = RetentionPolicy(cfg.file_reserved_hours, cfg.disk_space_ratio_to_clean,
                                       cfg.disk_full_ratio)
         self.next_check_ms = 0
+        # The node's slot table (the handler sets it): a member added later holds files too.
+        self.slot_table: Callable[[], SlotTable] | None = None
         self._last_held: tuple[str, ...] = ()
         self._held_by_snapshot = False
 
@@ -53,8 +56,13 @@ class RetentionService:
         # by a snapshot, which the leader installs on that peer (docs/snapshots.md "Install, end to
         # end").
         if leading and not self.cfg.state_machine:
-            ids = self.cfg.peer_ids
-            peers = {ids[p.slot]: p.match_index + 1 for p in self.state.read_peers()}
+            if self.slot_table is None:
+                ids = self.cfg.peer_ids
+                peers = {ids[p.slot]: p.match_index + 1 for p in self.state.read_peers()}
+            else:
+                table = self.slot_table()
+                peers = {table.id_of(p.slot): p.match_index + 1
+                         for p in self.state.read_peers(slots=[i for i, _ in table.held()])}
         floor = None
         if self.cfg.state_machine:  # entries after the newest snapshot are the state machine's state
             floor = compaction_floor(self.state.read_snapshot().snapshot_index)

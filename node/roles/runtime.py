@@ -95,6 +95,10 @@ class RoleContext:
     run_dir: Path
     peer_id: str | None = None
     wake_fd: int = -1  # readable when a signal arrived: register it in the role's poller
+    # A dispatcher's follower: its peer slot and address (the supervisor passes them from the
+    # slot table, node.wiring.slot_file); None: its `--peers` position and address.
+    peer_slot: int | None = None
+    peer_address: tuple[str, int] | None = None
     parent_pid: int = field(default_factory=os.getppid)
     stopping: bool = False
     clock: Callable[[], int] = monotonic_ms  # ms; the simulator passes its virtual clock
@@ -207,14 +211,21 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
     ap = argparse.ArgumentParser(prog=f"dledger-{role}")
     ap.add_argument("--config", required=True)
     ap.add_argument("--peer", default=None, help="dispatcher only: the follower it serves")
+    ap.add_argument("--slot", type=int, default=None, help="dispatcher only: the follower's peer slot")
+    ap.add_argument("--address", default=None, help="dispatcher only: the follower's HOST:PORT")
     ap.add_argument("--debug", action="store_true")
     args = ap.parse_args(argv)
     die_with_parent()
     keep_buffers_in_heap()
     cfg = load_run_config(args.config)
     role_name = role
+    peer_address = None
     if args.peer is not None:
-        role_name = f"{role}[{cfg.peer_ids.index(args.peer)}]"
+        slot = args.slot if args.slot is not None else cfg.peer_ids.index(args.peer)
+        role_name = f"{role}[{slot}]"
+        if args.address is not None:
+            host, _, port = args.address.rpartition(":")
+            peer_address = (host, int(port))
     log = setup_logging(cfg.id, role_name if args.peer is None else f"{role}-{args.peer}", args.debug,
                         cfg.log_level, cfg.log_format)
     ctx_holder: list[RoleContext] = []
@@ -242,7 +253,7 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
     if repaired:
         log.warning("repaired seqlocks left mid-write by a previous incarnation: %s", repaired)
     rc = RoleContext(cfg, role_name, log, state, make_context(), Path(args.config).parent, args.peer,
-                     wake_r)
+                     wake_r, peer_slot=args.slot, peer_address=peer_address)
     ctx_holder.append(rc)
     log.debug("started")
     # Everything imported so far lives as long as the process: out of the collector's way, so

@@ -40,16 +40,22 @@ from pathlib import Path
 
 from node.block.shared_state import SharedState, monotonic_ms, stop_resource_tracker
 from node.config import NodeConfig
+from node.core.slots import SlotOwner, SlotTable, bootstrap_slots, releasable, release
 from node.host.interpreter import child_env, module_command
-from node.host.rundirs import make_owned_tempdir, release
+from node.host.rundirs import make_owned_tempdir
+from node.host.rundirs import release as release_run_dir
 from node.roles.names import EXIT_FATAL, fatal_file, state_name
 from node.roles.zygote import title_room
+from node.wiring.slot_file import SlotFile, SlotFileError
 
 HANG_MS = 10_000
 STAGE_MAX_MS = 5_000
 """At start the roles are spawned in stages (handler, elector, the rest), each once the one
 before has beaten, or after this long at most."""
 STARTUP_POLL_MS = 10  # how often the loop looks for that first beat
+SLOT_POLL_MS = 200
+"""How often the loop looks at the slot table and the committed index (a `stat` and one block
+read): a member added is given its dispatcher within this, a removed one stops within it."""
 MIN_BACKOFF_MS = 100
 STABLE_MS = 10_000  # a role up this long gets its backoff reset
 CRASH_LOOP_RESTARTS = 5  # restarts within CRASH_LOOP_WINDOW_MS that make a crash loop
@@ -78,6 +84,9 @@ class RoleProc:
     backoff_ms: int = MIN_BACKOFF_MS
     restart_at_ms: int | None = None
     restarts: int = 0
+    slot: int | None = None  # a dispatcher's peer slot
+    owner: SlotOwner | None = None  # a dispatcher's follower, as the slot table named it
+    retiring: bool = False  # a dispatcher stopped for good: its slot is released once it exited
     recent_restarts: deque[int] = field(default_factory=deque)  # when, within the window
 
 
@@ -177,6 +186,7 @@ class Supervisor:
         self._zygote: subprocess.Popen | None = None
         self._zsock: socket.socket | None = None
         self._subreaper = False  # PR_SET_CHILD_SUBREAPER set: orphans of our roles come to us
+        self.slots: SlotFile | None = None  # the node's peer slot table (node.wiring.slot_file)
 
     # ------------------------------------------------------------------ set-up
     def _lock_store(self) -> None:
@@ -222,7 +232,8 @@ class Supervisor:
         host = self.cfg.address[0]
         collector = NodeCollector(lambda: self.state, self.cfg.group, self.node, self.cfg.peer_ids,
                                   str(self.store_dir), software_version(),
-                                  lambda: {r.name: r.restarts for r in self.roles})
+                                  lambda: {r.name: r.restarts for r in self.roles},
+                                  self._slot_ids)
         try:
             self._metrics = MetricsServer(host, self.cfg.metrics_port, collector)
         except OSError as e:
@@ -249,19 +260,110 @@ class Supervisor:
         os.replace(tmp, self.store_dir / "run.json")
 
     def _plan_roles(self) -> None:
-        """Every role that exists in this build: start what exists, fake nothing."""
+        """Every role that exists in this build: start what exists, fake nothing. The
+        dispatchers are those of the slot table, which starts as the `--peers` positions
+        (written here, before any role reads it: node.wiring.slot_file)."""
         plan = [("handler", "node.roles.handler", "handler", []),
                 ("elector", "node.roles.elector", "elector", []),
                 ("ack_checker", "node.roles.ack_checker", "ack_checker", [])]
         if self.cfg.state_machine:
             plan.append(("applier", "node.roles.applier", "applier", []))
-        for slot, peer in enumerate(self.cfg.peer_ids):
-            if peer != self.node:
-                plan.append((f"dispatcher-{peer}", "node.roles.dispatcher", f"dispatcher[{slot}]",
-                             ["--peer", peer]))
         for name, module, beat_role, args in plan:
             if importlib.util.find_spec(module) is not None:
                 self.roles.append(RoleProc(name, module, beat_role, args))
+        assert self.run_dir is not None
+        self.slots = SlotFile(self.run_dir)
+        try:
+            table = self.slots.update(lambda _: bootstrap_slots(self.cfg.peer_map))
+        except SlotFileError as e:
+            raise SupervisorError(str(e)) from None
+        for slot, owner in table.held():
+            if owner.id != self.node:
+                self.roles.append(self._dispatcher(slot, owner))
+
+    def _dispatcher(self, slot: int, owner: SlotOwner) -> RoleProc:
+        return RoleProc(f"dispatcher-{owner.id}", "node.roles.dispatcher", f"dispatcher[{slot}]",
+                        ["--peer", owner.id, "--slot", str(slot), "--address", f"{owner.host}:{owner.port}"],
+                        slot=slot, owner=owner)
+
+    def _slot_ids(self) -> list[str]:
+        """The member id of every peer slot ("" for a free one), for the metrics' labels."""
+        t = self.slots.table if self.slots is not None else None
+        if t is None:
+            return list(self.cfg.peer_ids)
+        return [t.id_of(i) for i in range(len(t.owners))]
+
+    # ------------------------------------------------------------------ membership
+    def _follow_slots(self) -> None:
+        """Keep one dispatcher per held slot (docs/membership.md "Processes"): start one for a
+        member the handler gave a slot, and stop the one of a leaving member once its removal
+        committed, then release its slot (record reset first: the next owner never inherits a
+        watermark). The node keeps running throughout: nothing else restarts."""
+        if self.slots is None or self.state is None:
+            return  # no table (a plan without dispatchers)
+        try:
+            table = self.slots.refresh()
+        except SlotFileError as e:
+            log.error("%s %s", self.node, e)
+            return
+        if table is None:
+            return
+        for slot, owner in table.held():
+            if owner.id == self.node or owner.leaving:
+                continue
+            if not any(r.slot == slot and r.owner == owner for r in self.roles):
+                r = self._dispatcher(slot, owner)
+                self.roles.append(r)
+                log.info("%s member %s (%s:%d) holds slot %d: starting its dispatcher", self.node,
+                         owner.id, owner.host, owner.port, slot)
+                if self._stages:
+                    self._stages[-1].append(r)  # started with the other dispatchers
+                else:
+                    self._spawn(r)
+        committed = self.state.read_ledger().committed_index
+        for slot in releasable(table, committed):
+            owner = table.owners[slot]
+            if owner is not None and owner.id == self.node:
+                continue  # this node's own slot: no dispatcher, never reused while it runs
+            mine = [r for r in self.roles if r.slot == slot]
+            for r in mine:
+                if not r.retiring:
+                    r.retiring = True
+                    log.info("%s member %s left (removal committed at %d): stopping its dispatcher",
+                             self.node, owner.id if owner else "?", committed)
+                    if r.proc is not None and r.proc.poll() is None:
+                        r.proc.send_signal(signal.SIGTERM)
+            if all(r.proc is None or r.proc.poll() is not None for r in mine):
+                self._release(slot, owner)
+
+    def _release(self, slot: int, owner: SlotOwner | None) -> None:
+        """The slot's dispatcher exited: reset its record, then free it in the table, unless the
+        member came back meanwhile (re-checked under the table's lock)."""
+        assert self.slots is not None and self.state is not None
+
+        def free(t: SlotTable | None) -> SlotTable:
+            assert t is not None
+            o = t.owners[slot]
+            if o is None or o != owner or not o.leaving:
+                return t  # taken back (re-added at its address) or already released
+            self.state.reset_peer(slot)  # under the lock: no owner can be assigned meanwhile
+            return release(t, slot)
+
+        try:
+            table = self.slots.update(free)
+        except SlotFileError as e:
+            log.error("%s %s", self.node, e)
+            return
+        gone = [r for r in self.roles if r.slot == slot and r.retiring]
+        for r in gone:
+            if r.proc is not None:
+                r.proc.poll()
+            self.roles.remove(r)
+        if table.owners[slot] is None:
+            log.info("%s slot %d released (was %s)", self.node, slot, owner.id if owner else "?")
+        else:  # came back: a fresh dispatcher for it on the next pass
+            for r in gone:
+                r.retiring = False
 
     # ------------------------------------------------------------------ processes
     def _role_cmd(self, r: RoleProc) -> list[str]:
@@ -431,8 +533,8 @@ class Supervisor:
                 continue
             rc = r.proc.returncode
             how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
-            if self._stop_requested:
-                continue
+            if self._stop_requested or r.retiring:
+                continue  # a retiring dispatcher: _follow_slots releases its slot
             if rc == EXIT_FATAL:
                 self._fatal = f"{r.name}: {fatal_reason(self.run_dir, r.beat_role, how)}"
                 log.error("%s %s; stopping the node", self.node, self._fatal)
@@ -524,7 +626,7 @@ class Supervisor:
             timeouts = [r.restart_at_ms - now for r in self.roles if r.restart_at_ms is not None]
             if self._stages:
                 timeouts.append(STARTUP_POLL_MS)
-            timeout = max(0, min([1000, *timeouts])) / 1000
+            timeout = max(0, min([SLOT_POLL_MS, *timeouts])) / 1000
             try:
                 select.select([self._wake_r], [], [], timeout)
             except InterruptedError:
@@ -542,8 +644,10 @@ class Supervisor:
                 break
             if self._stages and (self._stage_ready() or now >= self._stage_deadline):
                 self._next_stage()
+            self._follow_slots()
             for r in self.roles:
-                if r.proc is None and r.restart_at_ms is not None and now >= r.restart_at_ms:
+                if r.proc is None and r.restart_at_ms is not None and now >= r.restart_at_ms \
+                        and not r.retiring:
                     self._spawn(r)
             self._watchdog(now, gap - int(timeout * 1000))
 
@@ -570,7 +674,7 @@ class Supervisor:
         stop_resource_tracker()  # reaped here, not orphaned to PID 1 inside our process group
         (self.store_dir / "run.json").unlink(missing_ok=True)
         if self.run_dir is not None and self._own_run_dir:
-            release(self.run_dir, self._run_dir_fd)
+            release_run_dir(self.run_dir, self._run_dir_fd)
             self._run_dir_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -62,6 +62,7 @@ class Node:
         self.stopped = False  # SIGSTOPped
         self.crashed = False  # SIGKILLed whole and not restarted: its segment may remain
         self.flags: list[str] = []  # this node's own flags after the group's (e.g. --metrics-port)
+        self.join: str | None = None  # a node that joins: the members' peers string (`add_joiner`)
 
     @property
     def address(self) -> str:
@@ -69,7 +70,9 @@ class Node:
 
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None
-        cmd = [sys.executable, "-m", "tools.cli", "server", "--id", self.id, "--peers", self.cluster.peers,
+        members = (["--join", self.join, "--address", self.address] if self.join is not None
+                   else ["--peers", self.cluster.peers])
+        cmd = [sys.executable, "-m", "tools.cli", "server", "--id", self.id, *members,
                "--store-dir", str(self.store_dir), *self.cluster.flags, *self.flags]
         extra_path = self.cluster.env.get("PYTHONPATH")  # e.g. a test's own state machine module
         env = {**os.environ, **self.cluster.env,
@@ -258,6 +261,14 @@ class Cluster:
         for node in self.nodes.values():
             node.start()
         return self
+
+    def add_joiner(self, node_id: str) -> Node:
+        """A new machine (not started): `server --join <the group's peers> --address ...`. It is
+        one of `nodes` from now on (stopped with the group); `peers` stays the bootstrap string."""
+        (port,) = free_port_pairs(1)
+        node = self.nodes[node_id] = Node(self, node_id, port)
+        node.join = self.peers
+        return node
 
     # ---- queries ---------------------------------------------------------------------------
     def request(self, node_id: str, msg: P.Message, timeout: float = 0.5) -> P.Message | None:

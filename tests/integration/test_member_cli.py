@@ -63,7 +63,7 @@ REFUSALS = [
     (("add", "--id", "n9", "--address", "nowhere"), 2, "HOST:PORT"),
     (("remove",), 2, "needs --id"),
     (("promote", "--id", "n0", "--address", "127.0.0.1:1"), 2, "go with `member add`"),
-    (("add", "--id", "n9", "--address", "127.0.0.1:1", "--learner"), 1, "UNSUPPORTED"),
+    (("add", "--id", "n9", "--address", "{n0}", "--learner"), 1, "MEMBER_EXISTS"),
     (("remove", "--id", "n9"), 1, "UNKNOWN_MEMBER"),
 ]
 
@@ -72,6 +72,7 @@ def test_refusals_are_one_line_with_their_code(make_cluster):
     c = make_cluster(3)
     c.wait_leader(timeout=15)
     for argv, code, says in REFUSALS:
+        argv = tuple(a.format(n0=c.nodes["n0"].address) for a in argv)
         r = dledger("member", *argv, "--peers", c.peers, "--timeout", "10")
         assert r.returncode == code, (argv, r.stdout, r.stderr)
         assert says in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)

@@ -28,6 +28,7 @@ from node.core.membership import (
     encode_configuration,
     slot_masks,
 )
+from node.core.slots import SlotOwner, SlotTable
 from node.roles.ack_checker import AckChecker
 from node.roles.handling.configs import CONFIG_FILE, find_configurations
 from node.store.memory_store import MemoryStore
@@ -134,13 +135,32 @@ def test_a_file_entry_the_log_does_not_hold_is_dropped_at_open(tmp_path: Path) -
     assert h.configs.latest == BOOT
 
 
-def test_a_configuration_naming_a_machine_outside_peers_stops_the_node(tmp_path: Path) -> None:
+def test_a_configuration_naming_a_new_machine_gives_it_a_free_slot_on_file(tmp_path: Path) -> None:
+    """A member outside --peers takes the lowest free slot, written to the run directory's
+    slot table BEFORE the masks naming it are published (node.wiring.slot_file)."""
     state = FakeState()
     state.member = member(Role.FOLLOWER, 1, 0)
     h, wire = make_handler(tmp_path, "n1", state, Clock(), store=MemoryStore())
     c = apply_change(BOOT, Change(ChangeKind.ADD_LEARNER, "n9", "127.0.0.1", 20009), 0)
     x = leader_log([(1, encode_configuration(c), MAGIC_NOOP)])
-    with pytest.raises(Fatal, match="n9 not in --peers; adding a machine that is not in --peers needs"):
+    push_run(h, x, 0, 1, term=1, rid=1, pre_term=-1)
+    assert h.store.ledger_end_index == 0
+    on_file = h.configs.slot_file.read()  # the table the other roles read
+    assert on_file is not None and on_file.slot_of("n9") == 3 and on_file.id_of(3) == "n9"
+    assert words(state) == (0, 0b0111, 0b1000)
+    assert h.slot_id(3) == "n9" and h.follower.peer_ids[3] == "n9"
+
+
+def test_a_configuration_with_no_free_slot_stops_the_node_before_storing_it(tmp_path: Path) -> None:
+    state = FakeState()
+    state.member = member(Role.FOLLOWER, 1, 0)
+    h, wire = make_handler(tmp_path, "n1", state, Clock(), store=MemoryStore())
+    full = SlotTable(tuple(SlotOwner(f"x{i}", "127.0.0.1", 30000 + 2 * i, 5, removed_at=5)
+                           if i > 2 else o for i, o in enumerate(h.configs.slots.owners)))
+    h.configs.slot_file.update(lambda _: full)  # every other slot still leaving
+    c = apply_change(BOOT, Change(ChangeKind.ADD_LEARNER, "n9", "127.0.0.1", 20009), 0)
+    x = leader_log([(1, encode_configuration(c), MAGIC_NOOP)])
+    with pytest.raises(Fatal, match="no free slot for n9"):
         push_run(h, x, 0, 1, term=1, rid=1, pre_term=-1)
     assert h.store.ledger_end_index == -1  # nothing stored that it cannot count
 
@@ -319,9 +339,10 @@ def test_member_change_is_refused_until_the_terms_noop_commits_then_appended(tmp
     assert words(state) == (e.index, 0b011, 0)  # counted at once, committed or not
     h.handle_frame(b"c", change(ChangeKind.REMOVE, "n1", 3))
     assert wire.answer(3).code == RC.MEMBERSHIP_CHANGE_IN_PROGRESS
+    commit_all(h)
     h.handle_frame(b"c", change(ChangeKind.ADD_LEARNER, "n9", 4, "127.0.0.1", 20009))
-    a = wire.answer(4)
-    assert a.code == RC.UNSUPPORTED and "adding a machine that is not in --peers" in a.reason
+    assert wire.answer(4) is None  # a machine outside --peers: appended, in slot 3
+    assert words(state)[1:] == (0b011, 0b1000) and h.configs.slots.id_of(3) == "n9"
 
 
 def test_promote_counts_a_learner_watermark_of_this_term_only(tmp_path: Path) -> None:

@@ -54,10 +54,10 @@ from node.core.membership import (
     decode_configuration,
     encode_configuration,
     is_configuration_body,
-    slot_masks,
 )
 from node.core.slots import SlotTable, assign, bootstrap_slots
 from node.store.layout import LayoutError, read_properties, write_properties_atomically
+from node.wiring.slot_file import SlotFileError, slot_store
 
 if TYPE_CHECKING:
     from node.roles.handler import Handler
@@ -97,15 +97,32 @@ class ConfigKeeper:
 
     def __init__(self, h: Handler) -> None:
         self.h = h
-        self.base = bootstrap_configuration(h.peer_map)
+        self.base = bootstrap_configuration(h.cfg.bootstrap_members)
         self.history = ConfigHistory(self.base)
         self.covers = -1  # the log index the history's base covers (an installed snapshot's)
         self.path = os.path.join(h.cfg.store_dir, CONFIG_FILE)
-        # Each member's peer slot (node.core.slots): while members are `--peers` members their
-        # slots are their `--peers` positions, so the masks are what `slot_masks` gives.
-        self.slots: SlotTable = bootstrap_slots(h.peer_map)
+        # Each member's peer slot (node.core.slots), shared with the other roles through
+        # RUN_DIR/slots.json (node.wiring.slot_file): the `--peers` members hold their
+        # `--peers` positions from the start; a member added later takes a free slot.
+        self.slot_file = slot_store(getattr(h.rc, "run_dir", None))
+        self.slots: SlotTable = self._table_on_file() or bootstrap_slots(h.peer_map)
         self.masks = self.slots.masks(self.base)  # what `published` gives the block
         self._unpublished = True  # the block's words are not these yet (a new process: maybe stale)
+
+    def _table_on_file(self) -> SlotTable | None:
+        """The run's slot table (a restarted handler keeps the slots the roles already use)."""
+        try:
+            return self.slot_file.read()
+        except SlotFileError as e:
+            self.h.rc.fatal(str(e))
+
+    def _check_slots(self, c: Configuration, what: str) -> None:
+        """Stop the node if it could not give every member of `c` a slot (it could not count
+        them): before such a configuration is stored, never after."""
+        try:
+            assign(self._table_on_file() or self.slots, c)
+        except ConfigurationError as e:
+            self.h.rc.fatal(f"{what}{e}; this node stops rather than count another majority")
 
     @property
     def latest(self) -> Configuration:
@@ -207,9 +224,9 @@ class ConfigKeeper:
         for index, body in found:
             try:
                 c = decode_configuration(body, index)
-                slot_masks(c, self.h.peer_map)
             except ConfigurationError as e:
                 self.h.rc.fatal(f"{e}; this node stops rather than count another majority")
+            self._check_slots(c, "")
             configs.append(c)
         if configs:
             self._save(configs)
@@ -245,11 +262,7 @@ class ConfigKeeper:
         holds stay listed. A configuration this node cannot count stops it, as a push's does.
         OSError propagates (the reset is not done; the leader retries)."""
         base = self.base if base is None else base
-        try:
-            slot_masks(base, self.h.peer_map)
-        except ConfigurationError as e:
-            self.h.rc.fatal(f"the installed snapshot {last_index}: {e}; this node stops rather "
-                            "than count another majority")
+        self._check_slots(base, f"the installed snapshot {last_index}: ")
         self._save(base=base, covers=last_index)
         return base
 
@@ -270,11 +283,19 @@ class ConfigKeeper:
         self._publishable()
 
     def _publishable(self) -> None:
+        """Give the newest configuration's members their slots, on file BEFORE the masks that
+        name them are published (node.wiring.slot_file), and mark the masks for the next
+        ledger write."""
         c = self.history.latest
-        slot_masks(c, self.h.peer_map)  # a member outside --peers: refused (no dispatcher yet)
-        self.slots = assign(self.slots, c)
+        before = self.slots
+        try:
+            self.slots = self.slot_file.update(lambda t: assign(t or self.slots, c))
+        except (SlotFileError, ConfigurationError) as e:
+            self.h.rc.fatal(f"configuration entry {c.index}: {e}")
         self.masks = self.slots.masks(c)
         self._unpublished = True
+        if self.slots != before:
+            self.h.slots_changed(self.slots)
 
 
 def _body(c: Configuration) -> bytes:

@@ -8,9 +8,11 @@ entry (the configuration file first: node/roles/handling/configs.py) under the m
 after re-checking leadership, published with the ledger end it makes, and answered like an
 append: SUCCESS with its index once it commits, from the pending table.
 
-While a node's peer slots are its `--peers` (one dispatcher per `--peers` member, started by
-the supervisor), a change may only name a `--peers` member at its `--peers` address: anything
-else is refused with UNSUPPORTED and `NOT_IN_PEERS`.
+A new member may be any machine (not only a `--peers` one): every node gives it a peer slot
+when it stores the entry, and its supervisor starts a dispatcher for it (node/core/slots.py,
+node.wiring.slot_file). A group started with one member is the exception: its leader commits
+on its own end, with no ack checker counting a quorum, so it refuses every change with
+UNSUPPORTED (`ONE_MEMBER_GROUP`); start a group with its members instead.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.entry_codec import MAGIC_NOOP
 from node.core.membership import (
-    NOT_IN_PEERS,
     Change,
     ChangeKind,
     LeaderState,
@@ -36,6 +37,9 @@ from node.observe.role_metrics import store_end_pos
 
 if TYPE_CHECKING:
     from node.roles.handler import Handler
+
+ONE_MEMBER_GROUP = ("a group started with one member commits on its own and cannot change its "
+                    "members; start the group with all of its members (--peers)")
 
 _WHY = {
     RC.TERM_NOT_READY: "no entry of this leader's term has committed yet: retry",
@@ -76,20 +80,19 @@ class MemberChanges:
         refused = h.leader.refuse_leadership(m, now)
         if refused is not None:
             return Proposed(refused.code, refused.reason)
-        addr = h.peer_map.get(change.id)
-        if addr is None and change.kind != ChangeKind.ADD_LEARNER:  # never a member here
-            return Proposed(RC.UNKNOWN_MEMBER, f"{change.kind.name.lower()} {change.id}: {_WHY[RC.UNKNOWN_MEMBER]}")
-        if addr is None or (change.kind == ChangeKind.ADD_LEARNER and (change.host, change.port) != tuple(addr)):
-            return Proposed(RC.UNSUPPORTED, NOT_IN_PEERS)
+        if h.single:
+            return Proposed(RC.UNSUPPORTED, ONE_MEMBER_GROUP)
         current = h.configs.latest
         s = h.store
         state = LeaderState(h.leader.noop_index, s.committed_index)
         progress = None
         if change.kind == ChangeKind.PROMOTE:
-            slot = h.peer_ids.index(change.id)
-            if slot == h.cfg.self_slot:  # the leader's own log is the end itself
+            slot = h.configs.slots.slot_of(change.id)
+            if change.id == h.cfg.id:  # the leader's own log is the end itself
                 progress = LearnerProgress(s.ledger_end_index, store_end_pos(s), True,
                                            s.ledger_end_index, store_end_pos(s))
+            elif slot is None:  # not a member: check_change answers UNKNOWN_MEMBER
+                progress = LearnerProgress(-1, -1, False, s.ledger_end_index, store_end_pos(s))
             else:
                 p = h.state.read_peer(slot)  # one snapshot of its record
                 # A watermark of an earlier term (another leadership's, maybe cut since) says

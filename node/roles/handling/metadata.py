@@ -28,10 +28,19 @@ class Metadata:
         role, leader = Role(m.role), self.h.slot_id(m.leader_slot)
         if role == Role.LEADER and not holds_lease(m.role, m.last_quorum_heartbeat_ms, self.h.now(), self.h.lease):
             role, leader = Role.CANDIDATE, ""
+        # The members of the newest configuration (clients learn members added later from
+        # here), and this node, a member or not yet (a node that joins).
+        table = self.h.configs.slots
+        members = [(x.id, x.host, x.port) for x in self.h.configs.latest.members]
+        if all(x[0] != self.h.cfg.id for x in members):
+            members.append((self.h.cfg.id, *self.h.cfg.address))
         peers = []
-        for slot, pid in enumerate(self.h.peer_ids):
-            host, port = self.h.peer_map[pid]
-            match = led.ledger_end_index if pid == self.h.cfg.id else self.h.state.read_peer(slot).match_index
+        for pid, host, port in members:
+            slot = table.slot_of(pid)
+            if pid == self.h.cfg.id:
+                match = led.ledger_end_index
+            else:
+                match = self.h.state.read_peer(slot).match_index if slot is not None else -1
             peers.append(P.PeerInfo(pid, f"{host}:{port}", match))
         status = None
         if req.want_status:
