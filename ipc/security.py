@@ -27,7 +27,7 @@ import ipaddress
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,13 +263,23 @@ def is_loopback(host: str) -> bool:
 class _Callbacks:
     """The authenticator's key check, per ZAP domain; counts what it refuses."""
 
-    def __init__(self, keys: ServerKeys) -> None:
+    def __init__(self, keys: ServerKeys,
+                 more_members: Callable[[], Mapping[bytes, str]] | None = None) -> None:
         self.keys = keys
         self.refused = 0
         self._lock = threading.Lock()
+        self._more_members = more_members
 
     def callback(self, domain: str, key: bytes) -> bool:
         ok = key in self.keys.member_keys or (domain == DATA_DOMAIN and key in self.keys.client_keys)
+        if not ok and self._more_members is not None:
+            # A member added after this process read its keys: the configuration names its
+            # key (the node's slot table). Admitted as that member from now on.
+            mid = self._more_members().get(key)
+            if mid is not None:
+                self.keys.member_keys[key] = mid
+                self.keys.member_public.setdefault(mid, key)
+                ok = True
         if not ok:
             with self._lock:
                 self.refused += 1
@@ -290,11 +300,14 @@ class Zap:
 
     `refused` counts handshakes refused for an unknown key (the role adds it to its metrics)."""
 
-    def __init__(self, ctx: zmq.Context, keys: ServerKeys) -> None:
+    def __init__(self, ctx: zmq.Context, keys: ServerKeys,
+                 more_members: Callable[[], Mapping[bytes, str]] | None = None) -> None:
+        """`more_members`: {key: member id} of members added since `keys` was read, asked (in
+        the authenticator's thread) for a key `keys` does not know."""
         from zmq.auth.thread import ThreadAuthenticator
 
         self.keys = keys
-        self._cb = _Callbacks(keys)
+        self._cb = _Callbacks(keys, more_members)
         keys_ = keys
 
         class _Auth(ThreadAuthenticator):
@@ -329,10 +342,19 @@ class ClientCurve:
     public: bytes
     secret: bytes
     server_keys: Mapping[str, bytes]  # member id -> its public key
+    # Where the members' ``ID.key`` files are: a member added after this identity was made
+    # (its key file copied there since) is looked up again when first needed.
+    key_dir: Path | None = None
 
     def apply(self, sock: zmq.Socket, member_id: str) -> None:
         """Make `sock` (before connect) a CURVE client of member `member_id`."""
         server = self.server_keys.get(member_id)
+        if server is None and self.key_dir is not None and isinstance(self.server_keys, dict):
+            try:
+                server, _ = read_key_file(self.key_dir / f"{member_id}.key")
+                self.server_keys[member_id] = server
+            except KeyFileError:
+                server = None
         if server is None:
             raise KeyFileError([f"no public key for member {member_id!r} (expected {member_id}.key "
                                 "beside the key file)"])
@@ -364,7 +386,7 @@ def client_curve(key_file: str | os.PathLike[str],
         except KeyFileError:
             continue  # not a member key; a missing member key is reported when it is needed
         found[p.name[:-len(".key")]] = pub
-    return ClientCurve(public, secret, found)
+    return ClientCurve(public, secret, found, d)
 
 
 # ---- rights -------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+from collections.abc import Callable
 
 import zmq
 
@@ -250,3 +252,43 @@ __all__ = [
     "sub",
     "tcp_endpoint",
 ]
+
+
+REDIAL_MS = 1_000
+"""How long a CURVE dealer may fail every send before it is made again (`Redial`)."""
+
+
+class Redial:
+    """A member's DEALER that is made again when it cannot send for `REDIAL_MS`.
+
+    Why: libzmq does not reconnect a CURVE client whose handshake the server's ZAP refused (a
+    node the others did not know yet: a machine that joins, before its `member add` reaches
+    them). The socket stays unconnected for good, and an IMMEDIATE dealer refuses every send.
+    A new socket shakes hands again, and is admitted once the server knows the key. A peer
+    that is simply down costs one socket made per `REDIAL_MS`. Plain sockets reconnect by
+    themselves and are never remade (`enabled` False)."""
+
+    def __init__(self, make: Callable[[], zmq.Socket], enabled: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._make, self.enabled, self._clock = make, enabled, clock
+        self.sock = make()
+        self._failing_since: float | None = None
+
+    def sent(self) -> None:
+        self._failing_since = None
+
+    def failed(self) -> zmq.Socket | None:
+        """A send was refused (not connected): the replaced socket (closed) when a new one was
+        made, else None. The caller re-registers `sock` in its poller."""
+        if not self.enabled:
+            return None
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = now
+            return None
+        if (now - self._failing_since) * 1000 < REDIAL_MS:
+            return None
+        old, self.sock = self.sock, self._make()
+        self._failing_since = now
+        old.close(linger=0)
+        return old

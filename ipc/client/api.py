@@ -385,6 +385,10 @@ class DLedgerClient:
         Each node gets at most ``attempt_timeout`` (within ``timeout``), so one dead node costs
         one short wait, not the whole timeout.
         """
+        return build_metadata(self.group, self.peers, self._ask_all(timeout))
+
+    def _ask_all(self, timeout: float | None) -> dict[str, P.Message | None]:
+        """Every known node's METADATA answer (None: silent), asked in parallel."""
         t = self.timeout if timeout is None else timeout
         per_node = time.monotonic() + min(t, self.attempt_timeout)
         calls = [(nid, self._submit(Call(META, None, per_node, pinned=nid))) for nid in self.peers]
@@ -394,7 +398,15 @@ class DLedgerClient:
                 answers[nid] = self._wait(fut, t)
             except DLedgerError:
                 answers[nid] = None
-        return build_metadata(self.group, self.peers, answers)
+        return answers
+
+    def _is_member(self, node_id: str, timeout: float) -> bool:
+        """`node_id` is a member this client knows, or one a node names in METADATA (a member
+        added after this client was given its peers)."""
+        if node_id in self.peers:
+            return True
+        return any(isinstance(m, P.MetadataResponse) and any(p.id == node_id for p in m.peers)
+                   for m in self._ask_all(timeout).values())
 
     def transfer_leadership(self, target: str, timeout: float | None = None,
                             wait: bool = True) -> Metadata | None:
@@ -405,8 +417,8 @@ class DLedgerClient:
         dead target) or, indeterminate, if the transfer was accepted but not observed in time.
         """
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        # A target this client was not given may be a member added later: the leader, which
-        # knows the configuration, decides (an unknown id is refused with UNKNOWN_MEMBER).
+        if not self._is_member(target, max(0.0, deadline - time.monotonic())):
+            raise DLedgerError(RC.UNKNOWN_MEMBER, f"{target!r} is not a member")
         accepted = False
         unanswered = False  # a transfer request went out and its answer never came
         last: tuple[int, str] = (RC.TIMEOUT, "no leader found to transfer from within the timeout")

@@ -29,6 +29,7 @@ from node.block.shared_state import (
     NO_INDEX,
     NO_SLOT,
     PEER_FIELDS,
+    PEER_RECORDS,
     ConfigWords,
     LedgerView,
     MemberView,
@@ -69,7 +70,8 @@ class MemoryBlock:
         self.config = ConfigWords()  # the ledger group's configuration words
         self.quorum = QuorumView(NO_INDEX, -1)
         self.snapshot = SnapshotView(NO_INDEX, -1)  # the applier's newest snapshot
-        self.peers = [PeerView(p, NO_INDEX, -1, False, 0, 0, 0, 0, 0) for p in range(n_peers)]
+        # Every record the real block holds (members added later take slots past --peers).
+        self.peers = [PeerView(p, NO_INDEX, -1, False, 0, 0, 0, 0, 0) for p in range(PEER_RECORDS)]
         self.words: dict[str, int] = {"repair_index": NO_INDEX}
 
 
@@ -194,9 +196,9 @@ class MemoryState:
         return v
 
     def read_peers(self, timeout_s: float | None = None, slots: Iterable[int] | None = None) -> list[PeerView]:
-        wanted = None if slots is None else set(slots)
+        wanted = set(range(self.n_peers) if slots is None else slots)  # as SharedState.read_peers
         v = [self._with_counters(p) for p in self.block.peers
-             if p.slot != self.self_slot and (wanted is None or p.slot in wanted)]
+             if p.slot != self.self_slot and p.slot in wanted]
         self._read_point()
         return v
 

@@ -44,6 +44,7 @@ class SlotOwner:
     port: int
     assigned_at: int
     removed_at: int = -1  # >= 0: leaving, dropped by that configuration entry (module docstring)
+    public_key: str = ""  # Z85, as the configuration names it ("" without keys)
 
     @property
     def leaving(self) -> bool:
@@ -51,13 +52,14 @@ class SlotOwner:
 
     def to_json(self) -> dict:
         return {"id": self.id, "host": self.host, "port": self.port,
-                "assigned_at": self.assigned_at, "removed_at": self.removed_at}
+                "assigned_at": self.assigned_at, "removed_at": self.removed_at,
+                "public_key": self.public_key}
 
     @staticmethod
     def from_json(d: Mapping) -> SlotOwner:
         """Raises ValueError/KeyError/TypeError on a malformed record (the caller says where)."""
         o = SlotOwner(str(d["id"]), str(d["host"]), int(d["port"]), int(d["assigned_at"]),
-                      int(d.get("removed_at", -1)))
+                      int(d.get("removed_at", -1)), str(d.get("public_key", "")))
         if not o.id or not 0 < o.port < 65535:
             raise ValueError(f"slot owner {d!r}")
         return o
@@ -106,8 +108,12 @@ class SlotTable:
             if (voters | learners) & bit:
                 if o is None:
                     raise ConfigurationError(f"configuration entry {index}: slot {i} is free here")
-                members.append(Member(o.id, o.host, o.port, bool(voters & bit)))
+                members.append(Member(o.id, o.host, o.port, bool(voters & bit), o.public_key))
         return Configuration(tuple(members), index)
+
+    def member_keys(self) -> dict[str, str]:
+        """{member id: Z85 public key} of every held slot whose configuration named a key."""
+        return {o.id: o.public_key for _, o in self.held() if o.public_key}
 
     def to_json(self) -> list:
         return [None if o is None else o.to_json() for o in self.owners]
@@ -150,15 +156,16 @@ def assign(table: SlotTable, config: Configuration) -> SlotTable:
     leaving, `removed_at` = config.index, until `release`. Raises ConfigurationError when no
     slot is free (released slots are too few)."""
     owners = list(table.owners)
-    wanted = {(m.id, m.host, m.port) for m in config.members}
+    wanted = {(m.id, m.host, m.port): m.public_key for m in config.members}
     for i, o in enumerate(owners):
         if o is None:
             continue
-        if (o.id, o.host, o.port) in wanted:
-            if o.leaving:
-                owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at)
+        key = wanted.get((o.id, o.host, o.port))
+        if key is not None:
+            if o.leaving or (key and key != o.public_key):  # back, or a key the entry names
+                owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at, -1, key or o.public_key)
         elif not o.leaving:
-            owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at, config.index)
+            owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at, config.index, o.public_key)
     for m in config.members:
         if any(o is not None and (o.id, o.host, o.port) == (m.id, m.host, m.port) for o in owners):
             continue
@@ -167,7 +174,7 @@ def assign(table: SlotTable, config: Configuration) -> SlotTable:
             raise ConfigurationError(f"configuration entry {config.index}: no free slot for {m.id} "
                                      f"(all {MAX_MEMBERS} held; a removed member's slot is free once "
                                      "its removal committed and its dispatcher stopped)")
-        owners[free] = SlotOwner(m.id, m.host, m.port, config.index)
+        owners[free] = SlotOwner(m.id, m.host, m.port, config.index, -1, m.public_key)
     return SlotTable(tuple(owners))
 
 

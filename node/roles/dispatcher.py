@@ -36,7 +36,7 @@ import zmq
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
-from ipc.sockets import data_address, dealer, drain, from_source
+from ipc.sockets import Redial, data_address, dealer, drain, from_source
 from node.block.shared_state import LedgerView, MemberView
 from node.core.lease import holds_lease, lease_ms
 from node.core.replication import (
@@ -420,15 +420,20 @@ class Dispatcher:
         rc = self.rc
         host, port = self.address
         source = self.cfg.address[0] if self.cfg.connect_from_own_host else None
-        sock = dealer(rc.zctx, from_source(data_address(host, port), source),
-                      curve=rc.peer_curve(self.peer))
-        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
+
+        def make() -> zmq.Socket:
+            s = dealer(rc.zctx, from_source(data_address(host, port), source),
+                       curve=rc.peer_curve(self.peer))
+            s.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_frame_size)
+            return s
+
+        redial = Redial(make, enabled=rc.server_keys() is not None)
         roles = rc.open(channels.ROLE)
         appended = rc.bell(channels.APPENDED_BELL, self.slot)
         ack = rc.bell(channels.ACK_BELL)
-        self.transport = ZmqDispatcherTransport(sock, ack, self.peer)
         poller = zmq.Poller()
-        for s in (sock, roles, appended.fd, rc.wake_fd):
+        self.transport = tr = ZmqDispatcherTransport(redial, ack, self.peer, poller)
+        for s in (tr.sock, roles, appended.fd, rc.wake_fd):
             poller.register(s, zmq.POLLIN)
         try:
             while not rc.should_stop():
@@ -440,6 +445,7 @@ class Dispatcher:
                     drain(roles)
                 if appended.fd in events:
                     appended.drain()
+                sock = tr.sock  # made again after a refused handshake (ipc.sockets.Redial)
                 if sock in events:
                     for _ in range(1024):
                         try:

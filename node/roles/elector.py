@@ -523,6 +523,14 @@ class Elector:
             poller.register(s, zmq.POLLIN)
         self._poller = poller
         self._adopt_slots(self.slots)  # members the table gained before the poller existed
+
+        def replaced(peer: str, old: zmq.Socket, new: zmq.Socket) -> None:
+            poller.unregister(old)
+            by_sock.pop(old, None)
+            poller.register(new, zmq.POLLIN)
+            by_sock[new] = peer
+
+        tr.on_replaced = replaced
         counted = 0  # handshakes refused by this process's ZAP handler, as added to the block
         while not rc.should_stop():
             events = dict(poller.poll(self.next_wait_ms()))

@@ -3,10 +3,12 @@ gives it its own transport with the same four methods, docs/contracts.md C7)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import zmq
 
 from ipc.security import ELECTOR_DOMAIN
-from ipc.sockets import dealer, elector_address, from_source, router, send_routed
+from ipc.sockets import Redial, dealer, elector_address, from_source, router, send_routed
 from node.core.slots import SlotTable
 from node.roles.runtime import RoleContext
 from node.wiring import channels, fault_hooks
@@ -29,6 +31,10 @@ class ZmqElectorTransport:
         self.confirm = rc.bell(channels.CONFIRM_BELL)  # the handler's CONFIRM_LEADERSHIP rings
         self.confirmed = rc.bell(channels.CONFIRMED_BELL)
         self.dealers: dict[str, zmq.Socket] = {}
+        self.redials: dict[str, Redial] = {}
+        # (peer, old socket, new socket): a dealer made again after a refused handshake; the
+        # elector moves its poller registration (set by the elector)
+        self.on_replaced: Callable[[str, zmq.Socket, zmq.Socket], None] | None = None
         for peer in peers:
             h, p = table.address_of(peer)  # type: ignore[misc]
             self.connect(peer, h, p)
@@ -38,9 +44,12 @@ class ZmqElectorTransport:
         at start, and each one it gains later)."""
         cfg = self.rc.cfg
         source = cfg.address[0] if cfg.connect_from_own_host else None
-        s = self.dealers[peer] = dealer(self.rc.zctx, from_source(elector_address(host, port), source),
-                                        curve=self.rc.peer_curve(peer))
-        return s
+        r = self.redials[peer] = Redial(
+            lambda: dealer(self.rc.zctx, from_source(elector_address(host, port), source),
+                           curve=self.rc.peer_curve(peer)),
+            enabled=self.rc.server_keys() is not None)
+        self.dealers[peer] = r.sock
+        return r.sock
 
     def send(self, peer: str, frame: bytes) -> bool:
         """False = the peer cannot be reached now (its connection is gone: IMMEDIATE)."""
@@ -49,11 +58,18 @@ class ZmqElectorTransport:
         s = self.dealers.get(peer)
         if s is None:  # not in this node's slot table (yet): as unreachable
             return False
+        r = getattr(self, "redials", {}).get(peer)  # (a test builds a transport by hand)
         try:
             s.send(frame, zmq.NOBLOCK)
-            return True
         except zmq.Again:
+            if r is not None and (old := r.failed()) is not None:  # ipc.sockets.Redial
+                self.dealers[peer] = r.sock
+                if self.on_replaced is not None:
+                    self.on_replaced(peer, old, r.sock)
             return False
+        if r is not None:
+            r.sent()
+        return True
 
     def reply(self, ident: bytes, frame: bytes) -> None:
         send_routed(self.router, ident, frame)

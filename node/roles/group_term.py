@@ -16,7 +16,7 @@ import zmq
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode
-from ipc.sockets import data_address, dealer, from_source
+from ipc.sockets import Redial, data_address, dealer, from_source
 from node.block.shared_state import LedgerView
 from node.config import NodeConfig
 from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
@@ -62,12 +62,19 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
                 cfg.id, what, answers_needed(n))
     answers: dict[str, PeerTerm] = {}
     socks: dict[str, zmq.Socket] = {}
+    redials: dict[str, Redial] = {}
     source = cfg.address[0] if cfg.connect_from_own_host else None
+    server_keys = getattr(rc, "server_keys", None)  # (a test's context has none: plain)
+    secure = server_keys is not None and server_keys() is not None
     for peer in cfg.peer_ids:
         if peer != cfg.id:
             h, p = cfg.peer_map[peer]
-            socks[peer] = dealer(rc.zctx, from_source(data_address(h, p), source),
-                                 curve=rc.peer_curve(peer))
+            # Made again while refused (ipc.sockets.Redial): a joining node's key is admitted
+            # only once the members store the entry that adds it.
+            redials[peer] = Redial(lambda h=h, p=p, peer=peer: dealer(
+                rc.zctx, from_source(data_address(h, p), source), curve=rc.peer_curve(peer)),
+                enabled=secure)
+            socks[peer] = redials[peer].sock
     poller = zmq.Poller()
     for sk in socks.values():
         poller.register(sk, zmq.POLLIN)
@@ -85,8 +92,13 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
                     try:
                         sk.send(P.encode(P.MetadataRequest(cfg.group, peer, request_id=t)), zmq.NOBLOCK)
                         asked[peer] = t
+                        redials[peer].sent()
                     except zmq.Again:  # not connected yet (IMMEDIATE): ask as soon as it is
                         unsent = True
+                        if (old := redials[peer].failed()) is not None:
+                            poller.unregister(old)
+                            socks[peer] = redials[peer].sock
+                            poller.register(socks[peer], zmq.POLLIN)
             # A group starting together: the peers' handlers bind a moment after we connect, so
             # a request that could not be sent is retried at once, not a whole ask interval on.
             for sk, _ in poller.poll(UNSENT_RETRY_MS if unsent else 100):

@@ -34,6 +34,7 @@ from node.roles.names import EXIT_FATAL, FATAL_FILE_PREFIX, fatal_file, state_na
 from node.store.segment_store import disk_usage_ratio
 from node.wiring import channels
 from node.wiring.doorbells import Doorbell
+from node.wiring.slot_file import SlotFile, SlotFileError
 
 _PR_SET_PDEATHSIG = 1
 
@@ -129,13 +130,27 @@ class RoleContext:
         if keys is None:
             return None
         if self._zap is None:
-            self._zap = Zap(self.zctx, keys)
+            run_dir = self.run_dir
+
+            def added_members() -> dict[bytes, str]:  # in the authenticator's thread: its own reader
+                return {k.encode(): mid for mid, k in _slot_member_keys(run_dir).items()}
+
+            self._zap = Zap(self.zctx, keys, added_members)
         return keys, domain
 
     def peer_curve(self, peer_id: str) -> tuple[ClientCurve, str] | None:
-        """`ipc.sockets.dealer`'s `curve` to member `peer_id`'s public ports: as this member."""
+        """`ipc.sockets.dealer`'s `curve` to member `peer_id`'s public ports: as this member. A
+        member added after this process read its keys is reached with the key its
+        configuration entry names (the node's slot table)."""
         keys = self.server_keys()
-        return None if keys is None else (member_curve(keys), peer_id)
+        if keys is None:
+            return None
+        if peer_id not in keys.member_public:
+            key = _slot_member_keys(self.run_dir).get(peer_id)
+            if key:
+                keys.member_public[peer_id] = key.encode()
+                keys.member_keys.setdefault(key.encode(), peer_id)
+        return member_curve(keys), peer_id
 
     def auth_refused(self) -> int:
         """Handshakes this process's ZAP handler refused (unknown keys)."""
@@ -204,6 +219,16 @@ class RoleContext:
 
 def load_run_config(path: str | os.PathLike[str]) -> NodeConfig:
     return NodeConfig.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def _slot_member_keys(run_dir: Path) -> dict[str, str]:
+    """{member id: Z85 key} the node's slot table names (members added by configuration
+    entries); {} when there is none or it cannot be read (the key stays unknown: refused)."""
+    try:
+        table = SlotFile(run_dir).read()
+    except SlotFileError:
+        return {}
+    return {} if table is None else table.member_keys()
 
 
 def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from cluster import ROOT, read_log, wait_for
 
 from ipc.client import DLedgerError
 from ipc.entry_codec import MAGIC_NORMAL
+from ipc.security import local_group_keys
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +28,21 @@ def dledger(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-@pytest.mark.parametrize("then", ["kill-the-leader", "new-machine-leads-kill-a-follower"])
-def test_replace_a_dead_machine_by_the_documented_steps_then_kill_another(make_cluster, then):
-    c = make_cluster(3)
+@pytest.mark.parametrize(("then", "secure"), [("kill-the-leader", False),
+                                              ("new-machine-leads-kill-a-follower", False),
+                                              ("kill-the-leader", True)])
+def test_replace_a_dead_machine_by_the_documented_steps_then_kill_another(make_cluster, tmp_path,
+                                                                           then, secure):
+    keys = None
+    if secure:  # `dledger cluster`'s layout: one keys dir, an admin client key beside the members'
+        keys = tmp_path / "keys"
+        key_file = local_group_keys(keys, ["n0", "n1", "n2"])
+        c = make_cluster(3, start=False, keys_dir=keys)
+        c.key_file = key_file
+        c.start()
+    else:
+        c = make_cluster(3)
+    auth = ["--key-file", str(c.key_file)] if secure else []
     lead = c.wait_leader(timeout=15)
     dead = next(x for x in c.nodes if x != lead)
     acked: dict[int, bytes] = {}
@@ -56,18 +69,23 @@ def test_replace_a_dead_machine_by_the_documented_steps_then_kill_another(make_c
         n = len(acked)
         wait_for(lambda: len(acked) >= n + 20, 20, "two of three commit on")
 
-        # 1. start the new machine: it joins, waits to be added
+        # 1. start the new machine: it joins, waits to be added (a secure group: its key pair
+        # first, `dledger keygen`, its public key where the leader reads keys)
+        if keys is not None:
+            r = dledger("keygen", "--out", str(keys), "--name", "n9")
+            assert r.returncode == 0, r.stderr
         new = c.add_joiner("n9")
         new.start()
         wait_for(lambda: "serving on" in new.log_text(), 20, "the new node serves")
         # 2. add it: a learner, promoted once caught up (one command)
         r = dledger("member", "add", "--peers", c.peers, "--id", "n9", "--address", new.address,
-                    "--json", "--timeout", "60")
+                    "--json", "--timeout", "60", *auth)
         assert r.returncode == 0, (r.stdout, r.stderr)
         # 3. remove the dead member
-        r = dledger("member", "remove", "--peers", c.peers, "--id", dead, "--json", "--timeout", "60")
+        r = dledger("member", "remove", "--peers", c.peers, "--id", dead, "--json", "--timeout", "60",
+                    *auth)
         assert r.returncode == 0, (r.stdout, r.stderr)
-        listed = json.loads(dledger("member", "list", "--peers", c.peers, "--json").stdout)
+        listed = json.loads(dledger("member", "list", "--peers", c.peers, "--json", *auth).stdout)
         assert sorted(listed["voters"]) == sorted([lead, next(x for x in c.nodes if x not in (lead, dead, "n9")), "n9"])
         assert listed["learners"] == []
         n = len(acked)

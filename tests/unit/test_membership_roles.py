@@ -364,6 +364,25 @@ def test_promote_counts_a_learner_watermark_of_this_term_only(tmp_path: Path) ->
     assert wire.answer(4) is None and words(state)[1:] == (0b111, 0)
 
 
+def test_promote_needs_the_learner_to_hold_the_entry_that_added_it(tmp_path: Path) -> None:
+    """A joining node whose elector is still learning the group's term refuses pushes: its
+    watermark stays below the entry that added it, though within the catch-up distance of a
+    short log. Promoting it put a voter that answered no heartbeat into the quorum (a secure
+    real-process test lost its leader's lease that way)."""
+    h, wire, state, clock = leading_handler(tmp_path)
+    commit_all(h)
+    h.handle_frame(b"c", change(ChangeKind.ADD_LEARNER, "n9", 1, "127.0.0.1", 20009))
+    commit_all(h)
+    added = h.store.ledger_end_index
+    slot = h.configs.slots.slot_of("n9")
+    state.write_peer(slot, match_index=added - 1, match_term=2, alive=1, last_ack_ms=clock.now)
+    h.handle_frame(b"c", change(ChangeKind.PROMOTE, "n9", 2))
+    assert wire.answer(2).code == RC.LEARNER_BEHIND
+    state.write_peer(slot, match_index=added, match_term=2, alive=1, last_ack_ms=clock.now)
+    h.handle_frame(b"c", change(ChangeKind.PROMOTE, "n9", 3))
+    assert wire.answer(3) is None and words(state)[1] == 0b1111
+
+
 def test_no_second_leader_in_a_term_whose_voters_changed() -> None:
     """n2 led term 7 elected by {n2} alone, then removed itself: {n1} alone is the voter set.
     n1 never voted in term 7, and DLedger's candidates revote in their current term: it

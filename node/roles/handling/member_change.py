@@ -17,12 +17,15 @@ UNSUPPORTED (`ONE_MEMBER_GROUP`); start a group with its members instead.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ipc import protocol as P
 from ipc.codes import ResponseCode as RC
 from ipc.entry_codec import MAGIC_NOOP
+from ipc.security import KeyFileError, read_key_file
 from node.core.membership import (
     Change,
     ChangeKind,
@@ -72,6 +75,28 @@ class MemberChanges:
     def __init__(self, h: Handler) -> None:
         self.h = h
 
+    def _new_members_key(self, member_id: str) -> tuple[str, str]:
+        """(its Z85 public key, "") for a member added to a secure group, ("", "") in plain
+        mode, ("", why) when the key is nowhere: the configuration entry carries the key so
+        that every member admits the new one from the moment it stores the entry, without a
+        restart (docs/membership.md "Processes"). Found in this node's keys (a --peers
+        member's), else as `ID.key` in its keys dir."""
+        server_keys = getattr(self.h.rc, "server_keys", None)
+        keys = server_keys() if server_keys is not None else None
+        if keys is None:
+            return "", ""
+        known = keys.member_public.get(member_id)
+        if known is not None:
+            return known.decode(), ""
+        path = os.path.join(self.h.cfg.keys_dir, f"{member_id}.key")
+        try:
+            public, _ = read_key_file(path)
+        except KeyFileError as e:
+            return "", (f"a secure group needs the new member's public key: {e.problems[0]} "
+                        f"(copy the `dledger keygen` file {member_id}.key into the leader's keys dir, "
+                        "or give it with the change)")
+        return public.decode(), ""
+
     def propose(self, change: Change) -> Proposed:
         """Decide `change` on one member snapshot and append it if accepted."""
         h = self.h
@@ -83,6 +108,12 @@ class MemberChanges:
         if h.single:
             return Proposed(RC.UNSUPPORTED, ONE_MEMBER_GROUP)
         current = h.configs.latest
+        if change.kind == ChangeKind.ADD_LEARNER and not change.public_key \
+                and current.member(change.id) is None:
+            key, why = self._new_members_key(change.id)
+            if why:
+                return Proposed(RC.UNEXPECTED_ARGUMENT, f"add_learner {change.id}: {why}")
+            change = dataclasses.replace(change, public_key=key)
         s = h.store
         state = LeaderState(h.leader.noop_index, s.committed_index)
         progress = None
@@ -96,8 +127,13 @@ class MemberChanges:
             else:
                 p = h.state.read_peer(slot)  # one snapshot of its record
                 # A watermark of an earlier term (another leadership's, maybe cut since) says
-                # nothing about what the learner holds now: not answering in this term.
-                live = bool(p.alive) and p.match_term == m.current_term
+                # nothing about what the learner holds now: not answering in this term. And a
+                # learner counts only once it stored the entry that names it: a node whose
+                # elector is not following this leader yet (a joining node still learning the
+                # group's term) refuses pushes, and promoting it would put a voter that answers
+                # no heartbeat into the quorum (the leader's lease lapsed in a test that did).
+                live = (bool(p.alive) and p.match_term == m.current_term
+                        and p.match_index >= current.index)
                 progress = LearnerProgress(p.match_index, p.match_pos, live,
                                            s.ledger_end_index, store_end_pos(s))
         code = check_change(current, change, state, progress)
