@@ -124,3 +124,12 @@ def test_replace_a_dead_machine_by_the_documented_steps_then_kill_another(make_c
                 seen[body] = index
         for i, body in acked.items():
             assert seen.get(body) == i, (who, body, i, seen.get(body))
+
+
+def test_the_join_benchmark_adds_and_promotes_a_machine():
+    """tools/bench/join.py, small: the figures docs/performance.md gives come from this code."""
+    from tools.bench import join
+
+    r = join.run(log_mib=4, entry_kib=1)
+    assert r["entries"] >= 4096 and r["promoted_at"] > r["added_at"] >= r["entries"] - 1
+    assert 0 < r["add_s"] < r["total_s"]
