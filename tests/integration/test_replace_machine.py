@@ -14,13 +14,15 @@ import sys
 import threading
 
 import pytest
-from cluster import ROOT, read_log, wait_for
+from cluster import ROOT, AppendWriter, assert_acked_once_everywhere, read_log, wait_for
 
 from ipc.client import DLedgerError
+from ipc.codes import ResponseCode as RC
 from ipc.entry_codec import MAGIC_NORMAL
 from ipc.security import local_group_keys
 
 pytestmark = pytest.mark.integration
+ADD, PROMOTE, REMOVE = 1, 2, 3
 
 
 def dledger(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -133,3 +135,69 @@ def test_the_join_benchmark_adds_and_promotes_a_machine():
     r = join.run(log_mib=4, entry_kib=1)
     assert r["entries"] >= 4096 and r["promoted_at"] > r["added_at"] >= r["entries"] - 1
     assert 0 < r["add_s"] < r["total_s"]
+
+
+def test_add_a_fourth_promote_it_remove_the_old_leader_then_kill_one_of_the_rest(make_cluster):
+    """The issue's own sequence, under two writers: a 4th machine joins as a learner and is
+    promoted, the old leader is removed (it leads until its removal commits, then steps down)
+    and keeps running without disturbing the group (no term inflation), then one of the others
+    is killed: {one old member, the new machine} commit on. Then the killed member and the
+    removed one restart: the killed one rejoins with the new machine in its configuration.
+    Every acknowledged append on every replica exactly once."""
+    c = make_cluster(3)
+    old_leader = c.wait_leader(timeout=15)
+    writers = [AppendWriter(c.client(timeout=30), f"w{k}", depth, close_client=True)
+               for k, depth in ((0, 1), (1, 8))]
+    try:
+        def acked() -> int:
+            return sum(len(w.acked) for w in writers)
+
+        wait_for(lambda: acked() >= 40, 20, "the writers commit")
+        new = c.add_joiner("n9")
+        new.start()
+        wait_for(lambda: "serving on" in new.log_text(), 20, "the new node serves")
+        with c.client(timeout=60) as cl:
+            cl.change_membership(ADD, "n9", "127.0.0.1", new.port)
+
+            def promoted() -> bool:
+                try:
+                    cl.change_membership(PROMOTE, "n9")
+                except DLedgerError as e:
+                    assert e.code in (RC.LEARNER_BEHIND, RC.MEMBERSHIP_CHANGE_IN_PROGRESS), e
+                    return False
+                return True
+
+            wait_for(promoted, 30, "n9 caught up and promoted", interval=0.05)
+            cl.change_membership(REMOVE, old_leader)
+        rest = [x for x in c.nodes if x != old_leader]
+        now_leader = c.wait_leader(timeout=20, among=rest)
+        term_after = c.term_of(now_leader)
+        n = acked()
+        wait_for(lambda: acked() >= n + 40, 20, "the three left commit")
+        victim = next(x for x in rest if x not in ("n9", now_leader)) if now_leader != "n9" \
+            else next(x for x in rest if x != "n9")
+        c.nodes[victim].kill()
+        two = [x for x in rest if x != victim]
+        c.wait_leader(timeout=20, among=two)
+        n = acked()
+        wait_for(lambda: acked() >= n + 60, 30, "the two left commit")
+        # the removed old leader ran throughout: it never deposed anyone
+        assert c.term_of(c.leader(among=two)) <= term_after + 2, "the removed node raised the terms"
+        assert c.nodes[old_leader].alive
+        assert "not a voter: does not stand" in c.nodes[old_leader].log_text()
+        c.nodes[victim].start()  # back, with its --peers: its log names n9
+        c.wait_converged(timeout=30, among=rest)
+        n = acked()
+        wait_for(lambda: acked() >= n + 20, 20, "commits with the killed member back")
+    finally:
+        for w in writers:
+            w.stop()
+    for w in writers:
+        assert not [e for e in w.errors if not e.indeterminate], w.errors
+    c.wait_converged(timeout=30, among=rest)
+    assert "holds slot" in c.nodes[victim].log_text()  # its restarted supervisor dispatches to n9
+    for x in c.nodes:
+        c.nodes[x].stop()
+    # the replicas of the group as it ends (the removed old leader stopped receiving at its removal)
+    only = type("Replicas", (), {"nodes": {x: c.nodes[x] for x in rest}})()
+    assert_acked_once_everywhere(only, writers)
