@@ -135,7 +135,7 @@ class NodeConfig:
     def bootstrap_members(self) -> dict[str, tuple[str, int]]:
         """The members of the bootstrap configuration (before any configuration entry): every
         `--peers` member; with `--join`, the members joined, not this node."""
-        peers = self.peer_map
+        peers = dict(self.peer_map)  # a copy: a subclass may cache peer_map (the simulator)
         if self.join:
             peers.pop(self.id, None)
         return peers

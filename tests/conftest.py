@@ -11,6 +11,14 @@ if str(ROOT) not in sys.path:
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
+try:  # property tests: bounded by example counts, never by time (a busy CI machine is 2x slower)
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("dledger", deadline=None)
+    _hypothesis_settings.load_profile("dledger")
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
+
 
 def pytest_runtest_logreport(report):
     """With DLEDGER_TEST_TIMES=FILE, one line per test phase as it ends ("setup|call|teardown

@@ -295,6 +295,15 @@ class MemoryState:
         self.block.peers[slot] = new
         self._published("peer", cur, new)
 
+    def reset_peer(self, slot: int) -> None:
+        """supervisor: clear a released slot's watermark (SharedState.reset_peer)."""
+        self._write_point()
+        cur = self.block.peers[slot]
+        new = dataclasses.replace(cur, match_index=NO_INDEX, match_term=NO_INDEX, alive=False,
+                                  last_ack_ms=0)
+        self.block.peers[slot] = new
+        self._published("peer", cur, new)
+
     # ---- single words ------------------------------------------------------------------------
     def get(self, name: str) -> int:
         """Any declared field, as SharedState.get reads one word (a group's field too)."""

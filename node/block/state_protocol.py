@@ -96,6 +96,8 @@ class StateBlock(Protocol):
 
     def read_peers(self, timeout_s: float | None = None, slots: Iterable[int] | None = None) -> list[PeerView]: ...
 
+    def reset_peer(self, slot: int) -> None: ...
+
     def write_peer(
         self,
         slot: int,

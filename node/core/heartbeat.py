@@ -42,9 +42,13 @@ def decide_heartbeat(view: ElectorView, req: HeartbeatRequest, now_ms: int) -> H
         return HeartbeatDecision(ResponseCode.UNKNOWN_GROUP, view.term)
     if req.remote_id != view.self_id:
         return HeartbeatDecision(ResponseCode.UNKNOWN_MEMBER, view.term)
-    # "[BUG] remoteId is an unknown member" / "selfId=X but remoteId=X".
-    if sender not in view.peers:
-        return HeartbeatDecision(ResponseCode.UNKNOWN_MEMBER, view.term)
+    # DLedger refuses a sender that is not a member ("[BUG] remoteId is an unknown member").
+    # With membership changes that refusal can strand a member: one whose log lacks the entry
+    # that added the leader (it was down or cut off then) could never receive it from that
+    # leader. Raft's followers accept the leader of any term at least their own: one leader per
+    # term is the elections' guarantee, not the follower's; a sender outside every
+    # configuration this node knows is followed the same way (a node's elector gives it a slot
+    # of its own: node/roles/elector.py `_guest_slot`).
     if sender == view.self_id:
         return HeartbeatDecision(ResponseCode.UNEXPECTED_MEMBER, view.term)
     # A deposed leader still beating: tell it my (larger) term so it steps down.

@@ -45,6 +45,9 @@ class SlotOwner:
     assigned_at: int
     removed_at: int = -1  # >= 0: leaving, dropped by that configuration entry (module docstring)
     public_key: str = ""  # Z85, as the configuration names it ("" without keys)
+    # A leader this node follows though no configuration in its log names it (its log lacks
+    # the entry that added it): a slot to name it in the block, no address, no dispatcher.
+    guest: bool = False
 
     @property
     def leaving(self) -> bool:
@@ -53,14 +56,14 @@ class SlotOwner:
     def to_json(self) -> dict:
         return {"id": self.id, "host": self.host, "port": self.port,
                 "assigned_at": self.assigned_at, "removed_at": self.removed_at,
-                "public_key": self.public_key}
+                "public_key": self.public_key, "guest": self.guest}
 
     @staticmethod
     def from_json(d: Mapping) -> SlotOwner:
         """Raises ValueError/KeyError/TypeError on a malformed record (the caller says where)."""
         o = SlotOwner(str(d["id"]), str(d["host"]), int(d["port"]), int(d["assigned_at"]),
-                      int(d.get("removed_at", -1)), str(d.get("public_key", "")))
-        if not o.id or not 0 < o.port < 65535:
+                      int(d.get("removed_at", -1)), str(d.get("public_key", "")), bool(d.get("guest", False)))
+        if not o.id or not (o.guest or 0 < o.port < 65535):
             raise ValueError(f"slot owner {d!r}")
         return o
 
@@ -73,14 +76,17 @@ class SlotTable:
     owners: tuple[SlotOwner | None, ...]
 
     def slot_of(self, node_id: str) -> int | None:
-        """The slot `node_id` holds as a member (not a leaving slot it held at another address)."""
-        leaving = None
+        """The slot `node_id` holds as a member; else as a guest leader; else a leaving one."""
+        guest = leaving = None
         for i, o in enumerate(self.owners):
             if o is not None and o.id == node_id:
-                if not o.leaving:
+                if o.guest:
+                    guest = i if guest is None else guest
+                elif not o.leaving:
                     return i
-                leaving = i if leaving is None else leaving
-        return leaving
+                else:
+                    leaving = i if leaving is None else leaving
+        return guest if guest is not None else leaving
 
     def id_of(self, slot: int) -> str:
         """The member id of `slot` ("" for a free slot or one out of range)."""
@@ -95,7 +101,8 @@ class SlotTable:
         return o.host, o.port  # type: ignore[union-attr]
 
     def held(self) -> list[tuple[int, SlotOwner]]:
-        """(slot, owner) of every held slot, leaving ones too (each has a dispatcher)."""
+        """(slot, owner) of every held slot, leaving ones too (each has a dispatcher); guests
+        too (no dispatcher: callers that dial skip them)."""
         return [(i, o) for i, o in enumerate(self.owners) if o is not None]
 
     def configuration(self, index: int, voters: int, learners: int) -> Configuration:
@@ -158,8 +165,8 @@ def assign(table: SlotTable, config: Configuration) -> SlotTable:
     owners = list(table.owners)
     wanted = {(m.id, m.host, m.port): m.public_key for m in config.members}
     for i, o in enumerate(owners):
-        if o is None:
-            continue
+        if o is None or o.guest:
+            continue  # a guest leaves when the supervisor sees its id hold a member's slot
         key = wanted.get((o.id, o.host, o.port))
         if key is not None:
             if o.leaving or (key and key != o.public_key):  # back, or a key the entry names
@@ -167,7 +174,8 @@ def assign(table: SlotTable, config: Configuration) -> SlotTable:
         elif not o.leaving:
             owners[i] = SlotOwner(o.id, o.host, o.port, o.assigned_at, config.index, o.public_key)
     for m in config.members:
-        if any(o is not None and (o.id, o.host, o.port) == (m.id, m.host, m.port) for o in owners):
+        if any(o is not None and not o.guest and (o.id, o.host, o.port) == (m.id, m.host, m.port)
+               for o in owners):
             continue
         free = next((i for i, o in enumerate(owners) if o is None), None)
         if free is None:
@@ -185,11 +193,31 @@ def releasable(table: SlotTable, committed_index: int) -> list[int]:
             if o is not None and o.leaving and o.removed_at <= committed_index]
 
 
+def add_guest(table: SlotTable, leader_id: str) -> SlotTable:
+    """`leader_id` followed as a guest (SlotOwner.guest) in the lowest free slot; the table
+    unchanged if it holds that id already. ConfigurationError when no slot is free."""
+    if table.slot_of(leader_id) is not None:
+        return table
+    owners = list(table.owners)
+    free = next((i for i, o in enumerate(owners) if o is None), None)
+    if free is None:
+        raise ConfigurationError(f"no free slot to follow leader {leader_id}")
+    owners[free] = SlotOwner(leader_id, "", 0, -1, -1, "", True)
+    return SlotTable(tuple(owners))
+
+
+def spent_guests(table: SlotTable) -> list[int]:
+    """Guest slots whose id now holds a member's slot (its entry reached this log): free them
+    (no dispatcher to stop; record reset) once nothing names the guest slot."""
+    members = {o.id for o in table.owners if o is not None and not o.guest and not o.leaving}
+    return [i for i, o in enumerate(table.owners) if o is not None and o.guest and o.id in members]
+
+
 def release(table: SlotTable, slot: int) -> SlotTable:
-    """Free `slot` (its member's dispatcher stopped, its record reset). Only a leaving slot can
-    be released: a member's is counted."""
+    """Free `slot` (its member's dispatcher stopped, its record reset). Only a leaving slot or a
+    guest can be released: a member's is counted."""
     o = table.owners[slot]
-    if o is not None and not o.leaving:
+    if o is not None and not o.leaving and not o.guest:
         raise ConfigurationError(f"slot {slot} belongs to {o.id}, a member")
     owners = list(table.owners)
     owners[slot] = None

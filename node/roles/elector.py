@@ -52,7 +52,7 @@ from node.core.election import (
     Step,
 )
 from node.core.membership import Configuration, ConfigurationError, bootstrap_configuration
-from node.core.slots import SlotTable, bootstrap_slots
+from node.core.slots import SlotTable, add_guest, bootstrap_slots
 from node.core.transfer import (
     Answer,
     PeerView,
@@ -182,12 +182,11 @@ class Elector:
 
     def _adopt_slots(self, table: SlotTable) -> None:
         self.slots = table
-        slot: dict[str, int] = {}
-        for i, o in table.held():
-            if o.id not in slot or not o.leaving:
-                slot[o.id] = i
+        # each id's slot as the table ranks them: a member's, else a guest leader's, else leaving
+        slot: dict[str, int] = {o.id: table.slot_of(o.id) for _, o in table.held()}  # type: ignore[misc]
         self.slot = slot
-        self.others = [p for p in slot if p != self.cfg.id]
+        # whom to dial: not this node, not a guest (no address: a leader it only follows)
+        self.others = [p for p in slot if p != self.cfg.id and not table.owners[slot[p]].guest]
         if hasattr(self, "mismatch"):  # built after the first table (__init__)
             self.mismatch.members = frozenset(slot)
             self.transfers.cfg = dataclasses.replace(self.transfers.cfg, members=tuple(slot))
@@ -310,8 +309,25 @@ class Elector:
             self.rc.fatal(f"{self.termvote.path}: cannot write the term/vote file: "
                           f"{err.strerror or err}")
 
+    def _guest_slot(self, leader_id: str) -> int:
+        """A slot for a leader that no configuration in this node's log names (its log lacks
+        the entry that added it): a guest owner in the slot table (node/core/slots.py), so the
+        block can name it and the handler accept its pushes, which bring that entry."""
+        try:
+            table = self.slot_file.update(lambda t: add_guest(t or self.slots, leader_id))
+        except (SlotFileError, ConfigurationError) as e:
+            self.log.error("cannot follow leader %s: %s", leader_id, e)
+            return NO_SLOT
+        self._adopt_slots(table)
+        self.log.warning("%s follows %s, which no configuration in its log names yet", self.cfg.id,
+                         leader_id)
+        return self.slot.get(leader_id, NO_SLOT)
+
     def _publish(self, step: Step) -> None:
         c = self.core
+        self._refresh_slots()  # a stat: a slot released or given since (the block names slots)
+        if c.leader_id and c.leader_id not in self.slot:
+            self._guest_slot(c.leader_id)
         leader = self.slot.get(c.leader_id, NO_SLOT) if c.leader_id else NO_SLOT
         voted = self.slot.get(c.voted_for, NO_SLOT) if c.voted_for else NO_SLOT
         snap = (c.role, c.term, leader, voted, c.last_leader_heartbeat_ms, c.last_succ_heartbeat_ms)

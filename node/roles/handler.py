@@ -161,7 +161,7 @@ class ZmqHandlerTransport:
         """One "appended" doorbell per held slot but this node's (a dispatcher each: members
         added later too, leaving ones until their dispatcher stops), and, with follower reads,
         a DEALER to each member this transport has none for."""
-        want = {slot for slot, o in table.held() if o.id != self_id}
+        want = {slot for slot, o in table.held() if o.id != self_id and not o.guest}
         for slot in list(self.bells_by_slot):
             if slot not in want:
                 self.bells_by_slot.pop(slot).close()
@@ -170,7 +170,7 @@ class ZmqHandlerTransport:
         self.appended_bells = [self.bells_by_slot[s] for s in sorted(self.bells_by_slot)]
         if self.dial is not None:
             for _, o in table.held():
-                if o.id != self_id and not o.leaving and o.id not in self.peers:
+                if o.id != self_id and not o.leaving and not o.guest and o.id not in self.peers:
                     self.dial(o.id, o.host, o.port)
 
     def control(self, frame: bytes) -> bool:
@@ -231,14 +231,20 @@ class Handler:
         self.metadata = Metadata(self)
         self.configs = ConfigKeeper(self)
         self.retention.slot_table = lambda: self.configs.slots
+        self.follower._slot_id = self.slot_id  # leader slots named by the node's slot table
         self.member_changes = MemberChanges(self)
 
     def now(self) -> int:
         return self.rc.clock()
 
     def slot_id(self, slot: int) -> str:
-        """The member id of a block slot ("" for none), from the node's slot table."""
-        return self.configs.slots.id_of(slot)
+        """The member id of a block slot ("" for none), from the node's slot table: as this
+        handler last read or wrote it (`tick` re-reads it when the file moved: the elector gave
+        a guest leader a slot, the supervisor released one; node/core/slots.py)."""
+        got = self.configs.slots.id_of(slot)
+        if not got and slot >= 0 and self.configs.refresh_slots():
+            got = self.configs.slots.id_of(slot)
+        return got
 
     def slots_changed(self, table: SlotTable) -> None:
         """The slot table moved (a member added or leaving, a slot released): the follower's
@@ -439,6 +445,7 @@ class Handler:
         apply the quorum, expire pending replies, the abnormal-push check, parked reads,
         held fetches, retention, then flush the wake-up and held replies."""
         now = self.now()
+        self.configs.refresh_slots()  # a stat: the elector or the supervisor moved the table
         m = self._view = self.state.read_member()
         self.leadership.sync(m, now)
         self.damage.cut(m)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from node.block.shared_state import SharedState, monotonic_ms, stop_resource_tracker
 from node.config import NodeConfig
-from node.core.slots import SlotOwner, SlotTable, bootstrap_slots, releasable, release
+from node.core.slots import SlotOwner, SlotTable, bootstrap_slots, releasable, release, spent_guests
 from node.host.interpreter import child_env, module_command
 from node.host.rundirs import make_owned_tempdir
 from node.host.rundirs import release as release_run_dir
@@ -309,22 +309,36 @@ class Supervisor:
         if table is None:
             return
         for slot, owner in table.held():
-            if owner.id == self.node or owner.leaving:
+            if owner.id == self.node or owner.leaving or owner.guest:
                 continue
-            if not any(r.slot == slot and r.owner == owner for r in self.roles):
-                r = self._dispatcher(slot, owner)
-                self.roles.append(r)
-                log.info("%s member %s (%s:%d) holds slot %d: starting its dispatcher", self.node,
-                         owner.id, owner.host, owner.port, slot)
-                if self._stages:
-                    self._stages[-1].append(r)  # started with the other dispatchers
-                else:
-                    self._spawn(r)
+            mine = [r for r in self.roles if r.slot == slot]
+            who = (owner.id, owner.host, owner.port)
+            if any(not r.retiring and r.owner is not None and (r.owner.id, r.owner.host, r.owner.port) == who
+                   for r in mine):
+                continue  # its dispatcher runs (or is restarted by the usual backoff)
+            if any(r.proc is not None and r.proc.poll() is None for r in mine):
+                continue  # the slot's last dispatcher is still stopping: one writer per record
+            for r in mine:  # exited ones of an earlier owner (or of this one, taken back)
+                self.roles.remove(r)
+            r = self._dispatcher(slot, owner)
+            self.roles.append(r)
+            log.info("%s member %s (%s:%d) holds slot %d: starting its dispatcher", self.node,
+                     owner.id, owner.host, owner.port, slot)
+            if self._stages:
+                self._stages[-1].append(r)  # started with the other dispatchers
+            else:
+                self._spawn(r)
+        leader_slot = self.state.read_member().leader_slot
+        for slot in spent_guests(table):  # a guest leader now a member: free its guest slot
+            if slot != leader_slot:  # once the elector names the leader by its member slot
+                self._release(slot, table.owners[slot])
         committed = self.state.read_ledger().committed_index
         for slot in releasable(table, committed):
             owner = table.owners[slot]
             if owner is not None and owner.id == self.node:
                 continue  # this node's own slot: no dispatcher, never reused while it runs
+            if slot == leader_slot:
+                continue  # the block still names it the leader: freed once the elector moves on
             mine = [r for r in self.roles if r.slot == slot]
             for r in mine:
                 if not r.retiring:
@@ -344,7 +358,7 @@ class Supervisor:
         def free(t: SlotTable | None) -> SlotTable:
             assert t is not None
             o = t.owners[slot]
-            if o is None or o != owner or not o.leaving:
+            if o is None or o != owner or not (o.leaving or o.guest):
                 return t  # taken back (re-added at its address) or already released
             self.state.reset_peer(slot)  # under the lock: no owner can be assigned meanwhile
             return release(t, slot)
@@ -354,16 +368,12 @@ class Supervisor:
         except SlotFileError as e:
             log.error("%s %s", self.node, e)
             return
-        gone = [r for r in self.roles if r.slot == slot and r.retiring]
-        for r in gone:
-            if r.proc is not None:
-                r.proc.poll()
-            self.roles.remove(r)
         if table.owners[slot] is None:
+            for r in [r for r in self.roles if r.slot == slot and r.retiring]:
+                self.roles.remove(r)  # exited (the caller checked)
             log.info("%s slot %d released (was %s)", self.node, slot, owner.id if owner else "?")
-        else:  # came back: a fresh dispatcher for it on the next pass
-            for r in gone:
-                r.retiring = False
+        # else: its member came back; the next pass starts a dispatcher for it (the exited
+        # retiring one is dropped there)
 
     # ------------------------------------------------------------------ processes
     def _role_cmd(self, r: RoleProc) -> list[str]:

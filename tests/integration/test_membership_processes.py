@@ -40,6 +40,12 @@ def test_remove_a_voter_add_it_back_as_a_learner_and_promote_it_under_writes(mak
             wait_for(lambda: len(acked) >= 20, 20, "the writer commits")
             removed_at = cl.change_membership(REMOVE, victim)
             assert removed_at > 0
+
+            def stored_its_removal() -> bool:  # an operator stops a removed node afterwards
+                m = c.metadata(victim)
+                return m is not None and m.ledger_end_index >= removed_at
+
+            wait_for(stored_its_removal, 20, f"{victim} stores the entry that removes it")
             c.nodes[victim].kill()  # the group is now {lead, other}: both needed, and enough
             n0 = len(acked)
             wait_for(lambda: len(acked) >= n0 + 50, 20, "commits continue with two voters")

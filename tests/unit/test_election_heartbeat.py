@@ -36,7 +36,12 @@ HANDLE_ROWS = [
     ("UNKNOWN_GROUP", {}, {"group": "x"}, C.UNKNOWN_GROUP, 5, A.NONE, None, None),
     ("not-addressed-to-me", {}, {"remote_id": "n2"}, C.UNKNOWN_MEMBER, 5, A.NONE, None, None),
     # "unknown member / my own id -> error codes" (DLedger's first two checks).
-    ("UNKNOWN_MEMBER", {}, {"leader_id": "n9"}, C.UNKNOWN_MEMBER, 5, A.NONE, None, None),
+    # A sender no configuration here names (added by an entry this log lacks) is a leader like
+    # any other: followed in a term at least mine, told my term in an older one.
+    ("unknown-sender-followed", {"leader_id": None}, {"leader_id": "n9"}, C.SUCCESS, 5,
+     A.BECOME_FOLLOWER, 5, "n9"),
+    ("unknown-sender-older-term", {}, {"leader_id": "n9", "term": 4}, C.EXPIRED_TERM, 5, A.NONE,
+     None, None),
     ("UNEXPECTED_MEMBER", {}, {"leader_id": "n1"}, C.UNEXPECTED_MEMBER, 5, A.NONE, None, None),
     # "term < mine -> EXPIRED_TERM" (with my term, so the old leader steps down).
     ("EXPIRED_TERM", {}, {"term": 4}, C.EXPIRED_TERM, 5, A.NONE, None, None),

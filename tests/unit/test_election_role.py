@@ -18,6 +18,7 @@ from node.config import NodeConfig
 from node.roles.elector import Elector
 from node.store.term_vote import LOST_VOTE, TermVote, TermVoteFile
 from node.wiring import channels
+from node.wiring.slot_file import SlotFile
 
 PEERS = "n0-127.0.0.1:20001;n1-127.0.0.1:20003;n2-127.0.0.1:20005"
 
@@ -265,3 +266,18 @@ def test_a_term_file_that_cannot_be_written_is_a_fatal_stop_not_a_crash_loop(rc,
         el.tick()  # the first campaign persists term + 1
     msg = str(ei.value)
     assert "currterm" in msg and "\n" not in msg
+
+
+def test_a_leader_no_configuration_here_names_is_followed_through_a_guest_slot(rc):
+    """A member whose log lacks the entry that added the leader (it was down then) must follow
+    that leader to receive it: its elector gives the leader a guest slot in the run's slot
+    table (node/core/slots.py), so the block names it and the handler accepts its pushes.
+    Before, the heartbeat was refused as UNKNOWN_MEMBER and the member stayed behind for ever
+    (the simulator's join fault)."""
+    el, tr = started(rc)
+    el.on_request(b"h", P.encode(P.HeartbeatRequest("g", "n0", "n9", el.core.term, 1)))
+    m = rc.state.read_member()
+    assert (m.role, el.core.leader_id) == (Role.FOLLOWER, "n9")
+    table = SlotFile(rc.run_dir).read()
+    assert table is not None and m.leader_slot == table.slot_of("n9") == 3
+    assert table.owners[3].guest and "n9" not in el.others  # followed, never dialed

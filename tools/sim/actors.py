@@ -434,7 +434,8 @@ class ElectorTransport:
             # Fault `eager-commit`: the leader's commit index rides along with its heartbeats
             # (etcd's raft), so it reaches the follower's handler as the heartbeat reaches its
             # elector: the moment a follower learns of a new leader.
-            d = self.node.roles.get(f"{self.node.id}.d{self.node.cfg.peer_ids.index(peer_id)}")
+            d = next((x for x in self.node.roles.values() if x.role == "dispatcher" and x.alive
+                      and x.peer == peer_id), None)  # type: ignore[attr-defined]
             if d is not None and d.alive:
                 d.eager_due = True
                 d.wake_at = min(d.wake_at, sim.now)
@@ -456,13 +457,19 @@ class ElectorTransport:
 class DispatcherActor(Actor):
     role = "dispatcher"
 
-    def __init__(self, sim: Sim, node: Node, peer: str) -> None:
-        self.slot = node.cfg.peer_ids.index(peer)
+    def __init__(self, sim: Sim, node: Node, peer: str, slot: int | None = None,
+                 address: tuple[str, int] | None = None) -> None:
+        """`slot`, `address`: a member the slot table gave a slot (fault join); else the
+        `--peers` position and address."""
+        self.slot = node.cfg.peer_ids.index(peer) if slot is None else slot
         super().__init__(sim, node, f"{node.id}.d{self.slot}")
         from node.roles import dispatcher as dmod
 
         self.peer = peer
+        self.address = address
+        self.retired = False  # stopped by the supervisor (its member left): never restarted
         self.rc = SimRC(sim, node, self, f"dispatcher[{self.slot}]", peer)
+        self.rc.peer_slot, self.rc.peer_address = slot, address
         with sim.acting(self):
             d = dmod.Dispatcher(self.rc)
         self.d = d

@@ -36,8 +36,11 @@ SESSION_FAULTS = ("session-evict", "handler-restart", "disk-probe", "retention",
 # membership: random single-server changes among the --peers members (tools/sim/membership.py).
 # m2015-two-removes, m2015-add-remove (5 nodes), m2015-two-adds (6 nodes): the shapes of the
 # 2015 single-server-change bug, once per seed (tools/sim/membership.py).
+# join: one more machine, outside every --peers, joins with `server --join`; the membership
+# changes add it, promote it and remove it, and each node's supervisor starts and stops its
+# dispatchers (Sim.follow_slots). Implies membership changes.
 OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8", "membership", "m2015-two-removes",
-                 "m2015-add-remove", "m2015-two-adds") + SESSION_FAULTS
+                 "m2015-add-remove", "m2015-two-adds", "join") + SESSION_FAULTS
 TRACE_LEN = 60
 RETENTION_RATIO = 0.87  # --state-machine --store segment: the disk every handler measures (clean < it < full)
 FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill
@@ -101,6 +104,7 @@ class Node:
     max_term: int = -1  # highest term its elector ever published (across restarts)
     last_wrote: tuple[int, int] = (0, 0)
     roles: dict[str, Actor] = field(default_factory=dict)
+    slot_file: Any = None  # fault join: the node's slot table (node.wiring.slot_file)
 
     def clock(self) -> int:
         return self.sim.now + self.clock_offset

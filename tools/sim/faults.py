@@ -27,7 +27,10 @@ class FaultsMixin:
             return
         cls = type(old)
         if cls is A.DispatcherActor:
-            new: A.Actor = A.DispatcherActor(self, n, old.peer)  # type: ignore[attr-defined]
+            if old.retired:  # type: ignore[attr-defined]
+                return  # its member left: the supervisor stopped it for good
+            new: A.Actor = A.DispatcherActor(self, n, old.peer, old.slot if old.address else None,  # type: ignore[attr-defined]
+                                             old.address)  # type: ignore[attr-defined]
         else:
             new = cls(self, n)  # type: ignore[call-arg]
         self._add_actor(new)
@@ -173,7 +176,7 @@ class FaultsMixin:
             kinds.append("applier-crash")  # its restart restores a snapshot and replays: often
         if self.installs and ("partition" in self.faults or "crash" in self.faults):
             kinds += ["lagging-install", "lagging-install"]
-        if "membership" in self.faults:
+        if "membership" in self.faults or "join" in self.faults:
             kinds += ["membership"] * 3
         if not kinds:
             return

@@ -58,9 +58,17 @@ class InvariantsMixin:
                 self.fail(f"definite failure reported for an append committed at {i}: {what}")
             self.definite[b] = what
 
+    def slot_name(self, n: Node, slot: int) -> str:
+        """The member id of `n`'s block slot `slot`: its `--peers` position, or with fault `join`
+        whatever its slot table says (slots are local to a node)."""
+        t = n.slot_file.table if n.slot_file is not None else None
+        if t is not None and 0 <= slot < len(t.owners) and t.owners[slot] is not None:
+            return t.owners[slot].id
+        return f"n{slot}"
+
     def on_member_write(self, n: Node, old: Any, new: Any) -> None:
         if new.role != old.role or new.current_term != old.current_term or new.leader_slot != old.leader_slot:
-            lead = f" leader=n{new.leader_slot}" if new.leader_slot >= 0 else ""
+            lead = f" leader={self.slot_name(n, new.leader_slot)}" if new.leader_slot >= 0 else ""
             self.trace_event(n.id, "member", f"{Role(new.role).name} term={new.current_term}{lead}")
         if new.current_term < n.max_term:
             self.fail(f"{n.id}: term went back from {n.max_term} to {new.current_term}")
@@ -226,7 +234,8 @@ class InvariantsMixin:
             return f"leaders: {leaders}"
         lt = ms[leaders[0]].current_term
         for i, m in enumerate(ms):
-            if m.current_term != lt or (i != leaders[0] and (m.role != Role.FOLLOWER or m.leader_slot != leaders[0])):
+            if m.current_term != lt or (i != leaders[0] and (
+                    m.role != Role.FOLLOWER or self.slot_name(self.nodes[i], m.leader_slot) != self.nodes[leaders[0]].id)):
                 return f"n{i} is {Role(m.role).name} term {m.current_term}"
         ls = self.nodes[leaders[0]].store
         end = ls.ledger_end_index

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 class MembershipMixin:
     """`Sim`'s membership fault: needs `rng`, `nodes`, `stats` and the trace."""
 
+    def member_addresses(self, n: Node) -> dict[str, tuple[str, int]]:
+        """Every machine a change may name: the `--peers` members, and with fault `join` the
+        machine outside them."""
+        if not self.joins:
+            return n.cfg.peer_map
+        return {m.id: m.cfg.address for m in self.nodes}
+
     def _leader_handler(self) -> tuple[Node, Any] | None:
         for n in self.nodes:
             if n.up and n.block.member.role == Role.LEADER:
@@ -52,7 +59,7 @@ class MembershipMixin:
         n, a = got
         c = a.h.configs.latest
         r = self.rng
-        peers = n.cfg.peer_map
+        peers = self.member_addresses(n)
         choices: list[Change] = []
         if len(c.voters) > 1:
             choices += [Change(ChangeKind.REMOVE, v) for v in c.voters]
@@ -73,7 +80,7 @@ class MembershipMixin:
             return True
         n, a = got
         c = a.h.configs.latest
-        peers = n.cfg.peer_map
+        peers = self.member_addresses(n)
         missing = [x for x in peers if c.member(x) is None]
         learners = list(c.learners)
         if not missing and not learners:

@@ -53,7 +53,9 @@ class NetworkMixin:
         return a if a is not None and a.alive else None
 
     def elector_send(self, n: Node, src: A.Actor, peer: str, frame: bytes) -> bool:
-        dst = self.nodes[n.cfg.peer_ids.index(peer)]
+        dst = self.by_id.get(peer)
+        if dst is None:
+            return False
         a = self._node_actor(dst, "elector")
         if a is None:
             return False  # IMMEDIATE dealer: nobody listening there
@@ -62,7 +64,9 @@ class NetworkMixin:
         return True
 
     def data_send(self, n: Node, src: A.Actor, peer: str, payload: tuple[bytes, bytes]) -> bool:
-        dst = self.nodes[n.cfg.peer_ids.index(peer)]
+        dst = self.by_id.get(peer)
+        if dst is None:
+            return False
         a = self._node_actor(dst, "handler")
         if a is None:
             return False

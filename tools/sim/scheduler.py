@@ -138,5 +138,7 @@ class SchedulerMixin:
             return False
         self._run_step(ready[0] if len(ready) == 1 else self.rng.choice(ready))
         self.steps += 1
+        if self.joins:
+            self.follow_slots()
         self.check()
         return True

@@ -29,6 +29,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.block.shared_state import NO_INDEX, PeerView
+from node.core.slots import bootstrap_slots, releasable, release, spent_guests
+from node.wiring.slot_file import SlotFile
 from tools.sim import actors as A
 from tools.sim.clients import BadWriterActor, ClientActor, ReaderActor, Writer, definite_failure
 from tools.sim.config import (
@@ -142,6 +145,19 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
                               data_file_size=4096, index_file_size=8 * 32, **sm)
             os.makedirs(d, exist_ok=True)
             self.nodes.append(Node(self, k, nid, ncfg, d))
+        # Fault `join`: one more machine, outside every --peers, started with `server --join`;
+        # the membership fault adds it (a learner), promotes it, removes it (tools/sim/membership.py),
+        # and each node's supervisor, modelled by `follow_slots`, starts and stops its dispatchers.
+        self.joins = "join" in self.faults
+        if self.joins:
+            k = len(ids)
+            nid, d = f"n{k}", f"{self._tmp}/n{k}"
+            ncfg = _SimNodeConfig(id=nid, join=peers, join_address=f"127.0.0.1:{30000 + 2 * k}",
+                                  group=self.group, store_dir=d, run_dir=d, data_file_size=4096,
+                                  index_file_size=8 * 32, **sm)
+            os.makedirs(d, exist_ok=True)
+            self.nodes.append(Node(self, k, nid, ncfg, d))
+        self.by_id = {n.id: n for n in self.nodes}
         self.smc: Any = None
         # Install snapshot (smcheck.py): retention strands lagging followers, the leader sends
         # them its snapshot in chunks of a size drawn per seed (real snapshots here are a few
@@ -202,9 +218,13 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         return min(n.max_committed for n in self.nodes) - 1
 
     def _start_node(self, n: Node) -> None:
-        n.block = NodeBlock(self.cfg.nodes, n.idx)
+        n.block = NodeBlock(len(n.cfg.peer_ids), n.cfg.self_slot)
         n.lock = SimLock(self, n)
         n.up = True
+        if self.joins:  # what the supervisor does at start: the bootstrap slot table on file
+            table = bootstrap_slots(n.cfg.peer_map)
+            n.slot_file = SlotFile(n.dir)
+            n.slot_file.update(lambda _: table)
         self._add_actor(A.HandlerActor(self, n))
         self._add_actor(A.ElectorActor(self, n))
         for peer in n.cfg.peer_ids:
@@ -213,6 +233,47 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         self._add_actor(A.AckActor(self, n))
         if n.cfg.state_machine:
             self._add_actor(A.ApplierActor(self, n))
+
+    def follow_slots(self) -> None:
+        """Fault `join`: each up node's supervisor (node/roles/supervisor.py `_follow_slots`): a
+        dispatcher for every member its handler gave a slot, and a leaving slot whose removal
+        committed released (its dispatcher stopped, its record reset, the table updated under
+        the same rule: only if it is still leaving)."""
+        for n in self.nodes:
+            f = n.slot_file
+            if not n.up or f is None:
+                continue
+            table = f.refresh()
+            if table is None:
+                continue
+            for slot, o in table.held():
+                if o.id == n.id or o.leaving or o.guest:
+                    continue
+                a = n.roles.get(f"{n.id}.d{slot}")
+                if a is None or not a.alive or a.peer != o.id:  # type: ignore[attr-defined]
+                    self._add_actor(A.DispatcherActor(self, n, o.id, slot, (o.host, o.port)))
+                    self.trace_event(f"{n.id}.d{slot}", "start", f"member {o.id}")
+            leader_slot = n.block.member.leader_slot
+            for slot in [g for g in spent_guests(table) if g != leader_slot]:
+                o = table.owners[slot]
+                n.block.peers[slot] = PeerView(slot, NO_INDEX, NO_INDEX, False, 0, 0, 0, 0, 0)
+                f.update(lambda t, slot=slot, o=o: release(t, slot)  # type: ignore[misc]
+                         if t is not None and t.owners[slot] == o else t)
+            table = f.table
+            for slot in releasable(table, n.block.ledger.committed_index):
+                o = table.owners[slot]
+                if o is None or o.id == n.id or slot == leader_slot:
+                    continue
+                a = n.roles.get(f"{n.id}.d{slot}")
+                if a is not None and a.alive:
+                    a.kill()
+                    self.trace_event(a.key, "stop", f"{o.id} removed")
+                if a is not None:
+                    a.retired = True  # type: ignore[attr-defined]
+                    n.roles.pop(a.key, None)  # gone for good: not a role of the node any more
+                n.block.peers[slot] = PeerView(slot, NO_INDEX, NO_INDEX, False, 0, 0, 0, 0, 0)
+                f.update(lambda t, slot=slot, o=o: release(t, slot)  # type: ignore[misc]
+                         if t is not None and t.owners[slot] == o and o.leaving else t)
 
     def run(self) -> None:
         try:
@@ -226,7 +287,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             deadline = self.now + self.cfg.heal_ms
             next_check = self.now
             # every --peers member a voter again first (faults membership, m2015-*)
-            restoring = any(f == "membership" or f.startswith("m2015-") for f in self.faults)
+            restoring = any(f in ("membership", "join") or f.startswith("m2015-") for f in self.faults)
             next_restore = self.now
             while True:
                 self.step_once()

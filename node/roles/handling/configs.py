@@ -106,7 +106,9 @@ class ConfigKeeper:
         # `--peers` positions from the start; a member added later takes a free slot.
         self.slot_file = slot_store(getattr(h.rc, "run_dir", None))
         self.slots: SlotTable = self._table_on_file() or bootstrap_slots(h.peer_map)
-        self.masks = self.slots.masks(self.base)  # what `published` gives the block
+        # What `published` gives the block; `opened` assigns and computes them (the table on
+        # file may have released a bootstrap member's slot: a restarted handler).
+        self.masks = (0, 0)
         self._unpublished = True  # the block's words are not these yet (a new process: maybe stale)
 
     def _table_on_file(self) -> SlotTable | None:
@@ -115,6 +117,22 @@ class ConfigKeeper:
             return self.slot_file.read()
         except SlotFileError as e:
             self.h.rc.fatal(str(e))
+
+    def refresh_slots(self) -> bool:
+        """Adopt the table on file if it moved since this handler last read or wrote it (the
+        elector added a guest leader, the supervisor released a slot): True if it changed.
+        The masks stay as published: they name members, whose slots never move."""
+        try:
+            if not self.slot_file.changed():
+                return False
+            table = self.slot_file.read()
+        except SlotFileError:
+            return False
+        if table is None or table == self.slots:
+            return False
+        self.slots = table
+        self.h.slots_changed(table)
+        return True
 
     def _check_slots(self, c: Configuration, what: str) -> None:
         """Stop the node if it could not give every member of `c` a slot (it could not count
