@@ -270,6 +270,19 @@ def test_membership_changes_under_faults_keep_every_invariant() -> None:
     assert changes >= 20, f"only {changes} configurations committed in 12 seeds"
 
 
+def test_a_machine_outside_peers_joins_leads_and_leaves_under_faults() -> None:
+    """Fault `join`: a machine outside every --peers (server --join) is added, promoted,
+    removed, may lead, with the default faults; the supervisors' slot rules run as in a real
+    node (Sim.follow_slots). Seeds 600,006 and 600,057 are the ones that found a member unable
+    to follow a leader its log did not name, and a leader slot released under a follower."""
+    joined = 0
+    for seed in (600_006, 600_057, *range(0, 8)):
+        r = run_seed(SimConfig(seed=seed, steps=2500, faults=MEMBERSHIP_FAULTS + ("join",)))
+        assert r.ok, _explain(r)
+        joined += r.stats.get("configurations_committed", 0)
+    assert joined >= 20, f"only {joined} configurations committed in 10 seeds"
+
+
 @pytest.mark.parametrize(("shape", "nodes", "seed"), [
     ("m2015-two-removes", 5, 0), ("m2015-add-remove", 5, 1), ("m2015-two-adds", 6, 1)])
 def test_the_2015_single_server_change_shapes_are_caught(shape: str, nodes: int, seed: int) -> None:
