@@ -238,6 +238,12 @@ def _answer(nid: str, role: Role | None, term: int = 2, end: int = 100,
                                                      peers))
 
 
+def _moved(nid: str, role: Role) -> NodeAnswer:
+    """An answer whose member set puts n1 at h:2 (--peers says h:1)."""
+    peers = [P.PeerInfo("n0", "h:1", 100), P.PeerInfo("n1", "h:2", 100)]
+    return NodeAnswer(nid, "h:1", P.MetadataResponse(RC.SUCCESS, "g", 2, "", nid, role, 0, 100, 100, peers))
+
+
 @pytest.mark.parametrize("answers, ok, why", [
     ([_answer("n0", Role.LEADER, matches={"n0": 100, "n1": 99, "n2": 100}),
       _answer("n1", Role.FOLLOWER), _answer("n2", Role.FOLLOWER)], True, "leader n0 term 2, 3/3 alive, max lag 1"),
@@ -255,9 +261,13 @@ def _answer(nid: str, role: Role | None, term: int = 2, end: int = 100,
     ([_answer("n0", Role.LEADER), _answer("n1", Role.FOLLOWER),
       _answer("n2", Role.CANDIDATE, term=9, members=("n0", "n1", "n2", "n3"))], False,
      "members disagree on the member set: n0, n1 list n0-h:1, n1-h:1, n2-h:1; n2 list n0-h:1, n1-h:1, n2-h:1, n3-h:1"),
-    # all three agree, but --peers named them otherwise (a 4th address the group does not have)
+    # the members agree on a set without n2: it was removed online (docs/operations.md
+    # "Membership changes"), and a --peers string written before still names it: healthy
     ([_answer("n0", Role.LEADER, members=("n0", "n1")), _answer("n1", Role.FOLLOWER, members=("n0", "n1")),
-      _answer("n2", None)], False, "the group's members are n0-h:1, n1-h:1, not the --peers given"),
+      _answer("n2", None)], True, "leader n0 term 2"),
+    # ... but the same id at another address than --peers says is a wrong string
+    ([_moved("n0", Role.LEADER), _moved("n1", Role.FOLLOWER), _answer("n2", None)], False,
+     "the group's members are n0-h:1, n1-h:2, not the --peers given"),
 ])
 def test_health_verdict(answers: list[NodeAnswer], ok: bool, why: str) -> None:
     healthy, line = verdict(read_group(answers), 3, max_lag=10)

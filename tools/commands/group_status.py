@@ -174,7 +174,12 @@ def member_set_problem(answers: list[NodeAnswer]) -> str | None:
         return f"members disagree on the member set: {views}"
     if sets:
         (key,) = sets
-        if key != given:
+        # Members added or removed online (docs/operations.md "Membership changes") make the
+        # group's set differ from a --peers string written before: not a problem. The same id
+        # at another address is (a wrong --peers, or two machines claiming one id).
+        listed = dict(key)
+        moved = [i for i, addr in given if i in listed and listed[i] != addr]
+        if moved:
             return (f"the group's members are {', '.join(f'{i}-{addr}' for i, addr in key)}, "
                     "not the --peers given")
     return None
