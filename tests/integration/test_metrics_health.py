@@ -214,6 +214,7 @@ def test_top_once_json_and_table(make_cluster, tmp_path) -> None:
     assert rows[leader]["role"] == "LEADER" and rows[leader]["entries_per_s"] > 0
     assert rows[leader]["append_p99_ms"] is not None
     assert all(n["alive"] and n["version"] and n["store_bytes"] > 0 for n in doc["nodes"])
+    assert all((n["member"], n["config_index"]) == ("voter", -1) for n in doc["nodes"])  # the --peers set
     r = dledger("metadata", "--peers", c.peers, "--json", "--status")
     assert r.returncode == 0, r
     nodes = {n["id"]: n for n in json.loads(r.stdout)["nodes"]}

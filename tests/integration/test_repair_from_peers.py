@@ -222,7 +222,13 @@ def refrained_from_voting(log: str) -> bool:
     if "does not vote or stand" in log:
         return True
     repaired, ready = log.find("store repaired"), log.find("elector ready")
-    return repaired >= 0 and (ready < 0 or repaired < ready)
+    if repaired >= 0 and (ready < 0 or repaired < ready):
+        return True
+    # Found by the scrub after the elector was ready and repaired within one heartbeat (the
+    # elector reads the repair mark at each decision, and logs it when it sees it): no election
+    # on this node meanwhile (no vote round, no new term) means no vote could be given.
+    window = log[ready:repaired] if 0 <= ready < repaired else ""
+    return repaired >= 0 and "vote round" not in window and " became " not in window
 
 
 def _restart_with(c, victim: str, damage) -> str:

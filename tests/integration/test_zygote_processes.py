@@ -49,7 +49,12 @@ def test_forked_roles_are_the_supervisors_children_with_their_usual_command_line
         args = _args(pid)
         assert args[1:3] == ["-m", module] and args[3] == "--config", args
         assert args[4].endswith("/config.json") and Path(args[4]).is_file()
-        assert args[5:] == (["--peer", role.split("-")[1]] if "-" in role else []), args
+        if "-" in role:  # a dispatcher: its follower, that follower's slot and address
+            peer = role.split("-")[1]
+            assert args[5:7] == ["--peer", peer] and args[7] == "--slot", args
+            assert args[8] == str(list(c.nodes).index(peer)) and args[9:] == ["--address", c.nodes[peer].address], args
+        else:
+            assert args[5:] == [], args
         assert all(ln.endswith("(forked)") for ln in _started_lines(n0, role)), role
 
 

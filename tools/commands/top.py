@@ -1,6 +1,7 @@
 """Live view of a group, refreshed every second: one row per node.
 
-Columns: role, term, committed/end index, lag (entries behind the leader, from the leader's
+Columns: role, member (voter, learner or removed, and the configuration entry counted), term,
+committed/end index, lag (entries behind the leader, from the leader's
 watermarks), entries/s (committed index moving), MB/s (bytes written to that node's store),
 append p99 (leader: received -> committed over the last refresh, from its append-latency
 histogram, which every node returns in its METADATA status trailer), disk (the store's
@@ -11,7 +12,9 @@ Rates and p99 are differences between two refreshes, so --once samples twice, --
 apart, and prints the second sample. --json prints one JSON object per refresh (one line each;
 with --once exactly one): {"group", "leader", "term", "nodes": [{"id", "address", "alive",
 "role", "term", "committed_index", "ledger_end_index", "lag", "entries_per_s", "mb_per_s",
-"append_p99_ms", "store_bytes", "disk_usage_ratio", "leader_change_age_s", "version"}]}.
+"append_p99_ms", "store_bytes", "disk_usage_ratio", "leader_change_age_s", "version", "member",
+"config_index"}]}. `member` is voter, learner or removed, as the node sees itself in the newest
+configuration of its log, shown with that entry's index (`config_index`; -1: none yet).
 --save-svg FILE also writes the last frame as an SVG picture (rich's export).
 
 Exit codes: 0 (Ctrl-C ends the live view), 1 no node answered (--once/--json), 2 bad arguments.
@@ -67,6 +70,9 @@ class Row:
     disk_usage_ratio: float | None = None
     leader_change_age_s: float | None = None
     version: str | None = None
+    # as this node sees itself in the newest configuration of its log: voter, learner, removed
+    member: str | None = None
+    config_index: int | None = None  # that configuration's entry (-1: still the --peers one)
 
 
 def rows(view: GroupView, prev: dict[str, NodeAnswer]) -> list[Row]:
@@ -84,6 +90,9 @@ def rows(view: GroupView, prev: dict[str, NodeAnswer]) -> list[Row]:
             r.disk_usage_ratio = st.disk_usage_ratio
             r.leader_change_age_s = st.leader_change_age_ms / 1000 if st.leader_change_age_ms >= 0 else None
             r.version = st.version
+            if st.configuration is not None:
+                r.config_index, voters, learners = st.configuration
+                r.member = "voter" if a.id in voters else "learner" if a.id in learners else "removed"
         p = prev.get(a.id)
         if p is not None and p.meta is not None and a.at > p.at:
             dt = a.at - p.at
@@ -134,9 +143,9 @@ def table(group: str, view: GroupView, frame: list[Row]):  # noqa: ANN201 - rich
              f"term {_fmt(view.term)}, {sum(r.alive for r in frame)}/{len(frame)} alive")
     t = Table(title=title, title_justify="left", caption=time.strftime("%H:%M:%S"),
               caption_justify="right")
-    cols = [("node", "left"), ("role", "left"), ("term", "right"), ("committed/end", "right"),
-            ("lag", "right"), ("entries/s", "right"), ("MB/s", "right"), ("p99 ms", "right"),
-            ("disk", "right"), ("leader change", "right")]
+    cols = [("node", "left"), ("role", "left"), ("member", "left"), ("term", "right"),
+            ("committed/end", "right"), ("lag", "right"), ("entries/s", "right"), ("MB/s", "right"),
+            ("p99 ms", "right"), ("disk", "right"), ("leader change", "right")]
     for name, justify in cols:  # node and role never squeezed: what a narrow terminal must show
         t.add_column(name, justify=justify, no_wrap=True,
                      min_width={"node": 4, "role": 9}.get(name))
@@ -151,7 +160,10 @@ def table(group: str, view: GroupView, frame: list[Row]):  # noqa: ANN201 - rich
         disk = _bytes(r.store_bytes)
         if r.disk_usage_ratio is not None and r.disk_usage_ratio >= 0:
             disk += f" ({r.disk_usage_ratio:.0%})"
-        t.add_row(r.id, role, _fmt(r.term), f"{_fmt(r.committed_index)}/{_fmt(r.ledger_end_index)}",
+        member = _fmt(r.member)
+        if r.member is not None and r.config_index is not None and r.config_index >= 0:
+            member += f" @{r.config_index}"  # the configuration entry it counts
+        t.add_row(r.id, role, member, _fmt(r.term), f"{_fmt(r.committed_index)}/{_fmt(r.ledger_end_index)}",
                   lag, _fmt(r.entries_per_s, ",.0f"), _fmt(r.mb_per_s, ".2f"),
                   _fmt(r.append_p99_ms, ".1f"), disk, _age(r.leader_change_age_s))
     return t
@@ -169,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                     key_file=key_file_of(args)) as probe:
 
         def sample() -> tuple[GroupView, list[Row]]:
-            view = read_group(probe.round())
+            view = read_group(probe.round(want_config=True))
             frame = rows(view, prev)
             prev.update({a.id: a for a in view.answers if a.alive})
             return view, frame

@@ -77,6 +77,8 @@ class SimRC:
         self.log = SimLog(sim, actor.key)
         self.state = SimState(sim, node, actor)
         self.peer_id = peer_id
+        self.peer_slot: int | None = None  # a dispatcher's follower given a slot (fault join)
+        self.peer_address: tuple[str, int] | None = None
         self.run_dir = node.dir
         self.clock = node.clock
         self.wall_clock = sim.wall_clock  # virtual: nothing in a trace reads the real time
