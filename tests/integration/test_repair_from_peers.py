@@ -6,6 +6,7 @@ and ends with the same committed entries as its peers, while the group keeps app
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -227,8 +228,12 @@ def refrained_from_voting(log: str) -> bool:
     # Found by the scrub after the elector was ready and repaired within one heartbeat (the
     # elector reads the repair mark at each decision, and logs it when it sees it): no election
     # on this node meanwhile (no vote round, no new term) means no vote could be given.
-    window = log[ready:repaired] if 0 <= ready < repaired else ""
-    return repaired >= 0 and "vote round" not in window and " became " not in window
+    if not 0 <= ready < repaired:
+        return False
+    window = log[ready:repaired]
+    term = re.search(r"elector ready term=(\d+)", window)
+    terms = set(re.findall(r" became \w+ term=(\d+)", window))
+    return term is not None and "vote round" not in window and terms <= {term.group(1)}
 
 
 def _restart_with(c, victim: str, damage) -> str:
