@@ -287,11 +287,15 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             deadline = self.now + self.cfg.heal_ms
             next_check = self.now
             # every --peers member a voter again first (faults membership, m2015-*)
-            restoring = any(f in ("membership", "join") or f.startswith("m2015-") for f in self.faults)
+            restores = any(f in ("membership", "join") or f.startswith("m2015-") for f in self.faults)
+            restoring = restores
             next_restore = self.now
             while True:
                 self.step_once()
-                if restoring and self.now >= next_restore:
+                # Every 200 ms until the group converges, not only until one leader's view was
+                # complete: a deposed leader's stale configuration can say "done" while the
+                # group's newest one still lacks a member (seed 614,237 of the join fault).
+                if restores and self.now >= next_restore:
                     next_restore = self.now + 200
                     restoring = self.restore_membership()
                 if full is not None and self.now >= full + FAILOVER_MS:
