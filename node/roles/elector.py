@@ -174,11 +174,8 @@ class Elector:
             table = self.slot_file.refresh()
         except SlotFileError as e:
             self.rc.fatal(str(e))
-        if table is None or table == self.slots and self.slot:
-            if not self.slot:
-                self._adopt_slots(self.slots)
-            return
-        self._adopt_slots(table)
+        if (table is not None and table != self.slots) or not self.slot:  # moved, or never adopted
+            self._adopt_slots(table or self.slots)
 
     def _adopt_slots(self, table: SlotTable) -> None:
         self.slots = table
