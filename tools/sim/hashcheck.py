@@ -6,7 +6,8 @@
 Why: a change to the simulator's structure (modules moved, clocks injected instead of patched)
 must leave every seed's history exactly as it was; the trace hash covers every event, so one
 moved random draw or a reordered event shows up. The set spans the default faults on both
-stores, the session faults and a state machine with installs.
+stores, the session faults, a state machine with installs, membership changes with a joining
+machine, and every fault kind at once.
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ import sys
 
 from tools.sim.world import ALL_FAULTS, SESSION_FAULTS, SimConfig, run_seed
 
+EXTRA_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8", "membership", "join")
+
 CASES: list[tuple[str, dict]] = (
     [(f"memory-{s}", dict(seed=s)) for s in range(10)]
     + [(f"segment-{s}", dict(seed=s, store="segment")) for s in range(5)]
     + [(f"sessions-{s}", dict(seed=s, store="segment", sessions=True, faults=ALL_FAULTS + SESSION_FAULTS))
        for s in range(5)]
     + [(f"kv-{s}", dict(seed=s, store="segment", state_machine="kv")) for s in range(3)]
+    + [(f"join-{s}", dict(seed=s, steps=2500, faults=ALL_FAULTS + ("membership", "join"))) for s in range(6)]
+    + [(f"every-{s}", dict(seed=s, sessions=True, faults=ALL_FAULTS + SESSION_FAULTS + EXTRA_FAULTS))
+       for s in range(3)]
 )
 
 
