@@ -28,7 +28,7 @@ not agree on them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from node.core.membership import MAX_MEMBERS, Configuration, ConfigurationError, Member
@@ -222,3 +222,54 @@ def release(table: SlotTable, slot: int) -> SlotTable:
     owners = list(table.owners)
     owners[slot] = None
     return SlotTable(tuple(owners))
+
+
+Address = tuple[str, str, int]
+"""(id, host, port): whom a dispatcher sends to."""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherPlan:
+    """What a node's supervisor does next for its slot table (`plan_dispatchers`)."""
+
+    start: tuple[int, ...]
+    """Slots whose member needs a dispatcher started now."""
+    retire: tuple[int, ...]
+    """Leaving slots whose removal committed: stop their dispatchers for good, and release each
+    slot once none of its dispatchers runs any more."""
+    free_guests: tuple[int, ...]
+    """Guest slots to release now (no dispatcher to stop)."""
+
+
+def plan_dispatchers(table: SlotTable, self_id: str, committed_index: int, leader_slot: int,
+                     serving: Mapping[int, Address], running: Collection[int]) -> DispatcherPlan:
+    """One pass of "one dispatcher per held slot" (docs/membership.md "Processes"), the rules
+    the supervisor and the simulator's model of it both follow.
+
+    `serving`: slot -> the member a dispatcher of that slot is for and will go on being for
+    (running, or waiting for its restart after a crash; not one being stopped for good).
+    `running`: slots with any dispatcher process still alive, stopping ones included.
+
+    * A member holding a slot (not this node, not leaving, not a guest) gets a dispatcher unless
+      one already serves it at that address; not while an earlier one of the slot still runs
+      (one writer per peer record: the caller drops the exited ones and starts the new one).
+    * A guest slot whose id became a member is freed, unless the block still names it the
+      leader (freed once the elector names the leader by its member slot).
+    * A leaving slot whose removal committed is retired, except this node's own (never reused
+      while it runs) and the block's leader slot (the block still names it the leader).
+    """
+    start = []
+    for slot, o in table.held():
+        if o.id == self_id or o.leaving or o.guest:
+            continue
+        if serving.get(slot) == (o.id, o.host, o.port) or slot in running:
+            continue
+        start.append(slot)
+    guests = tuple(g for g in spent_guests(table) if g != leader_slot)
+    retire = []
+    for slot in releasable(table, committed_index):
+        o = table.owners[slot]
+        if o is None or o.id == self_id or slot == leader_slot:
+            continue
+        retire.append(slot)
+    return DispatcherPlan(tuple(start), tuple(retire), guests)

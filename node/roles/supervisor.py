@@ -40,7 +40,7 @@ from pathlib import Path
 
 from node.block.shared_state import SharedState, monotonic_ms, stop_resource_tracker
 from node.config import NodeConfig
-from node.core.slots import SlotOwner, SlotTable, bootstrap_slots, releasable, release, spent_guests
+from node.core.slots import SlotOwner, SlotTable, bootstrap_slots, plan_dispatchers, release
 from node.host.interpreter import child_env, module_command
 from node.host.rundirs import make_owned_tempdir
 from node.host.rundirs import release as release_run_dir
@@ -308,18 +308,17 @@ class Supervisor:
             return
         if table is None:
             return
-        for slot, owner in table.held():
-            if owner.id == self.node or owner.leaving or owner.guest:
-                continue
-            mine = [r for r in self.roles if r.slot == slot]
-            who = (owner.id, owner.host, owner.port)
-            if any(not r.retiring and r.owner is not None and (r.owner.id, r.owner.host, r.owner.port) == who
-                   for r in mine):
-                continue  # its dispatcher runs (or is restarted by the usual backoff)
-            if any(r.proc is not None and r.proc.poll() is None for r in mine):
-                continue  # the slot's last dispatcher is still stopping: one writer per record
-            for r in mine:  # exited ones of an earlier owner (or of this one, taken back)
-                self.roles.remove(r)
+        serving = {r.slot: (r.owner.id, r.owner.host, r.owner.port) for r in self.roles
+                   if r.slot is not None and r.owner is not None and not r.retiring}
+        running = {r.slot for r in self.roles if r.slot is not None and r.proc is not None and r.proc.poll() is None}
+        committed = self.state.read_ledger().committed_index
+        plan = plan_dispatchers(table, self.node, committed, self.state.read_member().leader_slot,
+                                serving, running)
+        for slot in plan.start:
+            owner = table.owners[slot]
+            assert owner is not None
+            for r in [r for r in self.roles if r.slot == slot]:  # exited: an earlier owner's, or
+                self.roles.remove(r)                            # this one's, stopped and taken back
             r = self._dispatcher(slot, owner)
             self.roles.append(r)
             log.info("%s member %s (%s:%d) holds slot %d: starting its dispatcher", self.node,
@@ -328,17 +327,10 @@ class Supervisor:
                 self._stages[-1].append(r)  # started with the other dispatchers
             else:
                 self._spawn(r)
-        leader_slot = self.state.read_member().leader_slot
-        for slot in spent_guests(table):  # a guest leader now a member: free its guest slot
-            if slot != leader_slot:  # once the elector names the leader by its member slot
-                self._release(slot, table.owners[slot])
-        committed = self.state.read_ledger().committed_index
-        for slot in releasable(table, committed):
+        for slot in plan.free_guests:
+            self._release(slot, table.owners[slot])
+        for slot in plan.retire:
             owner = table.owners[slot]
-            if owner is not None and owner.id == self.node:
-                continue  # this node's own slot: no dispatcher, never reused while it runs
-            if slot == leader_slot:
-                continue  # the block still names it the leader: freed once the elector moves on
             mine = [r for r in self.roles if r.slot == slot]
             for r in mine:
                 if not r.retiring:

@@ -16,7 +16,17 @@ from node.core.membership import (
     bootstrap_configuration,
     slot_masks,
 )
-from node.core.slots import SlotOwner, SlotTable, assign, bootstrap_slots, releasable, release
+from node.core.slots import (
+    DispatcherPlan,
+    SlotOwner,
+    SlotTable,
+    add_guest,
+    assign,
+    bootstrap_slots,
+    plan_dispatchers,
+    releasable,
+    release,
+)
 
 PEERS = {"n0": ("127.0.0.1", 20000), "n1": ("127.0.0.1", 20002), "n2": ("127.0.0.1", 20004)}
 BOOT = bootstrap_configuration(PEERS)
@@ -95,3 +105,44 @@ def test_no_free_slot_is_a_clear_refusal() -> None:
                      Change(ChangeKind.ADD_LEARNER, "x", "10.0.0.1", 30000), 2)
     with pytest.raises(ConfigurationError, match="no free slot"):
         assign(t, c)
+
+
+# plan_dispatchers: the supervisor's pass over its table (the simulator's model calls it too)
+
+def _serving(table: SlotTable, *slots: int) -> dict[int, tuple[str, str, int]]:
+    return {s: (table.owners[s].id, table.owners[s].host, table.owners[s].port) for s in slots}
+
+
+def test_a_plan_starts_a_dispatcher_for_each_member_without_one_but_never_for_this_node() -> None:
+    t = assign(bootstrap_slots(PEERS), apply_change(BOOT, Change(ChangeKind.ADD_LEARNER, "n9", "10.0.0.9", 30000), 12))
+    assert plan_dispatchers(t, "n0", 12, 0, _serving(t, 1, 2), {1, 2}) == DispatcherPlan((3,), (), ())
+    assert plan_dispatchers(t, "n0", 12, 0, _serving(t, 1, 2, 3), {1, 2, 3}).start == ()
+    # one crashed and waiting for its restart still serves its member: no second one
+    assert plan_dispatchers(t, "n0", 12, 0, _serving(t, 1, 2, 3), {1, 2}).start == ()
+    # a slot whose earlier dispatcher still runs (an earlier owner's, stopping): wait for it
+    assert plan_dispatchers(t, "n0", 12, 0, _serving(t, 1, 2), {1, 2, 3}).start == ()
+    # serving the id at another address is not serving the member
+    moved = {**_serving(t, 1, 2), 3: ("n9", "10.0.0.8", 30000)}
+    assert plan_dispatchers(t, "n0", 12, 0, moved, {1, 2}).start == (3,)
+
+
+def test_a_plan_retires_a_removed_member_only_once_its_removal_committed() -> None:
+    t = assign(bootstrap_slots(PEERS), apply_change(BOOT, Change(ChangeKind.REMOVE, "n2"), 5))
+    serving, running = _serving(t, 1, 2), {1, 2}
+    assert plan_dispatchers(t, "n0", 4, 0, serving, running) == DispatcherPlan((), (), ())  # may be cut
+    assert plan_dispatchers(t, "n0", 5, 0, serving, running) == DispatcherPlan((), (2,), ())
+    # the block still names it the leader: kept until the elector moves on
+    assert plan_dispatchers(t, "n0", 5, 2, serving, running).retire == ()
+    # this node's own leaving slot: no dispatcher, never reused while it runs
+    assert plan_dispatchers(t, "n2", 5, 0, _serving(t, 0, 1), {0, 1}).retire == ()
+
+
+def test_a_plan_frees_a_guest_leader_once_it_is_a_member_and_no_longer_named_the_leader() -> None:
+    t = add_guest(bootstrap_slots(PEERS), "n9")
+    assert t.owners[3].guest
+    serving = _serving(t, 1, 2)
+    assert plan_dispatchers(t, "n0", 3, 3, serving, {1, 2}) == DispatcherPlan((), (), ())  # not a member yet
+    t2 = assign(t, apply_change(BOOT, Change(ChangeKind.ADD_LEARNER, "n9", "10.0.0.9", 30000), 7))
+    assert t2.slot_of("n9") == 4  # its member slot; the guest slot is spent
+    assert plan_dispatchers(t2, "n0", 7, 3, serving, {1, 2}) == DispatcherPlan((4,), (), ())
+    assert plan_dispatchers(t2, "n0", 7, 4, serving, {1, 2}) == DispatcherPlan((4,), (), (3,))

@@ -105,6 +105,7 @@ class Node:
     last_wrote: tuple[int, int] = (0, 0)
     roles: dict[str, Actor] = field(default_factory=dict)
     slot_file: Any = None  # fault join: the node's slot table (node.wiring.slot_file)
+    slots_seen: Any = None  # Sim.follow_slots: the inputs of its last pass on this node
 
     def clock(self) -> int:
         return self.sim.now + self.clock_offset

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.block.shared_state import NO_INDEX, PeerView
-from node.core.slots import bootstrap_slots, releasable, release, spent_guests
+from node.core.slots import SlotOwner, bootstrap_slots, plan_dispatchers, release
 from node.wiring.slot_file import SlotFile
 from tools.sim import actors as A
 from tools.sim.clients import BadWriterActor, ClientActor, ReaderActor, Writer, definite_failure
@@ -235,10 +235,14 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             self._add_actor(A.ApplierActor(self, n))
 
     def follow_slots(self) -> None:
-        """Fault `join`: each up node's supervisor (node/roles/supervisor.py `_follow_slots`): a
-        dispatcher for every member its handler gave a slot, and a leaving slot whose removal
-        committed released (its dispatcher stopped, its record reset, the table updated under
-        the same rule: only if it is still leaving)."""
+        """Fault `join`: each up node's supervisor (node/roles/supervisor.py `_follow_slots`),
+        by the same rules (`plan_dispatchers`): a dispatcher for every member its handler gave
+        a slot, a spent guest slot freed, and a leaving slot whose removal committed released
+        (its dispatcher stopped, its record reset, the table updated under the same rule: only
+        if it is still leaving). Modelled more simply than the processes: a stopped dispatcher
+        is gone at once, and a crashed one of a joined member is started again at the next step
+        (the supervisor's backoff is not modelled). A pass runs only when one of its inputs
+        moved (the plan is a pure function of them)."""
         for n in self.nodes:
             f = n.slot_file
             if not n.up or f is None:
@@ -246,34 +250,38 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             table = f.refresh()
             if table is None:
                 continue
-            for slot, o in table.held():
-                if o.id == n.id or o.leaving or o.guest:
-                    continue
-                a = n.roles.get(f"{n.id}.d{slot}")
-                if a is None or not a.alive or a.peer != o.id:  # type: ignore[attr-defined]
-                    self._add_actor(A.DispatcherActor(self, n, o.id, slot, (o.host, o.port)))
-                    self.trace_event(f"{n.id}.d{slot}", "start", f"member {o.id}")
-            leader_slot = n.block.member.leader_slot
-            for slot in [g for g in spent_guests(table) if g != leader_slot]:
+            alive = [a for a in n.roles.values() if a.role == "dispatcher" and a.alive]
+            committed, leader_slot = n.block.ledger.committed_index, n.block.member.leader_slot
+            seen = (table, committed, leader_slot, [(a.slot, a.peer, a.address) for a in alive])  # type: ignore[attr-defined]
+            if seen == n.slots_seen:
+                continue
+            n.slots_seen = seen
+            serving = {a.slot: (a.peer, *(a.address or n.cfg.peer_map[a.peer])) for a in alive}  # type: ignore[attr-defined]
+            plan = plan_dispatchers(table, n.id, committed, leader_slot, serving, ())
+            for slot in plan.start:
                 o = table.owners[slot]
-                n.block.peers[slot] = PeerView(slot, NO_INDEX, NO_INDEX, False, 0, 0, 0, 0, 0)
-                f.update(lambda t, slot=slot, o=o: release(t, slot)  # type: ignore[misc]
-                         if t is not None and t.owners[slot] == o else t)
-            table = f.table
-            for slot in releasable(table, n.block.ledger.committed_index):
+                assert o is not None
+                self._add_actor(A.DispatcherActor(self, n, o.id, slot, (o.host, o.port)))
+                self.trace_event(f"{n.id}.d{slot}", "start", f"member {o.id}")
+            for slot in plan.free_guests:
+                self._release_slot(n, slot, table.owners[slot])
+            for slot in plan.retire:
                 o = table.owners[slot]
-                if o is None or o.id == n.id or slot == leader_slot:
-                    continue
                 a = n.roles.get(f"{n.id}.d{slot}")
                 if a is not None and a.alive:
                     a.kill()
-                    self.trace_event(a.key, "stop", f"{o.id} removed")
+                    self.trace_event(a.key, "stop", f"{o.id} removed")  # type: ignore[union-attr]
                 if a is not None:
                     a.retired = True  # type: ignore[attr-defined]
                     n.roles.pop(a.key, None)  # gone for good: not a role of the node any more
-                n.block.peers[slot] = PeerView(slot, NO_INDEX, NO_INDEX, False, 0, 0, 0, 0, 0)
-                f.update(lambda t, slot=slot, o=o: release(t, slot)  # type: ignore[misc]
-                         if t is not None and t.owners[slot] == o and o.leaving else t)
+                self._release_slot(n, slot, o)
+
+    def _release_slot(self, n: Node, slot: int, owner: SlotOwner | None) -> None:
+        """The supervisor's `_release`: the slot's record reset, then the slot freed in the
+        table if it still has the owner the plan saw (a leaving one or a guest: a member added
+        back meanwhile is no longer leaving, and keeps it)."""
+        n.block.peers[slot] = PeerView(slot, NO_INDEX, NO_INDEX, False, 0, 0, 0, 0, 0)
+        n.slot_file.update(lambda t: release(t, slot) if t is not None and t.owners[slot] == owner else t)
 
     def run(self) -> None:
         try:
