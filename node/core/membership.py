@@ -304,42 +304,6 @@ class ConfigHistory:
 # --------------------------------------------------------------------------------------------
 # Publishing by peer slot (the state block's ledger group: config_index/_voters/_learners)
 # --------------------------------------------------------------------------------------------
-NOT_IN_PEERS: Final = "adding a machine that is not in --peers needs the supervisor to start its dispatcher (not yet: docs/membership.md \"Next steps\")"
-"""The one line a change naming a machine outside `--peers` is refused with (UNSUPPORTED)."""
-
-
-def slot_masks(config: Configuration, peer_map: Mapping[str, tuple[str, int]]) -> tuple[int, int]:
-    """(voters, learners) of `config` as bit masks over the peer slots (bit p: the p-th `--peers`
-    member), what the handler publishes. While a node's peer slots are its `--peers` (the block
-    has one record per `--peers` member), a configuration can only name those members at their
-    `--peers` addresses; anything else raises ConfigurationError (the node cannot count it)."""
-    slots = {pid: i for i, pid in enumerate(peer_map)}
-    voters = learners = 0
-    for m in config.members:
-        slot = slots.get(m.id)
-        if slot is None or tuple(peer_map[m.id]) != m.address:
-            where = "not in --peers" if slot is None else f"at {m.host}:{m.port}, --peers says {peer_map[m.id]}"
-            raise ConfigurationError(f"configuration entry {config.index}: member {m.id} {where}; "
-                                     f"{NOT_IN_PEERS}")
-        if m.voter:
-            voters |= 1 << slot
-        else:
-            learners |= 1 << slot
-    return voters, learners
-
-
-def config_from_masks(peer_map: Mapping[str, tuple[str, int]], index: int, voters: int,
-                      learners: int, keys: Mapping[str, str] | None = None) -> Configuration:
-    """The inverse of `slot_masks`, what a counting role reads from the block. `voters` 0 is
-    "nothing published yet": the bootstrap configuration."""
-    if voters == 0:
-        return bootstrap_configuration(peer_map, keys)
-    keys = keys or {}
-    members = tuple(Member(pid, h, p, bool(voters >> i & 1), keys.get(pid, ""))
-                    for i, (pid, (h, p)) in enumerate(peer_map.items()) if (voters | learners) >> i & 1)
-    return Configuration(members, index)
-
-
 def voter_slot_set(voters_mask: int, n_slots: int) -> frozenset[int]:
     """The slots whose bit is set (0: every slot, the bootstrap configuration)."""
     if voters_mask == 0:
@@ -481,7 +445,7 @@ def leader_steps_down(leader_id: str, config: Configuration, committed_index: in
 __all__ = [
     "CONFIG_TAG", "CONFIG_VERSION", "MAX_MEMBERS", "CatchUp", "Change", "ChangeKind",
     "ConfigHistory", "Configuration", "ConfigurationError", "LeaderState", "LearnerProgress",
-    "Member", "NOT_IN_PEERS", "apply_change", "config_from_masks", "slot_masks", "voter_slot_set", "bootstrap_configuration", "caught_up", "check_change",
+    "Member", "apply_change", "voter_slot_set", "bootstrap_configuration", "caught_up", "check_change",
     "decode_configuration", "encode_configuration", "is_configuration_body",
     "latest_configuration", "leader_steps_down", "majorities_intersect",
 ]

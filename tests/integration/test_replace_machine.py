@@ -77,8 +77,9 @@ def test_replace_a_dead_machine_by_the_documented_steps_then_kill_another(make_c
         # then another member dies: the two left (one of them the new machine) carry on
         victim = lead
         if then == "new-machine-leads-kill-a-follower":  # the new machine leads, pushing itself
-            with c.client(timeout=30) as cl:
-                cl.transfer_leadership("n9")
+            # by the CLI, given the old peers string: n9 is a member by the group's METADATA
+            r = dledger("transfer", "--peers", c.peers, "--to", "n9", "--timeout", "30", *auth)
+            assert r.returncode == 0, (r.stdout, r.stderr)
             c.wait_leader(timeout=20, among=["n9"])
             n = len(w.acked)
             wait_for(lambda: len(w.acked) >= n + 20, 20, "the new machine leads and commits")

@@ -24,9 +24,7 @@ from node.core.membership import (
     Configuration,
     apply_change,
     bootstrap_configuration,
-    config_from_masks,
     encode_configuration,
-    slot_masks,
 )
 from node.core.slots import SlotOwner, SlotTable, assign, bootstrap_slots, release
 from node.roles.ack_checker import AckChecker
@@ -212,7 +210,7 @@ def _leader_ack_checker(tmp_path: Path, terms: tuple[int, ...], without: str):
         for t in terms:
             x.append_leader(b"a", t)
         publish(state, x)
-        v, lr = slot_masks(removed(without, 1), rc.cfg.peer_map)
+        v, lr = bootstrap_slots(rc.cfg.peer_map).masks(removed(without, 1))
         state.write_ledger(config_index=1, config_voters=v, config_learners=lr)
         a = AckChecker(rc)
         a.transport = SimpleNamespace(commit_wakeup=lambda: None)
@@ -307,11 +305,12 @@ def test_a_voter_grants_a_peers_member_its_newest_configuration_lacks() -> None:
 
 
 def test_the_elector_role_counts_what_the_block_publishes() -> None:
-    """config_from_masks is the elector's reading of the ledger group; 0 is the bootstrap."""
-    peers = bootstrap_configuration(PEER_SPEC).addresses
-    assert config_from_masks(peers, -1, 0, 0) == BOOT
+    """SlotTable.configuration is the counting roles' reading of the ledger group: the inverse
+    of the masks the handler publishes."""
+    table = bootstrap_slots(bootstrap_configuration(PEER_SPEC).addresses)
+    assert table.configuration(-1, *table.masks(BOOT)) == BOOT
     c = removed("n1", 4)
-    assert config_from_masks(peers, 4, *slot_masks(c, peers)) == c
+    assert table.configuration(4, *table.masks(c)) == c
 
 
 def test_a_member_with_a_stale_configuration_follows_the_groups_leader() -> None:

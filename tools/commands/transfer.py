@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_arguments(p, timeout=10.0)
-    p.add_argument("--to", required=True, metavar="ID", help="the node that should lead (required)")
+    p.add_argument("--to", required=True, metavar="ID",
+                   help="the member that should lead (required): one of --peers, or one the group's "
+                        "METADATA names (a member added since)")
     add_json_argument(p, 'one {"leader", "term"} object')
 
 
@@ -67,11 +69,13 @@ def run(args: argparse.Namespace) -> int:
     from ipc.client import DLedgerError
 
     with open_client(args) as c:
-        if args.to not in c.peers:
-            raise CliError(f"--to {args.to!r} is not in --peers ({', '.join(c.peers)})", EXIT_USAGE)
-        try:
+        try:  # --to may be a member added since the --peers string was written: the client asks
+            # the group's METADATA before it refuses an id it was not given (UNKNOWN_MEMBER)
             m = c.transfer_leadership(args.to)
         except DLedgerError as e:
+            if e.name == "UNKNOWN_MEMBER":  # a usage error, as before membership could change
+                raise CliError(f"--to {args.to!r} is not a member: neither in --peers "
+                               f"({', '.join(c.peers)}) nor named by the group", EXIT_USAGE) from None
             why = "" if e.indeterminate else why_refused(c, args.to, e)
             raise cli_error(e, suffix=f"; {why}" if why else "") from None
     if args.json:

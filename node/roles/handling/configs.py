@@ -5,7 +5,7 @@ through every change of the log, published for the roles that count votes and ac
 The handler is the log's only writer, so it is the one process that sees every append, every
 truncation and every reset; it keeps a `ConfigHistory` through them and publishes the newest
 configuration in the block's ledger group (`config_index`, `config_voters`,
-`config_learners`: slot bit masks, `slot_masks`), in the same seqlocked write as the ledger end
+`config_learners`: slot bit masks, `SlotTable.masks`), in the same seqlocked write as the ledger end
 it belongs to. The elector and the ack checker read both in one snapshot.
 
 **Open without a scan.** A 1 GiB log must not be read at start (docs/performance.md
