@@ -87,6 +87,7 @@ class RoleProc:
     slot: int | None = None  # a dispatcher's peer slot
     owner: SlotOwner | None = None  # a dispatcher's follower, as the slot table named it
     retiring: bool = False  # a dispatcher stopped for good: its slot is released once it exited
+    retire_kill_at_ms: int = 0  # when a retiring one that ignored SIGTERM is killed (stop_grace_ms)
     recent_restarts: deque[int] = field(default_factory=deque)  # when, within the window
 
 
@@ -332,13 +333,19 @@ class Supervisor:
         for slot in plan.retire:
             owner = table.owners[slot]
             mine = [r for r in self.roles if r.slot == slot]
+            now = monotonic_ms()
             for r in mine:
                 if not r.retiring:
                     r.retiring = True
+                    r.retire_kill_at_ms = now + self.cfg.stop_grace_ms
                     log.info("%s member %s left (removal committed at %d): stopping its dispatcher",
                              self.node, owner.id if owner else "?", committed)
                     if r.proc is not None and r.proc.poll() is None:
                         r.proc.send_signal(signal.SIGTERM)
+                elif r.proc is not None and r.proc.poll() is None and now >= r.retire_kill_at_ms:
+                    log.warning("%s %s pid=%d ignored SIGTERM for %d ms; killing", self.node, r.name,
+                                r.proc.pid, self.cfg.stop_grace_ms)
+                    r.proc.kill()  # the slot is released on a later pass, once it is reaped
             if all(r.proc is None or r.proc.poll() is not None for r in mine):
                 self._release(slot, owner)
 

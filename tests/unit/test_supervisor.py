@@ -131,3 +131,48 @@ def test_a_doorbell_that_cannot_be_opened_stops_the_node_with_one_line(tmp_path)
     assert line.endswith(": not a named pipe (a doorbell)"), line
     assert "Traceback" not in done.stderr
     assert done.stderr.count("started fake") == 1, done.stderr
+
+
+def test_a_retiring_dispatcher_that_ignores_sigterm_is_killed_after_the_grace_then_its_slot_freed(tmp_path):
+    """A member's removal committed: its dispatcher is asked to stop (SIGTERM). One that
+    ignores it is SIGKILLed once stop_grace_ms passed, and the slot is released once it is
+    reaped: a wedged process never holds a slot (and a peer record) for good."""
+    from types import SimpleNamespace
+
+    from node.core.membership import Change, ChangeKind, apply_change, bootstrap_configuration
+    from node.core.slots import assign, bootstrap_slots
+    from node.roles import supervisor as S
+    from node.wiring.slot_file import SlotFile
+
+    peers = {"n0": ("127.0.0.1", 20000), "n1": ("127.0.0.1", 20002), "n2": ("127.0.0.1", 20004)}
+    slots = SlotFile(tmp_path)
+    slots.update(lambda _: assign(bootstrap_slots(peers),
+                                  apply_change(bootstrap_configuration(peers), Change(ChangeKind.REMOVE, "n2"), 5)))
+    resets: list[int] = []
+    sup = object.__new__(S.Supervisor)
+    sup.node, sup.slots, sup._stages = "n0", slots, []
+    sup.cfg = SimpleNamespace(stop_grace_ms=300)
+    sup.state = SimpleNamespace(read_ledger=lambda: SimpleNamespace(committed_index=9),
+                                read_member=lambda: SimpleNamespace(leader_slot=0), reset_peer=resets.append)
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout.readline() == "ready\n"
+        owner = slots.table.owners[2]
+        keep = S.RoleProc("dispatcher-n1", "node.roles.dispatcher", "dispatcher[1]", slot=1,
+                          owner=slots.table.owners[1], proc=SimpleNamespace(poll=lambda: None))
+        sup.roles = [keep, S.RoleProc("dispatcher-n2", "node.roles.dispatcher", "dispatcher[2]", slot=2,
+                                      owner=owner, proc=stubborn)]
+        sup._follow_slots()
+        assert sup.roles[1].retiring and stubborn.poll() is None  # asked, ignored
+        deadline = time.monotonic() + 10
+        while slots.refresh().owners[2] is not None:
+            assert time.monotonic() < deadline, "the stubborn dispatcher's slot was never freed"
+            sup._follow_slots()
+            time.sleep(0.02)
+        assert stubborn.returncode == -9 and resets == [2] and sup.roles == [keep]
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+        stubborn.wait()
