@@ -5,9 +5,9 @@ operator why. The elector reports, at most once a minute per peer:
 
 * a VOTE or HEARTBEAT from a sender that is not a member here;
 * an answer UNKNOWN_MEMBER to one of its own requests: that peer does not count this node;
-* (`member_set_difference`) a peer's METADATA, which lists its member set, naming another set
-  than this node's: what a new member or one that lost its disk sees while it asks the group's
-  term, before it ever votes.
+* (`member_set_difference`) a peer's METADATA, which lists its member set, naming one of our
+  members at another address, or not naming this node: what a misconfigured member, or one
+  removed while it was down, sees while it asks the group's term, before it ever votes.
 """
 
 from __future__ import annotations
@@ -53,12 +53,20 @@ class MemberMismatch:
 
 def member_set_difference(self_id: str, ours: dict[str, tuple[str, int]], peer: str,
                           theirs: list[P.PeerInfo]) -> str | None:
-    """A warning line when `peer`'s member set (from its METADATA) is not ours, else None."""
-    mine = {(i, f"{h}:{p}") for i, (h, p) in ours.items()}
-    other = {(x.id, x.address) for x in theirs}
-    if mine == other:
-        return None
-    return (f"{self_id}: {peer}'s members are {', '.join(f'{i}-{a}' for i, a in sorted(other))}, "
-            f"not this node's --peers ({', '.join(f'{i}-{a}' for i, a in sorted(mine))}): "
-            "the members' --peers strings differ; this node cannot be elected until they agree")
-
+    """A warning line when `peer`'s member set (from its METADATA: its newest configuration)
+    disagrees with our `--peers` in a way that is a mistake, else None. Members added or removed
+    online are no mistake (a node's `--peers` is only its start, docs/membership.md); the same
+    id at another address is (two machines claim one member, or a typo), and so is a set that
+    does not hold this node at its address (it was removed, or it was never added: it cannot be
+    elected)."""
+    other = {x.id: x.address for x in theirs}
+    moved = sorted(f"{i} at {a} (--peers here: {ours[i][0]}:{ours[i][1]})" for i, a in other.items()
+                   if i in ours and a != f"{ours[i][0]}:{ours[i][1]}")
+    if moved:
+        return (f"{self_id}: {peer}'s members name {', '.join(moved)}: the members' --peers strings "
+                "differ; this node cannot be elected until they agree")
+    if self_id in ours and self_id not in other:
+        return (f"{self_id}: {peer}'s configuration does not hold this node (its members: "
+                f"{', '.join(sorted(other))}): it was removed, or never added; it follows the "
+                "group but cannot be elected")
+    return None

@@ -24,10 +24,16 @@ def test_a_stranger_and_an_unknown_member_answer_are_reported_once_a_minute(capl
     assert lines[2].startswith("n0: a HEARTBEAT from 'n3'")
 
 
-def test_member_set_difference_names_both_sets() -> None:
+def test_member_set_difference_names_a_moved_member_or_a_set_without_this_node() -> None:
     ours = {"n0": ("h", 1), "n1": ("h", 3)}
     same = [P.PeerInfo("n0", "h:1", 0), P.PeerInfo("n1", "h:3", 0)]
     assert member_set_difference("n0", ours, "n1", same) is None
+    # members added or removed online are no mistake: --peers is only a node's start
+    grown = [*same, P.PeerInfo("n9", "h:9", 0)]
+    assert member_set_difference("n0", ours, "n1", grown) is None
+    assert member_set_difference("n0", ours, "n0", [same[0]]) is None
     moved = [P.PeerInfo("n0", "h:1", 0), P.PeerInfo("n1", "h:5", 0)]
     line = member_set_difference("n0", ours, "n1", moved)
-    assert line is not None and "n1's members are n0-h:1, n1-h:5, not this node's --peers (n0-h:1, n1-h:3)" in line
+    assert line is not None and "n1's members name n1 at h:5 (--peers here: h:3)" in line
+    line = member_set_difference("n0", ours, "n1", [same[1], P.PeerInfo("n9", "h:9", 0)])
+    assert line is not None and "does not hold this node (its members: n1, n9)" in line
