@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from cluster import Cluster, wait_for  # noqa: E402
 
+from node.store.decoder import StoreDecoder  # noqa: E402
 from tools.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -47,9 +48,20 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             for k in range(0, N_ENTRIES, 500):
                 cl.append_batch([body(i) for i in range(k, k + 500)])
         c.wait_converged(30)
+        # The file source reads up to each node's checkpointed committed index, which a node
+        # writes every checkpoint_interval_ms: wait for it, or the comparison races the flush.
+        for n in c.nodes.values():
+            wait_for(lambda n=n: _checkpointed(n.store_dir) >= N_ENTRIES, 30,
+                     f"{n.id}'s checkpoint to cover the appends")
         yield c
     finally:
         c.close()
+
+
+def _checkpointed(store_dir: Path) -> int:
+    """The committed index a node's checkpoint file names (what the file source reads up to)."""
+    with StoreDecoder(str(store_dir)) as r:
+        return r.committed_index
 
 
 def _normal_bodies(spark: SparkSession, df) -> list[bytes]:  # noqa: ANN001
