@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from node.block.shared_state import segment_name
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -126,28 +128,34 @@ def test_a_killed_bench_does_not_leave_its_local_group_running():
     import signal
     import time
 
-    before = _segments()
     p = subprocess.Popen([sys.executable, "-m", "tools.cli", "bench", "--local", "1", "--duration", "60",
                           "--warmup", "0", "--batch", "8", "--concurrency", "2", "--json"],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     servers: list[int] = []
     root = None
     try:
+        # this bench's own server and block (not any new block: another group may be starting
+        # on the machine meanwhile)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not _segments() - before:
+        while time.monotonic() < deadline and not (servers := _children(p.pid)):
             time.sleep(0.1)
-        servers = _children(p.pid)
-        assert servers and _segments() - before, "the local group did not start"
+        assert servers, "the local group did not start"
         args = Path(f"/proc/{servers[0]}/cmdline").read_bytes().split(b"\0")
-        root = Path(args[args.index(b"--store-dir") + 1].decode()).parent  # the bench's temp dir
+        store = args[args.index(b"--store-dir") + 1].decode()
+        root = Path(store).parent  # the bench's temp dir
+        group = args[args.index(b"--group") + 1].decode() if b"--group" in args else "default"
+        block = Path("/dev/shm", segment_name(group, args[args.index(b"--id") + 1].decode(), store))
+        while time.monotonic() < deadline and not block.exists():
+            time.sleep(0.1)
+        assert block.exists(), "the local group did not start"
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (any(Path(f"/proc/{s}").exists() for s in servers)
-                                               or _segments() - before):
+                                               or block.exists()):
             time.sleep(0.1)
         assert not [s for s in servers if Path(f"/proc/{s}").exists()], "servers outlived the bench"
-        assert not _segments() - before, "a shared block outlived the bench"
+        assert not block.exists(), "a shared block outlived the bench"
     finally:
         if p.poll() is None:
             p.kill()

@@ -96,9 +96,12 @@ def test_a_watch_from_a_revision_retention_removed_is_the_compaction_error(make_
     with kv_client(c, timeout=30.0) as kv:
         first = kv.put(b"k", b"v0")
         for i in range(30):
-            kv.client.append_batch([bytes(K_PUT(b"bulk%d" % i))] * 100)
+            last = kv.client.append_batch([bytes(K_PUT(b"bulk%d" % i))] * 100)[-1].index
+        # A snapshot covers what its node applied, up to what it knows committed: a follower
+        # learns the commit with the leader's next push, so wait for that first.
+        c.wait_converged(timeout=30)
         for node in c.nodes:
-            kv.client.take_snapshot(node)
+            assert kv.client.take_snapshot(node)[0] >= last, node
         kv.put(b"k", b"v1")
         wait_for(lambda: all(n.alive and n.ledger_begin_index > 0 for n in kv.client.metadata().nodes), 60,
                  "retention to remove the log's start on every member")

@@ -216,22 +216,25 @@ def test_damaged_follower_repairs_while_the_group_keeps_appending(make_cluster, 
 
 
 def refrained_from_voting(log: str) -> bool:
-    """The restarted node's log shows that it did not vote while damaged: its elector said it
-    does not vote, or the repair was done before the elector was ready to vote at all (on a
-    loaded machine the elector's start can take longer than fetching a few entries again, and
-    then it never sees the damage)."""
+    """The restarted node's log shows that it did not vote while it knew it was damaged: its
+    elector said it does not vote, or the repair was done before the elector was ready to vote
+    at all (on a loaded machine the elector's start can take longer than fetching a few entries
+    again, and then it never sees the damage)."""
     if "does not vote or stand" in log:
         return True
     repaired, ready = log.find("store repaired"), log.find("elector ready")
     if repaired >= 0 and (ready < 0 or repaired < ready):
         return True
-    # Found by the scrub after the elector was ready and repaired within one heartbeat (the
-    # elector reads the repair mark at each decision, and logs it when it sees it): no election
-    # on this node meanwhile (no vote round, no new term) means no vote could be given.
-    if not 0 <= ready < repaired:
+    # Found by a check after the elector was ready (the scrub, or a push that read the entry),
+    # and repaired within one heartbeat (the elector reads the repair mark at each decision,
+    # and logs it when it sees it): no election on this node from the moment the damage was
+    # found until the repair (no vote round, no new term) means no vote could be given. What
+    # the elector did before the damage was found, it did not know of.
+    found = [i for i in (log.find(" is damaged"), log.find("DAMAGED committed entries")) if i >= 0]
+    if not found or not 0 <= ready < repaired:
         return False
-    window = log[ready:repaired]
-    term = re.search(r"elector ready term=(\d+)", window)
+    term = re.search(r"elector ready term=(\d+)", log[ready:])
+    window = log[max(ready, min(found)):repaired]
     terms = set(re.findall(r" became \w+ term=(\d+)", window))
     return term is not None and "vote round" not in window and terms <= {term.group(1)}
 
