@@ -74,5 +74,5 @@ def test_frames_over_the_links_limit_go_over_tcp_to_the_same_node(make_cluster):
         assert isinstance(client._io.conns.nodes[lead].sock, LocalLink)
         first = client.append_batch(big)[0].index
         assert [client.get(first + i).body for i in range(5)] == big
-        assert client.append(b"small").index == first + 5
+        assert client.append(b"small").index >= first + 5  # past a NOOP if the load cost a term
     assert _own_segments() == []
