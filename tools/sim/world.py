@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.block.shared_state import NO_INDEX, PeerView
+from node.block.memory_state import MemoryState
 from node.core.slots import SlotOwner, bootstrap_slots, plan_dispatchers, release
 from node.wiring.slot_file import SlotFile
 from tools.sim import actors as A
@@ -280,7 +280,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         """The supervisor's `_release`: the slot's record reset, then the slot freed in the
         table if it still has the owner the plan saw (a leaving one or a guest: a member added
         back meanwhile is no longer leaving, and keeps it)."""
-        n.block.peers[slot] = PeerView(slot, NO_INDEX, NO_INDEX, False, 0, 0, 0, 0, 0)
+        MemoryState(block=n.block, clock=n.clock).reset_peer(slot)  # the supervisor's own reset
         n.slot_file.update(lambda t: release(t, slot) if t is not None and t.owners[slot] == owner else t)
 
     def run(self) -> None:
