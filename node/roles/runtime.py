@@ -254,10 +254,15 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
     log = setup_logging(cfg.id, role_name if args.peer is None else f"{role}-{args.peer}", args.debug,
                         cfg.log_level, cfg.log_format)
     ctx_holder: list[RoleContext] = []
+    stop_before_context: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
+        # A stop that comes before the context exists (while the block is attached) is kept
+        # and handed to it: dropped, the role would run on deaf to it until SIGKILL.
         if ctx_holder:
             ctx_holder[0].stopping = True
+        else:
+            stop_before_context.append(signum)
 
     # The C-level handler writes to this pipe, so a zmq poll wakes at once on SIGTERM (its
     # loop then sees `stopping`) instead of at its next timeout.
@@ -280,6 +285,8 @@ def role_main(role: str, run: Callable[[RoleContext], None], argv: list[str] | N
     rc = RoleContext(cfg, role_name, log, state, make_context(), Path(args.config).parent, args.peer,
                      wake_r, peer_slot=args.slot, peer_address=peer_address)
     ctx_holder.append(rc)
+    if stop_before_context:  # after the append: a signal from here on sets it directly
+        rc.stopping = True
     log.debug("started")
     # Everything imported so far lives as long as the process: out of the collector's way, so
     # a full collection in the handler scans its working set only (~7 ms pauses -> ~1 ms).

@@ -18,7 +18,8 @@ Rules that keep this as safe as a fresh interpreter:
   the supervisor (a child subreaper, PR_SET_CHILD_SUBREAPER). The supervisor waits for it,
   signals it and reaps it by PID exactly as it did a Popen child (`ForkedRole`).
 * The child closes every inherited descriptor but 0-2, resets the signal handlers a fresh
-  interpreter has, waits until it is the supervisor's child, writes the role's usual command
+  interpreter has (SIGTERM and SIGINT stay blocked from before the fork until then, so a stop
+  signal sent to the new pid meets those handlers, never the zygote's), waits until it is the supervisor's child, writes the role's usual command
   line over its own (`python -m node.roles.elector --config ... --peer n1`, what ps, the tests
   and the tools read) and runs the module as `__main__` (runpy: `python -m` semantics). Its
   exit status is the module's, as with `python -m`: SystemExit's code, 1 and a traceback for an
@@ -56,6 +57,8 @@ FIRST_ROLE = "node.roles.handler"
 REPARENT_POLL_S = 0.0005
 REPARENT_TRIES = 10_000  # a forked role waits this many polls (5 s idle) to be the supervisor's child
 _PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+"""Blocked from before each fork until the forked role has a fresh interpreter's handlers."""
 
 
 def set_cmdline(args: list[str]) -> bool:
@@ -94,8 +97,12 @@ def _run_role(req: dict) -> None:
     code = 1
     try:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # as Popen's close_fds
+        # The stop signals are blocked (fork_role) while the zygote's handlers are still ours:
+        # one that arrives now stays pending in the kernel and, once unblocked, meets a fresh
+        # interpreter's handlers (SIGTERM kills, as it would a role started by `python -m`).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         parent = int(req["parent"])
         for _ in range(REPARENT_TRIES):  # the intermediate exits at once; then we are handed over
             if os.getppid() == parent:
@@ -112,6 +119,8 @@ def _run_role(req: dict) -> None:
         code = 0
     except SystemExit as e:
         code = _exit_code(e)
+    except KeyboardInterrupt:  # a SIGINT before the role took its own handlers: quietly
+        code = 128 + signal.SIGINT
     except BaseException:  # noqa: BLE001 - as `python -m`: a traceback and exit status 1
         traceback.print_exc()
         code = 1
@@ -144,17 +153,27 @@ def fork_role(req: dict) -> int:
     if module in PRELOAD:
         _preload(module)
     r, w = os.pipe()
-    mid = os.fork()
-    if mid == 0:  # the intermediate: fork the role, say its pid, exit (handing it over)
-        try:
-            os.close(r)
-            pid = os.fork()
-            if pid == 0:
-                os.close(w)
-                _run_role(req)
-            os.write(w, f"{pid}\n".encode())
-        finally:
-            os._exit(0)
+    # Block the stop signals across the forks. Unblocked, a SIGTERM the supervisor sends the
+    # new pid at once (a node told to stop while it starts its roles) could land while the
+    # child still has the zygote's handler: between fork() and the interpreter's after-fork
+    # reset, which forgets a signal already caught, or between signal.signal's check of
+    # pending signals and its change of handler ("Signal 15 ignored due to race condition").
+    # Either way the role lived on, deaf to the SIGTERM, until the supervisor killed it.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        mid = os.fork()
+        if mid == 0:  # the intermediate: fork the role, say its pid, exit (handing it over)
+            try:
+                os.close(r)
+                pid = os.fork()
+                if pid == 0:
+                    os.close(w)
+                    _run_role(req)
+                os.write(w, f"{pid}\n".encode())
+            finally:
+                os._exit(0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     os.close(w)
     try:
         with os.fdopen(r, "rb") as f:
