@@ -378,6 +378,11 @@ class SegmentStore:
             end_pos = f.end  # the file ended in a BLANK: the log continues in the next one
 
         end = (expected_index - 1) if expected_index is not None else -1
+        if begin > end:
+            begin = -1  # the walk from C kept nothing and C is the first entry: an empty log
+        # The log has entries [begin, end]. From the checkpoint, the walk may have kept none
+        # (C itself damaged): [begin, C - 1] is still the log the checkpoint vouches for, with
+        # its index records and C - 1's term (prev_term), and all of it left to the scrub.
         if problem is None and lost[0] is not None:
             problem = lost[0]  # the walk ran off the end of the files before a missing one
         self.repair_index = cp.repair_index
@@ -412,7 +417,10 @@ class SegmentStore:
             begin = base.index + 1  # empty, after its base: end = base.index, end term = base.term
         self.ledger_begin_index = begin
         self.ledger_end_index = end
-        self.ledger_end_term = records[-1][4] if records else (base.term if anchored else -1)
+        if records or (start is not None and begin >= 0):
+            self.ledger_end_term = prev_term  # the last walked entry's, else C - 1's record's
+        else:
+            self.ledger_end_term = base.term if anchored else -1
         committed = min(cp.committed_index, end)
         if base is not None and base.index <= end:
             committed = max(committed, base.index)  # the base is a snapshot of committed state
@@ -420,8 +428,7 @@ class SegmentStore:
         # What this open did not check: from the log's begin to the entry before the first one
         # whose CRC the walk checked (the checkpoint's committed entry on the fast path).
         unchecked_end = end if crc_from is None else crc_from - 1
-        self._scrub_reset(begin if begin >= 0 and records else -1,
-                          min(unchecked_end, end) if begin >= 0 else -1)
+        self._scrub_reset(begin, min(unchecked_end, end) if begin >= 0 else -1)
         log.info("%s: recovered begin=%d end=%d term=%d committed=%d%s (walked %d entries from %s; "
                  "%s left to the scrub)%s; opened in %.0f ms", self.dir, begin, end,
                  self.ledger_end_term, self.committed_index,
@@ -643,8 +650,9 @@ class SegmentStore:
 
     def _rebuild_index(self, records: list[tuple[int, int, int, int, int]], begin: int, end: int) -> None:
         """Make the index list agree with the data list, record by record. A log without
-        entries (`begin` < 0, or no records: empty after its base) keeps no index file."""
-        if not records:
+        entries (`begin` < 0 or `end` < `begin`: empty, or empty after its base) keeps no index
+        file. The records below the first walked one (a walk from the checkpoint) are kept."""
+        if end < begin:
             begin = -1
         start_off = max(begin, 0) * INDEX_SIZE
         if begin < 0 or (self.index.files and self.index.files[0].start > start_off):

@@ -168,3 +168,34 @@ def test_install_clears_repair_when_it_covers_it(tmp_path):
         s.reset_to(70, 4)
         assert s.repair_index == -1
     assert read_checkpoint(tmp_path).repair_index == -1
+
+
+@pytest.mark.parametrize("committed, n", [(55, 60), (59, 60), (0, 60)],
+                         ids=["mid-log", "last-entry", "first-entry"])
+def test_damaged_checkpointed_entry_keeps_the_prefix_below_it(tmp_path, committed, n):
+    """The walk at open starts at the checkpoint's committed entry C; here C itself is damaged,
+    so the walk keeps no entry at all. What is below C is still the log the checkpoint vouches
+    for: its index stays, its end term is C - 1's (a vote and the leader's COMPARE read it),
+    and the scrub still has it to check. (A store that dropped that index and reported end term
+    -1 could never be repaired: the leader's COMPARE at its end never matched.)"""
+    pos = _write(tmp_path, n=n, committed=committed)
+    with open(tmp_path / "data" / f"{pos[committed] - pos[committed] % FILE:020d}", "r+b") as fh:
+        fh.seek(pos[committed] % FILE + 40)  # the body CRC field: damage whatever the body
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 1]))
+    end = committed - 1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (end, end, n - 1)
+        assert s.ledger_begin_index == (0 if end >= 0 else -1)
+        assert s.ledger_end_term == (1 + end // 20 if end >= 0 else -1)
+        assert s.unchecked_end == end  # nothing below C was checked: the scrub's to do
+        _check_prefix(s, end)
+        assert [s.term_at(i) for i in range(end + 1)] == [1 + i // 20 for i in range(end + 1)]
+        s.scrub()
+        assert s.unchecked_end == -1
+        _catch_up(s, n - 1, n - 1)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.repair_index) == (n - 1, -1)
+        _check_prefix(s, n - 1)
