@@ -387,13 +387,17 @@ class SegmentStore:
             problem = lost[0]  # the walk ran off the end of the files before a missing one
         self.repair_index = cp.repair_index
         self._checkpointed = cp
-        if cp.committed_index > end:
-            # Committed entries are damaged or gone. Not cut silently, not refused either:
-            # recorded (repair index, durable before the cut), cut, and fetched again from the
-            # leader; the node must not vote meanwhile (docs/store.md "Repair from peers").
+        if cp.committed_index > end or (problem is not None and cp.end_index > end):
+            # Committed entries are damaged or gone, or entries the checkpoint says were on
+            # disk (at or below its end index: flushed, so this node may have acknowledged
+            # them, and a write a crash tore cannot be among them). Not cut silently as a torn
+            # tail, not refused either: recorded (repair index, durable before the cut), cut,
+            # and fetched again from the leader; the node must not vote meanwhile
+            # (docs/store.md "Repair from peers").
             why = problem or f"the log ends at {end}, the checkpoint says {cp.committed_index} is committed"
             self._enter_repair(max(cp.committed_index, cp.end_index), end + 1,
-                               Checkpoint(end, end, base, cp.repair_index), why)
+                               Checkpoint(min(cp.committed_index, end), end, base, cp.repair_index), why,
+                               committed=cp.committed_index)
         elif problem is not None:
             log.warning("%s: cutting the log after index %d: %s", self.dir, end, problem)
         for p in lost[1]:
@@ -585,7 +589,8 @@ class SegmentStore:
             return None
         return rec
 
-    def _enter_repair(self, target: int, first_bad: int, cp: Checkpoint, why: str) -> None:
+    def _enter_repair(self, target: int, first_bad: int, cp: Checkpoint, why: str,
+                      committed: int | None = None) -> None:
         """Record durably that this replica lost entries up to `target` (from `first_bad`)
         BEFORE anything is cut: a crash after it reopens with the repair index still set.
         The checkpoint `cp` (committed and end at most first_bad - 1) is written with it.
@@ -597,10 +602,13 @@ class SegmentStore:
         except OSError as e:
             raise self._io_failed(e, "recording a damaged range") from e
         self._checkpointed = cp
-        self.damage = f"committed entry {first_bad} is damaged: {why}"
-        log.error("%s: DAMAGED committed entries from index %d: %s. Cutting the log there and "
+        # `committed`: what recovery knows is committed; damage above it is of entries the
+        # checkpoint says were on disk (this node may have acknowledged them).
+        what = "committed" if committed is None or first_bad <= committed else "durable"
+        self.damage = f"{what} entry {first_bad} is damaged: {why}"
+        log.error("%s: DAMAGED %s entries from index %d: %s. Cutting the log there and "
                   "fetching it again from the leader; this node does not vote until it holds "
-                  "committed entries up to %d again (repair)", self.dir, first_bad, why,
+                  "committed entries up to %d again (repair)", self.dir, what, first_bad, why,
                   self.repair_index)
 
     def mark_damaged(self, first_bad: int, why: str) -> int:
@@ -1251,6 +1259,12 @@ class SegmentStore:
         if self._broken is not None:
             self._check_writable()
         rec = self.index_record(index)
+        # The checkpoint's end first: recovery reads damage at or below it as lost durable
+        # entries (repair), and the entries written over the cut range are not durable yet.
+        # Lowering it claims nothing new (what was durable below `index` still is).
+        with self._cp_lock:
+            if self._checkpointed.end_index >= index:
+                self._write_checkpoint(min(self._checkpointed.committed_index, index - 1), index - 1)
         # Fenced: files after the cut are deleted and their names re-created by later appends;
         # a reader still mapping them must see the generation move (docs/contracts.md C1,
         # docs/store.md).

@@ -199,3 +199,41 @@ def test_damaged_checkpointed_entry_keeps_the_prefix_below_it(tmp_path, committe
     with SegmentStore(_cfg(tmp_path)) as s:
         assert (s.ledger_end_index, s.repair_index) == (n - 1, -1)
         _check_prefix(s, n - 1)
+
+
+def _flip_crc(path, pos, index):
+    with open(path / "data" / f"{pos[index] - pos[index] % FILE:020d}", "r+b") as fh:
+        fh.seek(pos[index] % FILE + 40)  # the body CRC field
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 1]))
+
+
+def test_damage_above_the_commit_but_within_the_checkpoint_end_is_repaired_not_cut(tmp_path):
+    """Entries up to the checkpoint's end index were on disk when it was written: this node may
+    have acknowledged them, and a leader counted them toward a commit this node never heard
+    of. A crash cannot tear them, so one that fails its CRC is damage: cut as a torn tail, the
+    node would vote with a shorter log than it acknowledged and could elect a leader that lacks
+    a committed entry. It is repaired instead, up to that end index."""
+    pos = _write(tmp_path, n=60, committed=40)
+    assert read_checkpoint(tmp_path).end_index == 59
+    _flip_crc(tmp_path, pos, 50)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (49, 40, 59)
+        assert "durable entry 50 is damaged" in s.damage
+        _check_prefix(s, 49)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    assert read_checkpoint(tmp_path).repair_index == -1
+
+
+def test_a_truncation_lowers_the_checkpoint_end_before_it_cuts(tmp_path):
+    """What replaces a cut range is not on disk until the next flush: the checkpoint must stop
+    vouching for that range first, or a crash that tore the new entries would read as damage."""
+    _write(tmp_path, n=60, committed=40)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert read_checkpoint(tmp_path).end_index == 59
+        s.truncate(45)
+        cp = read_checkpoint(tmp_path)
+        assert (cp.committed_index, cp.end_index) == (40, 44)
+        assert s.ledger_end_index == 44
