@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import protocol as P
 from node.store.base import DiskFull, StoreConfig
+from node.store.codec import ENTRY_MAGICS, HEADER_SIZE, INDEX, INDEX_SIZE
+from node.store.layout import read_checkpoint
 from node.store.memory_store import MemoryStore
 from node.store.reader import StoreReader
 from node.store.segment_store import SegmentStore
@@ -251,6 +253,9 @@ class Actor:
         if deleted_below >= 0 and d is not None and d.files and d.files[0].start < deleted_below:
             self.sim.fail(f"{self.key}: after a loop turn it still maps data file {d.files[0].path.name}, which "
                           f"retention deleted before the turn began: the disk never gets that space back")
+
+
+BODY_CRC_AT = 40  # the body CRC field of a data entry's header (docs/store.md "Data entry")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -760,3 +765,39 @@ def write_torn_tail(node: Node, rng: random.Random) -> str:
             f.write(junk)
         out.append(f"{sub}/{fname}@{rel}+{n}")
     return ", ".join(out) or "nothing"
+
+
+def rot_entry(node: Node, rng: random.Random) -> tuple[int, str] | None:
+    """Damage at rest on a stopped node: one bit of one entry's body CRC flipped in its data
+    file, an entry the checkpoint vouches for and the walk at open CRC-checks -- the
+    checkpoint's committed entry C, or one above it up to the checkpoint's end index (on disk
+    when it was written, so this node may have acknowledged it). Recovery must find it at open
+    and repair from peers (docs/store.md "Repair from peers"). (index, description), or None
+    when there is nothing to damage (no checkpoint, C is the log base, a file gone)."""
+    d = node.cfg.store_dir
+    try:
+        cp = read_checkpoint(d)
+    except (OSError, ValueError):
+        return None
+    c = cp.committed_index
+    if c < 0 or (cp.base is not None and c <= cp.base.index):
+        return None
+    above = list(range(c + 1, cp.end_index + 1))
+    i = c if not above or rng.random() < 0.5 else rng.choice(above)
+    isz, dsz = node.cfg.index_file_size, node.cfg.data_file_size
+    off = i * INDEX_SIZE
+    try:
+        with open(os.path.join(d, "index", f"{(off // isz) * isz:020d}"), "rb") as f:
+            f.seek(off % isz)
+            magic, pos, size, idx, _term = INDEX.unpack(f.read(INDEX_SIZE))
+        if magic not in ENTRY_MAGICS or idx != i or size < HEADER_SIZE:
+            return None
+        with open(os.path.join(d, "data", f"{(pos // dsz) * dsz:020d}"), "r+b") as f:
+            f.seek(pos % dsz + BODY_CRC_AT)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+    except (OSError, ValueError):
+        return None
+    return i, f"entry {i} ({'C' if i == c else f'durable, C={c} end={cp.end_index}'})"
+

@@ -80,11 +80,33 @@ class FaultsMixin:
         what = ""
         if torn and self.store_kind == "segment":
             what = " torn tail: " + A.write_torn_tail(n, self.rng)
+        if "rot" in self.faults and self.store_kind == "segment" and self._may_rot():
+            rot = A.rot_entry(n, self.rng)
+            if rot is not None:
+                self.rot_pending = (n, rot[0])
+                self.stats["rot"] += 1
+                what += " rot: " + rot[1]
         self.trace_event(n.id, "crash", "node" + what)
         self.stats["node_crashes"] += 1
         if down_ms is None:
             down_ms = self.rng.randint(50, 2500)
         self.schedule(self.now + down_ms, "call", lambda: self.restart_node(n))
+
+    def _may_rot(self) -> bool:
+        """Fault `rot` damages one node at a time: the group holds every entry on a majority,
+        and two damaged copies of one entry in a 3-node group would leave it without a voter
+        that may elect a leader (by design: a node repairing does not vote). A damaged node is
+        done once it has reopened its store, repaired, and scrubbed what open left unchecked."""
+        if self.rot_pending is None:
+            return True
+        n, _i = self.rot_pending
+        h = self._node_actor(n, "handler")
+        st = h.h.store if h is not None and h.opened else None
+        if st is None or st.repair_index >= 0 or st.unchecked_end >= 0:  # repairing, or not scrubbed
+            return False
+        self.rot_pending = None
+        self.stats["rot_repaired"] += 1
+        return True
 
     def restart_node(self, n: Node) -> None:
         if n.up:
@@ -168,6 +190,8 @@ class FaultsMixin:
             kinds.append("lagging-follower")
         if "disk-full" in self.faults:
             kinds.append("disk-full")
+        if "rot" in self.faults and self.store_kind == "segment" and "crash" in self.faults:
+            kinds += ["crash"] * 2  # each crash may bring damage at rest back with it
         if "disk-probe" in self.faults:
             kinds += ["disk-probe"] * 4  # a seed's fault phase is short: drawn often
         if "figure8" in self.faults and self.cfg.nodes == 5:

@@ -69,6 +69,12 @@ Client sessions (the session faults; each reverts one of the fixes of the leader
   (`retention`, `--store segment`).
 - `multi-repeat-admitted`: one (session, seq) twice in one MULTI frame is written twice
   (`bad-client`).
+
+Damage at rest (`rot`, `--store segment`):
+
+- `rot-as-torn-tail`: recovery reads only the checkpoint's committed index as vouched for, so
+  a damaged entry above it that the checkpoint's end index says was on disk is cut as a torn
+  tail: the node votes with a shorter log than it acknowledged (a committed entry is lost).
 """
 
 from __future__ import annotations
@@ -558,3 +564,22 @@ def _multi_repeat_admitted() -> Callable[[], None]:
         return d
 
     return _patch(LeaderCore, "admit_in_frame", admit_in_frame)
+
+
+@_mutation("rot-as-torn-tail")
+def _rot_as_torn_tail() -> Callable[[], None]:
+    """Recovery's checkpoint without its end index: damage above the committed index is a
+    torn tail again (the fix in `SegmentStore._recover` reverted by what it reads)."""
+    import dataclasses
+
+    from node.store import segment_store
+    from node.store.layout import Checkpoint
+
+    real = segment_store.read_checkpoint
+
+    def committed_only(store_dir: Any) -> Checkpoint:
+        cp = real(store_dir)
+        return dataclasses.replace(cp, end_index=min(cp.end_index, cp.committed_index))
+
+    return _patch(segment_store, "read_checkpoint", committed_only)
+

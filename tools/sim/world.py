@@ -91,6 +91,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         self.last_ack_at = -1
         self.sent: dict[bytes, tuple[int, int]] = {}
         self.stats = collections.Counter()
+        self.rot_pending: tuple[Node, int] | None = None  # fault rot: the node damaged, the entry
         self._tmp = tempfile.mkdtemp(prefix=f"dlsim-{cfg.seed}-", dir=cfg.tmp_root or _tmp_root())
         # network conditions for this seed
         r = self.rng
