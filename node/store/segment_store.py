@@ -387,14 +387,16 @@ class SegmentStore:
             problem = lost[0]  # the walk ran off the end of the files before a missing one
         self.repair_index = cp.repair_index
         self._checkpointed = cp
-        if cp.committed_index > end or (problem is not None and cp.end_index > end):
+        if cp.committed_index > end or cp.end_index > end:
             # Committed entries are damaged or gone, or entries the checkpoint says were on
             # disk (at or below its end index: flushed, so this node may have acknowledged
-            # them, and a write a crash tore cannot be among them). Not cut silently as a torn
-            # tail, not refused either: recorded (repair index, durable before the cut), cut,
-            # and fetched again from the leader; the node must not vote meanwhile
-            # (docs/store.md "Repair from peers").
-            why = problem or f"the log ends at {end}, the checkpoint says {cp.committed_index} is committed"
+            # them, and a write a crash tore cannot be among them; zeroed or gone counts too:
+            # a truncation lowers the end index first). Not cut silently as a torn tail, not
+            # refused either: recorded (repair index, durable before the cut), cut, and fetched
+            # again from the leader; the node must not vote meanwhile (docs/store.md "Repair
+            # from peers").
+            why = problem or (f"the log ends at {end}, the checkpoint says {cp.committed_index} is "
+                              f"committed and {cp.end_index} was on disk")
             self._enter_repair(max(cp.committed_index, cp.end_index), end + 1,
                                Checkpoint(min(cp.committed_index, end), end, base, cp.repair_index), why,
                                committed=cp.committed_index)
@@ -404,8 +406,6 @@ class SegmentStore:
             p.unlink(missing_ok=True)  # after the repair index is durable (inside open's fence)
         if lost[1]:
             fsync_dir(self.data.dir)
-        if cp.end_index > end and problem is None:
-            log.warning("%s: checkpoint recorded ledger end %d, recovered end is %d", self.dir, cp.end_index, end)
 
         self.data.set_wrote_position(end_pos)
         index_files = len(self.index.files)
@@ -1259,12 +1259,20 @@ class SegmentStore:
         if self._broken is not None:
             self._check_writable()
         rec = self.index_record(index)
-        # The checkpoint's end first: recovery reads damage at or below it as lost durable
-        # entries (repair), and the entries written over the cut range are not durable yet.
-        # Lowering it claims nothing new (what was durable below `index` still is).
+        # The checkpoint's end first: recovery reads damage at or below it (or a log ending
+        # before it) as lost durable entries (repair), and the entries written over the cut
+        # range are not durable yet. Lowering it claims nothing new (what was durable below
+        # `index` still is). Under `_cp_lock` to the end of the cut: a checkpoint taken in
+        # between would read the old end and claim the range being zeroed.
         with self._cp_lock:
             if self._checkpointed.end_index >= index:
                 self._write_checkpoint(min(self._checkpointed.committed_index, index - 1), index - 1)
+            self._cut(index, rec, base)
+        if self._sync:
+            self.flush()  # the zeroed range and the deletions reach the disk before we answer
+
+    def _cut(self, index: int, rec: codec.IndexRecord, base: LogBase | None) -> None:
+        """truncate's cut, under `_cp_lock`: zero from entry `index` on, drop later files."""
         # Fenced: files after the cut are deleted and their names re-created by later appends;
         # a reader still mapping them must see the generation move (docs/contracts.md C1,
         # docs/store.md).
@@ -1288,8 +1296,6 @@ class SegmentStore:
             raise err from e
         finally:
             self.end_change()
-        if self._sync:
-            self.flush()  # the zeroed range and the deletions reach the disk before we answer
 
     def set_committed_index(self, index: int) -> None:
         """Advance the committed index (monotonic, never past the ledger end)."""

@@ -237,3 +237,17 @@ def test_a_truncation_lowers_the_checkpoint_end_before_it_cuts(tmp_path):
         cp = read_checkpoint(tmp_path)
         assert (cp.committed_index, cp.end_index) == (40, 44)
         assert s.ledger_end_index == 44
+
+
+def test_durable_entries_read_as_zeros_are_repaired(tmp_path):
+    """A range the checkpoint's end index vouches for that reads back as zeros (a lost write
+    of a block the file system had acknowledged) looks like the end of the log. It is not: the
+    node may have acknowledged those entries, so they are repaired like damaged ones."""
+    pos = _write(tmp_path, n=60, committed=40)
+    first = pos[50]
+    with open(tmp_path / "data" / f"{first - first % FILE:020d}", "r+b") as fh:
+        fh.seek(first % FILE)
+        fh.write(b"\0" * (FILE - first % FILE))
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (49, 40, 59)
+        _check_prefix(s, 49)
