@@ -51,6 +51,23 @@ def wait_for(cond: Callable[[], object], timeout: float, what: str, interval: fl
                          (f" (last error: {last_exc!r})" if last_exc else ""))
 
 
+def transfer_to(client, target: str, attempts: int = 5, timeout: float = 20.0):  # noqa: ANN001, ANN201
+    """Make `target` the leader through `client.transfer_leadership`, tried again (up to
+    `attempts` times) while the leader answers TAKE_LEADERSHIP_FAILED: a target that did not
+    win in time, or that the leader judged stalled (a node just restarted on a loaded machine,
+    whose first acknowledgements come late). Any other refusal is raised at once."""
+    from ipc.client.results import DLedgerError
+
+    for attempt in range(attempts):
+        try:
+            return client.transfer_leadership(target, timeout=timeout)
+        except DLedgerError as e:
+            if e.code != ResponseCode.TAKE_LEADERSHIP_FAILED or attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    return None
+
+
 class Node:
     def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
         self.cluster = cluster

@@ -4,7 +4,7 @@ and a follower killed in the middle of an install finishes it after its restart.
 
 from pathlib import Path
 
-from cluster import wait_for
+from cluster import transfer_to, wait_for
 
 from ipc.client import KVClient
 
@@ -61,7 +61,7 @@ def test_a_follower_behind_a_compacted_log_installs_the_leaders_snapshot_and_cat
     assert c.metadata(lagger).ledger_begin_index > behind_at + 1  # its log begins after the snapshot
     # Its state is the group's: make it lead, so the reads below are answered by its applier.
     with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
-        cl.transfer_leadership(lagger, timeout=20)
+        transfer_to(cl, lagger, timeout=20)
     assert c.wait_leader(timeout=15) == lagger
     fill(c, range(2500, 2510))
     with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
@@ -170,7 +170,7 @@ def test_a_node_killed_in_the_middle_of_taking_a_snapshot_restores_the_previous_
         cl.append(b"1000")
         c.wait_converged(timeout=30)
         # The victim's state is the group's: make it lead and ask it.
-        cl.transfer_leadership(victim, timeout=20)
+        transfer_to(cl, victim, timeout=20)
         assert c.wait_leader(timeout=15) == victim
         assert bytes(cl.query(b"sum").answer) == b"%d" % (sum(range(1, 101)) + 1000)
 

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from cluster import read_log, wait_for
+from cluster import read_log, transfer_to, wait_for
 
 from ipc.client import DLedgerClient
 from node.block.shared_state import SharedState
@@ -315,7 +315,7 @@ def test_lost_term_vote_file_rejoins_without_a_vote_in_any_term_it_may_have_vote
     # It can lead again (it votes for itself in a later term): hand it the leadership.
     c.wait_converged(timeout=60)
     with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
-        cl.transfer_leadership(victim, timeout=20)
+        transfer_to(cl, victim, timeout=20)
     assert c.wait_leader(timeout=60) == victim
     append(c, total, 20)
     logs = same_logs(c, converged_then_stopped(c))
@@ -434,7 +434,7 @@ def test_wiped_store_behind_a_compacted_log_installs_a_snapshot_then_votes(make_
     wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote")
     c.wait_converged(timeout=60)
     with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
-        cl.transfer_leadership(victim, timeout=30)
+        transfer_to(cl, victim, timeout=30)
     assert c.wait_leader(timeout=60) == victim  # its applier answers the reads below
     with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
         assert kv.get(b"k00007").value.startswith(b"7-")

@@ -22,8 +22,12 @@ FORK_WITH_SIGTERM_AT_AFTER_FORK = textwrap.dedent("""
     me = os.getpid()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(77))  # the zygote's own handler, recognisable
 
-    def sigterm_in_the_role():  # the role is the grandchild; the intermediate is our child
-        if os.getppid() != me:
+    depth = 0  # forks between us and this process: the intermediate is 1, the role 2
+
+    def sigterm_in_the_role():  # (not by its parent: the role may already be handed to us)
+        global depth
+        depth += 1
+        if depth == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
     os.register_at_fork(after_in_child=sigterm_in_the_role)

@@ -324,6 +324,8 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             for n in self.nodes:  # final: every replica's whole log is the history
                 n.checked = -1
             self.check()
+            if self.rot_pending is not None and self.rot_pending[0].store.repair_index < 0:
+                self.stats["rot_repaired"] += 1  # the last damaged node repaired before the end
             top = max(n.store.committed_index for n in self.nodes)
             if len(self.chist) - 1 < top:
                 self.fail(f"entries {len(self.chist)}..{top} are committed but no replica's log held them "
