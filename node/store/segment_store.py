@@ -68,9 +68,11 @@ from node.store.codec import (
 )
 from node.store.generation import GenerationCounter
 from node.store.layout import (
+    CHECKPOINT_FILE,
     DATA_DIR,
     INDEX_DIR,
     Checkpoint,
+    LayoutError,
     LogBase,
     longest_fitting_run,
     read_checkpoint,
@@ -298,7 +300,10 @@ class SegmentStore:
         return problem, rest
 
     def _recover(self, lost: tuple[str | None, list[Path]] = (None, [])) -> None:
-        cp = read_checkpoint(self.dir)
+        try:
+            cp = read_checkpoint(self.dir)
+        except LayoutError as e:
+            cp = self._set_damaged_checkpoint_aside(e)
         base = cp.base
         cleaned = base is not None and self._drop_replaced_files(base)
         files = self.data.files
@@ -536,6 +541,21 @@ class SegmentStore:
                 raise CorruptEntry(f"entry {i + j}: {e}") from e
             off += size
         del n
+
+    def _set_damaged_checkpoint_aside(self, e: LayoutError) -> Checkpoint:
+        """An unreadable checkpoint is no reason to refuse the store: the log is in the files,
+        and the checkpoint only vouches for part of it. It is kept for the operator as
+        `checkpoint.damaged` and recovery goes on as without one (as after deleting it): the
+        walk starts at the first entry and the committed index is learned from the leader
+        again. What is lost with it: a log base (the log then reads as one that retention
+        trimmed) and a repair in progress (docs/store.md "Recovery")."""
+        path = self.dir / CHECKPOINT_FILE
+        kept = path.with_name(CHECKPOINT_FILE + ".damaged")
+        os.replace(path, kept)
+        fsync_dir(self.dir)
+        log.error("%s: the checkpoint is unreadable (%s); kept as %s, recovering from the files "
+                  "alone (the walk starts at the first entry)", self.dir, e, kept.name)
+        return Checkpoint()
 
     def _checkpoint_start(self, cp: Checkpoint, base: LogBase | None, files: list,
                           first_off: int) -> tuple[int, int, int, int, int] | None:

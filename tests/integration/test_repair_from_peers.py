@@ -456,3 +456,23 @@ def test_damaged_follower_of_an_idle_group_is_repaired(make_cluster):
     wait_for(lambda: block_value(c.nodes[victim], "repair_index") == -1, 60, "the repair to finish")
     logs = same_logs(c, converged_then_stopped(c))
     assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(600)]
+
+
+def test_a_follower_whose_checkpoint_is_damaged_starts_and_catches_up(make_cluster):
+    """The checkpoint only vouches for part of the log: a damaged one is set aside (kept as
+    `checkpoint.damaged`) and the node recovers from its files, follows, and ends with the
+    group's log, instead of refusing to start."""
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 300)
+    c.wait_converged(timeout=30)
+    victim = next(n for n in c.nodes if n != lead)
+    c.nodes[victim].stop()
+    cp = Path(c.nodes[victim].store_dir, "checkpoint")
+    cp.write_bytes(b"\xff\xfe not a checkpoint")
+    c.nodes[victim].start()
+    append(c, 300, 100)
+    wait_for(lambda: "the checkpoint is unreadable" in c.nodes[victim].log_text(), 30, "the damage to be reported")
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(400)]
+    assert Path(c.nodes[victim].store_dir, "checkpoint.damaged").read_bytes() == b"\xff\xfe not a checkpoint"

@@ -251,3 +251,23 @@ def test_durable_entries_read_as_zeros_are_repaired(tmp_path):
     with SegmentStore(_cfg(tmp_path)) as s:
         assert (s.ledger_end_index, s.committed_index, s.repair_index) == (49, 40, 59)
         _check_prefix(s, 49)
+
+
+@pytest.mark.parametrize("junk", [b"\xff\xfe\x00garbage", b"committedIndex=zz\nendIndex=59\n",
+                                  b"committedIndex=40\nendIndex=59\nbaseIndex=3\n"],
+                         ids=["not-utf8", "not-a-number", "half-a-base"])
+def test_a_damaged_checkpoint_is_set_aside_not_a_reason_to_refuse(tmp_path, junk):
+    """The checkpoint only vouches for part of the log; the log is in the files. A damaged one
+    is kept for the operator and the store opens as without one: every entry there, the
+    committed index unknown until a leader says it again."""
+    _write(tmp_path, n=60, committed=40)
+    (tmp_path / "checkpoint").write_bytes(junk)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_begin_index, s.ledger_end_index, s.committed_index, s.repair_index) == (0, 59, -1, -1)
+        _check_prefix(s, 59)
+        s.scrub()
+        s.set_committed_index(59)
+    assert (tmp_path / "checkpoint.damaged").read_bytes() == junk
+    assert read_checkpoint(tmp_path).committed_index == 59
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.committed_index) == (59, 59)
