@@ -396,6 +396,12 @@ def test_damage_at_rest_is_repaired_from_peers() -> None:
         assert r.ok, _explain(r)
         rots += r.stats.get("rot", 0)
     assert rots >= 4, f"only {rots} entries damaged in 13 seeds"
+    rots = 0
+    for seed in range(0, 10):  # below C: found later, by the scrub, a GET or a push check
+        r = run_seed(SimConfig(seed=seed, store="segment", faults=ALL_FAULTS + ("rot-below",)))
+        assert r.ok, _explain(r)
+        rots += r.stats.get("rot", 0)
+    assert rots >= 3, f"only {rots} entries damaged below C in 10 seeds"
     with mutations.apply("rot-as-torn-tail"):
         r = run_seed(SimConfig(seed=70, store="segment", faults=faults))
     assert not r.ok and "but the group committed" in r.error, r.error

@@ -767,13 +767,18 @@ def write_torn_tail(node: Node, rng: random.Random) -> str:
     return ", ".join(out) or "nothing"
 
 
-def rot_entry(node: Node, rng: random.Random) -> tuple[int, str] | None:
+def rot_entry(node: Node, rng: random.Random, below: bool = False, held_from: int = 0) -> tuple[int, str] | None:
     """Damage at rest on a stopped node: one bit of one entry's body CRC flipped in its data
     file, an entry the checkpoint vouches for and the walk at open CRC-checks -- the
     checkpoint's committed entry C, or one above it up to the checkpoint's end index (on disk
     when it was written, so this node may have acknowledged it). Recovery must find it at open
-    and repair from peers (docs/store.md "Repair from peers"). (index, description), or None
-    when there is nothing to damage (no checkpoint, C is the log base, a file gone)."""
+    and repair from peers (docs/store.md "Repair from peers"). With `below`, an entry of the
+    200 below C instead, which open leaves to the scrub: found later (the scrub, a GET, a
+    dispatcher's check before it pushes it), while the node may already vote or lead; only an
+    entry at or after `held_from`, which the other nodes still hold (without snapshots, one
+    their retention deleted could not be fetched again: the node would need re-seeding).
+    (index, description), or None when there is nothing to damage (no checkpoint, C is the log
+    base, a file gone)."""
     d = node.cfg.store_dir
     try:
         cp = read_checkpoint(d)
@@ -782,8 +787,14 @@ def rot_entry(node: Node, rng: random.Random) -> tuple[int, str] | None:
     c = cp.committed_index
     if c < 0 or (cp.base is not None and c <= cp.base.index):
         return None
-    above = list(range(c + 1, cp.end_index + 1))
-    i = c if not above or rng.random() < 0.5 else rng.choice(above)
+    if below:
+        lo = max(0, c - 200, held_from, cp.base.index + 1 if cp.base is not None else 0)
+        if lo >= c:
+            return None
+        i = rng.randrange(lo, c)
+    else:
+        above = list(range(c + 1, cp.end_index + 1))
+        i = c if not above or rng.random() < 0.5 else rng.choice(above)
     isz, dsz = node.cfg.index_file_size, node.cfg.data_file_size
     off = i * INDEX_SIZE
     try:
@@ -799,5 +810,6 @@ def rot_entry(node: Node, rng: random.Random) -> tuple[int, str] | None:
             f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
     except (OSError, ValueError):
         return None
-    return i, f"entry {i} ({'C' if i == c else f'durable, C={c} end={cp.end_index}'})"
+    what = "C" if i == c else f"below C={c}" if i < c else f"durable, C={c} end={cp.end_index}"
+    return i, f"entry {i} ({what})"
 

@@ -80,8 +80,12 @@ class FaultsMixin:
         what = ""
         if torn and self.store_kind == "segment":
             what = " torn tail: " + A.write_torn_tail(n, self.rng)
-        if "rot" in self.faults and self.store_kind == "segment" and self._may_rot():
-            rot = A.rot_entry(n, self.rng)
+        rots = [k for k in ("rot", "rot-below") if k in self.faults]
+        if rots and self.store_kind == "segment" and self._may_rot():
+            kind = rots[0] if len(rots) == 1 else self.rng.choice(rots)
+            held = max((m.block.ledger.ledger_begin_index for m in self.nodes
+                        if m is not n and m.block is not None), default=0)
+            rot = A.rot_entry(n, self.rng, below=kind == "rot-below", held_from=held)
             if rot is not None:
                 self.rot_pending = (n, rot[0])
                 self.stats["rot"] += 1
@@ -190,7 +194,8 @@ class FaultsMixin:
             kinds.append("lagging-follower")
         if "disk-full" in self.faults:
             kinds.append("disk-full")
-        if "rot" in self.faults and self.store_kind == "segment" and "crash" in self.faults:
+        if ("rot" in self.faults or "rot-below" in self.faults) and self.store_kind == "segment" \
+                and "crash" in self.faults:
             kinds += ["crash"] * 2  # each crash may bring damage at rest back with it
         if "disk-probe" in self.faults:
             kinds += ["disk-probe"] * 4  # a seed's fault phase is short: drawn often
@@ -313,9 +318,11 @@ class FaultsMixin:
         """Fault `disk-full`, at the heal (docs/contracts.md C5): the leader's disk fills for 6 s
         while the others are healthy and clients keep writing. A leader that cannot write must step
         down so that the group fails over: some append must be acknowledged again within FAILOVER_MS
-        (checked in `run`). Returns when the disk filled (None: no leader now)."""
+        (checked in `run`). Returns when the disk filled (None: no leader now, or a node damaged
+        by fault rot is not repaired yet: not "the others healthy", and with the leader unable
+        to write, the group may rightly have no node that can lead until the disk frees)."""
         lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
-        if not lead:
+        if not lead or not self._may_rot():
             return None
         n = lead[0]
         n.disk_full_until = self.now + 6000

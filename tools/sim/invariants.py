@@ -160,6 +160,8 @@ class InvariantsMixin:
             try:
                 e = s.get(i)
             except StoreError as err:  # a damaged entry was stored and then committed (t1)
+                if "rot-below" in self.faults and i <= s.unchecked_end:
+                    return i - 1  # damage at rest that open left to the scrub: read once repaired
                 self.fail(f"{n.id}: committed entry {i} cannot be read back: {err}")
             got = (e.term, e.magic, bytes(e.body))
             if i < len(h):
@@ -243,6 +245,8 @@ class InvariantsMixin:
             return "leader has not appended its NOOP"
         for n in self.nodes:
             s = n.store
+            if "rot-below" in self.faults and s.unchecked_end >= 0:  # damage below C is the scrub's
+                return f"{n.id}: the scrub has not checked up to {s.unchecked_end} yet"
             if s.ledger_end_index != end or s.committed_index != end:
                 lag = ""
                 if s.ledger_end_index < ls.ledger_begin_index - 1:  # liveness of install snapshot

@@ -215,8 +215,13 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
     def retention_floor(self) -> int:
         """Fault retention without a state machine (no snapshot to install): the highest index
         retention may delete, one below what every replica has committed, so a lagging replica
-        still finds every entry it needs in the leader's log."""
-        return min(n.max_committed for n in self.nodes) - 1
+        still finds every entry it needs in the leader's log. A node damaged by fault rot needs
+        its damaged entry again (without snapshots a log retention deleted is gone for it: it
+        would have to be re-seeded by hand, docs/operations.md)."""
+        floor = min(n.max_committed for n in self.nodes) - 1
+        if self.rot_pending is not None:
+            floor = min(floor, self.rot_pending[1] - 1)
+        return floor
 
     def _start_node(self, n: Node) -> None:
         n.block = NodeBlock(len(n.cfg.peer_ids), n.cfg.self_slot)
