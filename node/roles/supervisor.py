@@ -600,6 +600,11 @@ class Supervisor:
         """Run the node in the foreground until SIGTERM/SIGINT; returns the exit code."""
         self._lock_store()
         try:
+            # The handlers first, before anything this node must clean up exists: a SIGTERM
+            # (the parent-death signal of a killed launcher, say) while the block is being
+            # created would otherwise kill the supervisor at once, before its resource tracker
+            # knew the block, and leave it in /dev/shm. Now it only asks the loop to stop.
+            self._install_signals()
             # The zygote first: its interpreter and the roles' imports (~0.2 s of CPU) then run
             # beside the port check, the metrics server and the block, not after them.
             self._make_run_dir()
@@ -609,7 +614,6 @@ class Supervisor:
             self._start_metrics()
             self.state = SharedState.create(state_name(self.cfg), len(self.cfg.peer_ids),
                                             self.cfg.self_slot, role="supervisor")
-            self._install_signals()
             log.info("%s node starting: group=%s peers=%s store=%s roles=%s", self.node, self.cfg.group,
                      self.cfg.peers, self.store_dir, ",".join(r.name for r in self.roles))
             if self.cfg.keys_dir:
@@ -619,7 +623,8 @@ class Supervisor:
                 log.warning("%s plain mode: no keys_dir, anyone who reaches the data and elector "
                             "ports is a member and a client%s", self.node,
                             " (--insecure: on a non-loopback address)" if self.cfg.insecure else "")
-            self._spawn_handler_first()
+            if not self._stop_requested:  # a stop during start-up: nothing to start
+                self._spawn_handler_first()
             self._loop()
         finally:
             self._shutdown()

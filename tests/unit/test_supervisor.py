@@ -176,3 +176,38 @@ def test_a_retiring_dispatcher_that_ignores_sigterm_is_killed_after_the_grace_th
         if stubborn.poll() is None:
             stubborn.kill()
         stubborn.wait()
+
+
+SIGTERM_WHILE_THE_BLOCK_IS_MADE = """
+import os, signal, sys
+from node.block import shared_state
+from node.config import NodeConfig
+from node.roles import supervisor as S
+
+store, port = sys.argv[1], int(sys.argv[2])
+real = shared_state.resource_tracker.register
+
+def register(name, rtype):  # the block exists, its tracker does not know it yet: SIGTERM lands
+    os.kill(os.getpid(), signal.SIGTERM)
+    real(name, rtype)
+
+shared_state.resource_tracker.register = register
+sys.exit(S.Supervisor(NodeConfig(id="n0", peers=f"n0-127.0.0.1:{port}", store_dir=store)).run())
+"""
+
+
+def test_a_sigterm_while_the_block_is_made_stops_the_node_and_removes_the_block(tmp_path):
+    """A launcher killed at once (its servers get SIGTERM as the parent-death signal) can hit a
+    supervisor between creating its block and telling its resource tracker about it. Before its
+    handlers were installed first, SIGTERM killed it there and the block stayed in /dev/shm (a
+    suite at twice the load caught it: test_a_killed_bench_does_not_leave_its_local_group_running)."""
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_THE_BLOCK_IS_MADE, str(store),
+                           str(free_port_pairs(1)[0])], cwd=REPO, capture_output=True, text=True, timeout=60)
+    block = Path("/dev/shm", segment_name("default", "n0", str(store)))
+    leaked = block.exists()
+    if leaked:
+        block.unlink()
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert not leaked, "the block outlived the supervisor"
+    assert "started handler" not in done.stderr  # told to stop before it started anything
