@@ -40,6 +40,9 @@ HEADER_SIZE: Final = HEADER.size  # 48
 POS_OFFSET: Final = 24
 INDEX_OFFSET: Final = 8
 TERM_OFFSET: Final = 16
+# Where the body CRC sits (damage tests and the simulator's fault `rot` flip it: a damaged entry
+# whatever its body, an empty NOOP's too).
+BODY_CRC_OFFSET: Final = 40
 
 # crcmod is the design's CRC library and the reference: `crc32_crcmod` ("crc-32", the same
 # polynomial, reflection and final XOR as zlib). The hot path uses zlib.crc32, which computes

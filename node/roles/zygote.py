@@ -19,11 +19,12 @@ Rules that keep this as safe as a fresh interpreter:
   signals it and reaps it by PID exactly as it did a Popen child (`ForkedRole`).
 * The child closes every inherited descriptor but 0-2, resets the signal handlers a fresh
   interpreter has (SIGTERM and SIGINT stay blocked from before the fork until then, so a stop
-  signal sent to the new pid meets those handlers, never the zygote's), waits until it is the supervisor's child, writes the role's usual command
-  line over its own (`python -m node.roles.elector --config ... --peer n1`, what ps, the tests
-  and the tools read) and runs the module as `__main__` (runpy: `python -m` semantics). Its
-  exit status is the module's, as with `python -m`: SystemExit's code, 1 and a traceback for an
-  uncaught exception. The global `random` state is reseeded at fork by Python itself.
+  signal sent to the new pid meets those handlers, never the zygote's), waits until it is the
+  supervisor's child, writes the role's usual command line over its own (`python -m
+  node.roles.elector --config ... --peer n1`, what ps, the tests and the tools read) and runs
+  the module as `__main__` (runpy: `python -m` semantics). Its exit status is the module's, as
+  with `python -m`: SystemExit's code, 1 and a traceback for an uncaught exception. The global
+  `random` state is reseeded at fork by Python itself.
 
 Protocol (the socket the supervisor passes as `--fd`): one JSON line per request,
 `{"module": M, "argv": [...], "title": [...], "parent": PID}`, answered by one line holding the

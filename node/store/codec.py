@@ -32,6 +32,7 @@ from typing import Final
 # The entry format itself is the client's too (it decodes GET answers): it lives in
 # ipc/entry_codec.py and is re-exported here, so the store's modules keep importing it from here.
 from ipc.entry_codec import (  # noqa: F401
+    BODY_CRC_OFFSET,
     CRC_USES_C_EXTENSION,
     ENTRY_MAGICS,
     HEADER,

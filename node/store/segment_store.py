@@ -678,10 +678,9 @@ class SegmentStore:
 
     def _rebuild_index(self, records: list[tuple[int, int, int, int, int]], begin: int, end: int) -> None:
         """Make the index list agree with the data list, record by record. A log without
-        entries (`begin` < 0 or `end` < `begin`: empty, or empty after its base) keeps no index
-        file. The records below the first walked one (a walk from the checkpoint) are kept."""
-        if end < begin:
-            begin = -1
+        entries (`begin` < 0: empty, or empty after its base; `_recover` says so) keeps no
+        index file. The records below the first walked one (a walk from the checkpoint) are
+        kept."""
         start_off = max(begin, 0) * INDEX_SIZE
         if begin < 0 or (self.index.files and self.index.files[0].start > start_off):
             # An empty log needs no index; one starting before the first index file is

@@ -23,7 +23,6 @@ from node.store.layout import read_checkpoint
 OPTS = dict(data_file_size=16384, index_file_size=32 * 4096, max_body_size=8000,
             env={"DLEDGER_SCRUB_DELAY_MS": "0"})
 BODY = 400  # ~37 entries per 16 KiB data file
-BODY_CRC_OFFSET = 40  # in the entry header (docs/store.md "Data entry")
 
 
 def body(i: int) -> bytes:
@@ -114,7 +113,7 @@ def flip_checkpointed_entry(node) -> int:
         for off, i, _size in entries_in(f):
             if i == idx:
                 with open(f, "r+b") as fh:
-                    fh.seek(off + BODY_CRC_OFFSET)
+                    fh.seek(off + codec.BODY_CRC_OFFSET)
                     b = fh.read(1)
                     fh.seek(-1, os.SEEK_CUR)
                     fh.write(bytes([b[0] ^ 0x20]))

@@ -36,6 +36,15 @@ def _data_files(path):
     return sorted((path / "data").iterdir())
 
 
+def _flip_crc(path, pos, index):
+    """One bit of entry `index`'s body CRC flipped: a damaged entry whatever its body."""
+    with open(path / "data" / f"{pos[index] - pos[index] % FILE:020d}", "r+b") as fh:
+        fh.seek(pos[index] % FILE + codec.BODY_CRC_OFFSET)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 1]))
+
+
 def _check_prefix(s, end):
     for i in range(end + 1):
         assert bytes(s.get(i).body) == _body(i)
@@ -179,11 +188,7 @@ def test_damaged_checkpointed_entry_keeps_the_prefix_below_it(tmp_path, committe
     and the scrub still has it to check. (A store that dropped that index and reported end term
     -1 could never be repaired: the leader's COMPARE at its end never matched.)"""
     pos = _write(tmp_path, n=n, committed=committed)
-    with open(tmp_path / "data" / f"{pos[committed] - pos[committed] % FILE:020d}", "r+b") as fh:
-        fh.seek(pos[committed] % FILE + 40)  # the body CRC field: damage whatever the body
-        b = fh.read(1)
-        fh.seek(-1, os.SEEK_CUR)
-        fh.write(bytes([b[0] ^ 1]))
+    _flip_crc(tmp_path, pos, committed)
     end = committed - 1
     with SegmentStore(_cfg(tmp_path)) as s:
         assert (s.ledger_end_index, s.committed_index, s.repair_index) == (end, end, n - 1)
@@ -199,14 +204,6 @@ def test_damaged_checkpointed_entry_keeps_the_prefix_below_it(tmp_path, committe
     with SegmentStore(_cfg(tmp_path)) as s:
         assert (s.ledger_end_index, s.repair_index) == (n - 1, -1)
         _check_prefix(s, n - 1)
-
-
-def _flip_crc(path, pos, index):
-    with open(path / "data" / f"{pos[index] - pos[index] % FILE:020d}", "r+b") as fh:
-        fh.seek(pos[index] % FILE + 40)  # the body CRC field
-        b = fh.read(1)
-        fh.seek(-1, os.SEEK_CUR)
-        fh.write(bytes([b[0] ^ 1]))
 
 
 def test_damage_above_the_commit_but_within_the_checkpoint_end_is_repaired_not_cut(tmp_path):

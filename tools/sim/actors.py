@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import protocol as P
 from node.store.base import DiskFull, StoreConfig
-from node.store.codec import ENTRY_MAGICS, HEADER_SIZE, INDEX, INDEX_SIZE
+from node.store.codec import BODY_CRC_OFFSET, ENTRY_MAGICS, HEADER_SIZE, INDEX, INDEX_SIZE
 from node.store.layout import read_checkpoint
 from node.store.memory_store import MemoryStore
 from node.store.reader import StoreReader
@@ -253,9 +253,6 @@ class Actor:
         if deleted_below >= 0 and d is not None and d.files and d.files[0].start < deleted_below:
             self.sim.fail(f"{self.key}: after a loop turn it still maps data file {d.files[0].path.name}, which "
                           f"retention deleted before the turn began: the disk never gets that space back")
-
-
-BODY_CRC_AT = 40  # the body CRC field of a data entry's header (docs/store.md "Data entry")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -804,7 +801,7 @@ def rot_entry(node: Node, rng: random.Random, below: bool = False, held_from: in
         if magic not in ENTRY_MAGICS or idx != i or size < HEADER_SIZE:
             return None
         with open(os.path.join(d, "data", f"{(pos // dsz) * dsz:020d}"), "r+b") as f:
-            f.seek(pos % dsz + BODY_CRC_AT)
+            f.seek(pos % dsz + BODY_CRC_OFFSET)
             b = f.read(1)
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
