@@ -86,6 +86,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         self.led: set[tuple[str, int]] = set()  # (node, term) leaderships
         self.chist: list[tuple[int, int, bytes]] = []  # committed history: (term, magic, body)
         self.chist_where: dict[bytes, int] = {}
+        self.served_ahead: list[tuple[str, int, tuple[int, int, bytes]]] = []  # reads past the history
         self.acked: dict[int, tuple[bytes, int]] = {}  # index -> (body, term) acknowledged
         self.acked_max = -1
         self.last_ack_at = -1
@@ -328,7 +329,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
                         self.fail(f"no convergence {self.cfg.heal_ms} ms after the faults stopped: {why}")
             for n in self.nodes:  # final: every replica's whole log is the history
                 n.checked = -1
-            self.check()
+            self.check(final=True)
             if self.rot_pending is not None and self.rot_pending[0].store.repair_index < 0:
                 self.stats["rot_repaired"] += 1  # the last damaged node repaired before the end
             top = max(n.store.committed_index for n in self.nodes)
