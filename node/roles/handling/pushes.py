@@ -112,7 +112,7 @@ class FollowerPushes:
                     self.reply(e.ident, e.req, RC.INCONSISTENT_TERM, fresh.current_term)
                     return
                 # configuration entries go to DIR/configuration before the log (configs.py)
-                found = find_configurations(e.blob, s.ledger_end_index + 1)
+                found = find_configurations(e.blob, s.ledger_end_index + 1, e.recs)
                 configs = self.h.configs.before_store(found) if found else []
                 new_end = s.append_follower(e.blob, e.recs, run_crc=e.run_crc)
                 self.h.configs.stored(configs)
