@@ -233,6 +233,7 @@ class Actor:
 
     def kill(self) -> None:
         self.alive = False
+        self.sim.actor_events += 1  # Sim.follow_slots: the set of live actors moved
         self.inbox.clear()
         if self.node is not None:
             self.node.lock.drop(self)

@@ -110,6 +110,7 @@ class Node:
     roles: dict[str, Actor] = field(default_factory=dict)
     slot_file: Any = None  # fault join: the node's slot table (node.wiring.slot_file)
     slots_seen: Any = None  # Sim.follow_slots: the inputs of its last pass on this node
+    slots_key: Any = None  # ... and the cheap key that says whether any of them moved
 
     def clock(self) -> int:
         return self.sim.now + self.clock_offset

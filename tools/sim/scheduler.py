@@ -27,6 +27,7 @@ class SchedulerMixin:
         return self._inc
 
     def _add_actor(self, a: A.Actor) -> None:
+        self.actor_events += 1  # Sim.follow_slots: the set of live actors moved
         pos = self.slots.get(a.key)
         if pos is None:
             self.slots[a.key] = len(self.actors)

@@ -33,6 +33,7 @@ from node.block.memory_state import MemoryState
 from node.core.slots import SlotOwner, bootstrap_slots, plan_dispatchers, release
 from node.wiring.slot_file import SlotFile
 from tools.sim import actors as A
+from tools.sim import slot_stamps
 from tools.sim.clients import BadWriterActor, ClientActor, ReaderActor, Writer, definite_failure
 from tools.sim.config import (
     ALL_FAULTS,
@@ -184,18 +185,24 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             self.smc = StateMachineChecks(self, cfg.state_machine)
         self.repeats: collections.Counter = collections.Counter()  # bodies sent more than once (KV deletes)
         self.actors: list[A.Actor] = []
+        self.actor_events = 0  # actors added or killed so far (Sim.follow_slots)
         self.slots: dict[str, int] = {}
         self._log_undo = capture_logs(self)
-        for n in self.nodes:
-            self._start_node(n)
-        for w in range(cfg.writers):
-            self._add_actor(ClientActor(self, w))
-        if "session-evict" in self.faults:  # more sessions than the table holds
-            for w in range(cfg.writers, cfg.writers + 2):
+        slot_stamps.install()  # close() removes it: on a failure below too
+        try:
+            for n in self.nodes:
+                self._start_node(n)
+            for w in range(cfg.writers):
                 self._add_actor(ClientActor(self, w))
-        if "bad-client" in self.faults:
-            self._add_actor(BadWriterActor(self, cfg.writers + 2))
-        self._add_actor(ReaderActor(self))
+            if "session-evict" in self.faults:  # more sessions than the table holds
+                for w in range(cfg.writers, cfg.writers + 2):
+                    self._add_actor(ClientActor(self, w))
+            if "bad-client" in self.faults:
+                self._add_actor(BadWriterActor(self, cfg.writers + 2))
+            self._add_actor(ReaderActor(self))
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ bookkeeping
     def disk_ratio_at(self, path: Any) -> float:
@@ -254,6 +261,13 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
             f = n.slot_file
             if not n.up or f is None:
                 continue
+            # Nothing the plan reads moved (the file, the commit, the leader slot, the set of
+            # dispatchers: an actor added or killed anywhere bumps `actor_events`): skip the pass.
+            key = (f._current_stamp(), n.block.ledger.committed_index, n.block.member.leader_slot,
+                   self.actor_events)
+            if key == n.slots_key:
+                continue
+            n.slots_key = key
             table = f.refresh()
             if table is None:
                 continue
@@ -352,6 +366,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
                     s.data.close()
                     s.index.close()
         self._log_undo()
+        slot_stamps.uninstall(self._tmp)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
