@@ -107,7 +107,8 @@ class Node:
     checked: int = -1  # committed entries of this node compared with the history so far
     max_term: int = -1  # highest term its elector ever published (across restarts)
     last_wrote: tuple[int, int] = (0, 0)
-    roles: dict[str, Actor] = field(default_factory=dict)
+    roles: dict[str, Actor] = field(default_factory=dict)  # this life's (Sim._start_node starts anew)
+    life: int = 0  # how many times the node has started: a role restart belongs to one life
     slot_file: Any = None  # fault join: the node's slot table (node.wiring.slot_file)
     slots_seen: Any = None  # Sim.follow_slots: the inputs of its last pass on this node
     slots_key: Any = None  # ... and the cheap key that says whether any of them moved

@@ -21,9 +21,11 @@ class FaultsMixin:
     """`Sim`'s faults: needs `rng`, `now`, `faults`, `faulting`, `nodes`, the scheduler and the
     network."""
 
-    def _restart_role(self, n: Node, key: str) -> None:
+    def _restart_role(self, n: Node, key: str, life: int) -> None:
+        """The supervisor restarts a crashed role -- the supervisor of the life it crashed in:
+        after a whole-node restart the new one starts what its own plan says."""
         old = self.actor(key)
-        if old is None or old.alive or not n.up:
+        if old is None or old.alive or not n.up or n.life != life:
             return
         cls = type(old)
         if cls is A.DispatcherActor:
@@ -45,7 +47,8 @@ class FaultsMixin:
         n = a.node
         if n is not None and n.up:
             delay = self.rng.randint(5, 400)
-            self.schedule(self.now + delay, "call", lambda: self._restart_role(n, a.key))
+            life = n.life
+            self.schedule(self.now + delay, "call", lambda: self._restart_role(n, a.key, life))
 
     def pause_actor(self, a: A.Actor, ms: int) -> None:
         """SIGSTOP: the process runs nothing (its inputs queue up) until SIGCONT."""
@@ -515,4 +518,4 @@ class FaultsMixin:
             else:
                 for a in list(n.roles.values()):
                     if not a.alive:
-                        self._restart_role(n, a.key)
+                        self._restart_role(n, a.key, n.life)

@@ -232,6 +232,10 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         return floor
 
     def _start_node(self, n: Node) -> None:
+        # A new supervisor: none of the last life's roles is this one's (a dispatcher of a member
+        # that joined and has another slot now stays gone, as a real restart leaves it).
+        n.life += 1
+        n.roles = {}
         n.block = NodeBlock(len(n.cfg.peer_ids), n.cfg.self_slot)
         n.lock = SimLock(self, n)
         n.up = True
