@@ -23,13 +23,15 @@ _users = 0
 _real: tuple[Any, Any] | None = None
 
 
-def _cell(f: SlotFile) -> list[int] | None:
+def _cell(f: SlotFile, create: bool = False) -> list[int] | None:
+    """The file's version cell, kept on the handle after the first lookup; `create` makes
+    one (version 0) for a file this simulation has not counted yet."""
     c = f.__dict__.get("_sim_cell")
     if c is None:
-        c = _cells.get(str(f.path))
-        if c is None:
-            return None
-        f.__dict__["_sim_cell"] = c
+        key = str(f.path)
+        c = _cells.setdefault(key, [0]) if create else _cells.get(key)
+        if c is not None:
+            f.__dict__["_sim_cell"] = c
     return c
 
 
@@ -39,13 +41,12 @@ def _stamp(f: SlotFile) -> tuple[int, ...] | None:
         assert _real is not None
         if _real[0](f) is None:
             return None
-        c = _cells.setdefault(str(f.path), [0])
-        f.__dict__["_sim_cell"] = c
+        c = _cell(f, create=True)
     return (c[0],)
 
 
 def _write(f: SlotFile, table: Any) -> None:
-    c = _cell(f) or _cells.setdefault(str(f.path), [0])
+    c = _cell(f, create=True)
     c[0] += 1  # before the write: the writer's own stamp (taken inside it) is the new version
     assert _real is not None
     _real[1](f, table)
