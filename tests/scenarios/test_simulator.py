@@ -141,6 +141,19 @@ def test_a_leader_that_cannot_write_and_keeps_leading_is_caught() -> None:
     assert "did not fail over" in error, error
 
 
+def test_a_disk_full_heal_needs_a_majority_without_the_leader() -> None:
+    """The disk-full heal check assumes the others can commit without the leader. Seed
+    9,400,356 (every fault kind, sessions) filled the disk of a leader whose configuration
+    had two voters (a `membership` heal not done yet): the other alone could never commit, and
+    the check called that "did not fail over". The fill now waits for a configuration whose
+    other voters are a majority."""
+    from tools.sim.config import SESSION_FAULTS
+    from tools.sim.hashcheck import EXTRA_FAULTS
+
+    r = run_seed(SimConfig(seed=9_400_356, sessions=True, faults=ALL_FAULTS + SESSION_FAULTS + EXTRA_FAULTS))
+    assert r.ok, _explain(r)
+
+
 def test_mutations_are_undone() -> None:
     from node.core import replication
     from node.roles import ack_checker

@@ -322,12 +322,20 @@ class FaultsMixin:
         while the others are healthy and clients keep writing. A leader that cannot write must step
         down so that the group fails over: some append must be acknowledged again within FAILOVER_MS
         (checked in `run`). Returns when the disk filled (None: no leader now, or a node damaged
-        by fault rot is not repaired yet: not "the others healthy", and with the leader unable
-        to write, the group may rightly have no node that can lead until the disk frees)."""
+        by fault rot is not repaired yet, or the leader's configuration has too few other voters
+        to make a majority without it -- a `membership` heal that has not restored every member
+        yet: not "the others healthy", and with the leader unable to write, the group may rightly
+        have no node that can lead until the disk frees)."""
         lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
         if not lead or not self._may_rot():
             return None
         n = lead[0]
+        h = self._node_actor(n, "handler")
+        if h is None or not getattr(h, "opened", False):
+            return None
+        voters = h.h.configs.latest.voters  # type: ignore[attr-defined]
+        if len(voters) - (n.id in voters) < len(voters) // 2 + 1:
+            return None
         n.disk_full_until = self.now + 6000
         self.trace_event(n.id, "disk-full", "leader's disk full for 6000 ms")
         return self.now
