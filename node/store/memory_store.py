@@ -45,6 +45,10 @@ class MemoryStore:
         """Nothing to check (SegmentStore.scrub_step checks what recovery left)."""
         return False
 
+    def fix_index_records(self, index: int) -> int:
+        """Nothing derived to rewrite (SegmentStore.fix_index_records rebuilds index records)."""
+        return 0
+
     def has_room(self) -> bool:
         """Memory never reports DiskFull by itself."""
         return True

@@ -489,7 +489,12 @@ class SegmentStore:
         try:
             n, last_term, run_end = self._scrub_run(i, end, max_bytes)
         except (StoreError, OSError, struct.error, codec.CodecError) as e:
-            raise self.committed_damage(i, max(self.committed_index, end), str(e)) from e
+            err = self.committed_damage(i, max(self.committed_index, end), str(e))
+            # Damaged index records are rewritten from intact data (a second failure at the
+            # same entry finds nothing left to rewrite, so this cannot loop).
+            if self.fix_index_records(err.index) or (err.index != i and self.fix_index_records(i)):
+                return True
+            raise err from e
         self._scrub_next = i + n
         self._scrub_prev = (last_term, run_end)
         if self._scrub_next > end:
@@ -650,15 +655,115 @@ class SegmentStore:
             raise StoreError(f"damaged entry {first_bad} at the begin {self.ledger_begin_index} of a "
                              "trimmed log: cannot cut there", "DISK_ERROR")
         target = max(self.committed_index, self.ledger_end_index)
+        first_bad, pos = self._damage_cut(first_bad)
+        if first_bad == self.ledger_begin_index and first_bad > 0 and self.log_base is None:
+            raise StoreError(f"damaged entry {first_bad} at the begin {self.ledger_begin_index} of a "
+                             "trimmed log: cannot cut there", "DISK_ERROR")
         keep = first_bad - 1
         with self._cp_lock:
             self._enter_repair(target, first_bad, Checkpoint(min(self.committed_index, keep), keep,
                                                              self._base, self.repair_index), why)
             self.committed_index = min(self.committed_index, keep)
-        self.truncate(first_bad)
+        if first_bad <= self.ledger_end_index:
+            self._truncate_at(first_bad, pos, self.log_base)
         if self._unchecked_end >= first_bad:  # nothing left to scrub past the cut
             self._unchecked_end = first_bad - 1 if self._scrub_next <= first_bad - 1 else -1
         return self.repair_index
+
+    def _damage_cut(self, first_bad: int) -> tuple[int, int]:
+        """Where `mark_damaged` cuts: (index, data position of that entry). The position is
+        where the entry before ends (its record checked against its own header), not the
+        damaged entry's own index record, which may be what is damaged; when the record before
+        cannot be trusted either, the cut moves down to it (cutting more is safe: the repair
+        index covers everything this replica may have acknowledged). The log's begin is cut at
+        its first position."""
+        i = first_bad
+        while i > self.ledger_begin_index:
+            prev = self._verified_record(i - 1)
+            if prev is not None:
+                return i, prev[1] + prev[2]
+            i -= 1
+        base = self.log_base
+        if base is not None:
+            return i, base.pos
+        return i, self.data.files[0].start if self.data.files else 0
+
+    def _verified_record(self, index: int) -> tuple[int, int, int, int, int] | None:
+        """Index record `index` when the data header it points at agrees with it (magic, size,
+        index, term, position); None otherwise. The body is not checked: what the caller needs
+        is where the entry ends."""
+        rec = self._raw_record(index)
+        if rec is None:
+            return None
+        magic, pos, size, _idx, term = rec
+        f = self.data.find(pos)
+        if f is None or pos + size > f.end:
+            return None
+        try:
+            h = HEADER.unpack_from(f.mm, pos - f.start)
+        except struct.error:
+            return None
+        if (h[0], h[1], h[2], h[3], h[4]) != (magic, size, index, term, pos):
+            return None
+        return rec
+
+    def fix_index_records(self, index: int) -> int:
+        """Index records are derived data: when entry `index`'s record (or one after it in the
+        same data file) disagrees with the data, and the data passes every check the walk at
+        open makes (magic, size, index, position, term order, body CRC), rewrite the records
+        from the data instead of calling it damage -- a repair from peers would also be
+        correct, but costs the node its vote and a refetch for nothing lost. Walks from where
+        entry `index` must begin (the end of the entry before, its record checked against its
+        header; the log's first position for its first entry) to the end of that data file
+        (and the next, when the walk starts on a BLANK), never past the ledger end, and stops
+        at the first entry whose data fails. Returns how many records it rewrote: 0 means the
+        data itself is damaged (or where it starts cannot be trusted), and the caller's damage
+        path goes on. The handler (the store's one writer) calls it; readers in other
+        processes see a wrong record become right, which every check they make accepts."""
+        if not 0 <= self.ledger_begin_index <= index <= self.ledger_end_index:
+            return 0
+        if index == self.ledger_begin_index:
+            base = self.log_base
+            pos = base.pos if base is not None else (self.data.files[0].start if self.data.files else 0)
+            prev_term = base.term if base is not None else -1
+        else:
+            prev = self._verified_record(index - 1)
+            if prev is None:
+                return 0
+            pos, prev_term = prev[1] + prev[2], prev[4]
+        fixed, i, files_left = 0, index, 2
+        while i <= self.ledger_end_index:
+            f = self.data.find(pos)
+            if f is None:
+                break
+            rel = pos - f.start
+            if f.size - rel < BLANK_SIZE:
+                break
+            magic, size = _BLANK.unpack_from(f.mm, rel)
+            if magic == MAGIC_BLANK:
+                files_left -= 1
+                if size != f.size - rel or files_left == 0:
+                    break
+                pos = f.end
+                continue
+            if magic not in ENTRY_MAGICS or not HEADER_SIZE <= size <= f.size - rel:
+                break
+            _m, _s, idx, term, p, _c, _cc, body_crc, body_size = HEADER.unpack_from(f.mm, rel)
+            if (idx, p) != (i, pos) or term < prev_term or body_size != size - HEADER_SIZE \
+                    or _crc32(f.view[rel + HEADER_SIZE: rel + size]) != body_crc:
+                break
+            xf = self.index.find(i * INDEX_SIZE)
+            if xf is None:
+                break
+            xrel, want = i * INDEX_SIZE - xf.start, INDEX.pack(magic, pos, size, i, term)
+            if xf.mm[xrel: xrel + INDEX_SIZE] != want:
+                xf.write(xrel, want)
+                fixed += 1
+            prev_term, pos, i = term, pos + size, i + 1
+        if fixed:
+            log.warning("%s: rewrote %d damaged index record(s) from entry %d on from the data "
+                        "(the entries are intact; nothing to fetch)", self.dir, fixed, index)
+        return fixed
 
     def _drop_replaced_files(self, base: LogBase) -> bool:
         """Delete the data files a reset left behind: every file that ends at or before the base
@@ -1277,7 +1382,12 @@ class SegmentStore:
             raise IndexOutOfRange(f"truncate({index}) at or below ledger begin {self.ledger_begin_index}")
         if self._broken is not None:
             self._check_writable()
-        rec = self.index_record(index)
+        self._truncate_at(index, self.index_record(index).pos, base)
+
+    def _truncate_at(self, index: int, pos: int, base: LogBase | None) -> None:
+        """truncate's cut of entries >= `index`, the first of which begins at data position
+        `pos` (its index record's; `mark_damaged` derives it from the entry before when that
+        record is itself damaged)."""
         # The checkpoint's end first: recovery reads damage at or below it (or a log ending
         # before it) as lost durable entries (repair), and the entries written over the cut
         # range are not durable yet. Lowering it claims nothing new (what was durable below
@@ -1286,11 +1396,11 @@ class SegmentStore:
         with self._cp_lock:
             if self._checkpointed.end_index >= index:
                 self._write_checkpoint(min(self._checkpointed.committed_index, index - 1), index - 1)
-            self._cut(index, rec, base)
+            self._cut(index, pos, base)
         if self._sync:
             self.flush()  # the zeroed range and the deletions reach the disk before we answer
 
-    def _cut(self, index: int, rec: codec.IndexRecord, base: LogBase | None) -> None:
+    def _cut(self, index: int, pos: int, base: LogBase | None) -> None:
         """truncate's cut, under `_cp_lock`: zero from entry `index` on, drop later files."""
         # Fenced: files after the cut are deleted and their names re-created by later appends;
         # a reader still mapping them must see the generation move (docs/contracts.md C1,
@@ -1300,7 +1410,7 @@ class SegmentStore:
             with self._lock:
                 data_end = self.data.wrote_position
                 idx_end = self.index.wrote_position
-                self.data.set_wrote_position(rec.pos, dirty_end=data_end)
+                self.data.set_wrote_position(pos, dirty_end=data_end)
                 self.index.set_wrote_position(index * INDEX_SIZE, dirty_end=idx_end)
             if index == self.ledger_begin_index and base is not None:
                 self.ledger_end_index, self.ledger_end_term = base.index, base.term  # empty at its base

@@ -268,3 +268,65 @@ def test_a_damaged_checkpoint_is_set_aside_not_a_reason_to_refuse(tmp_path, junk
     assert read_checkpoint(tmp_path).committed_index == 59
     with SegmentStore(_cfg(tmp_path)) as s:
         assert (s.ledger_end_index, s.committed_index) == (59, 59)
+
+
+def _patch_index(path, index, rel, data):
+    with open(path / "index" / f"{index * 32 - index * 32 % 256:020d}", "r+b") as fh:
+        fh.seek(index * 32 % 256 + rel)
+        fh.write(data)
+
+
+@pytest.mark.parametrize("damage", [(0, b"\x00" * 32), (4, b"\x00\x00\x00\x00\x00\x00\x20\x00"),
+                                    (12, b"\x00\x00\x01\x00"), (16, b"\x7f" * 8), (24, b"\x00" * 8),
+                                    (0, b"\xa5" * 64)],
+                         ids=["zeroed", "pos", "size", "index", "term", "two-records-garbage"])
+def test_a_damaged_index_record_of_an_intact_entry_is_rewritten_not_repaired(tmp_path, damage):
+    """Index records are derived from the data: when the scrub finds one that disagrees with
+    an entry whose data passes every check, it rewrites it from the data. Nothing is cut or
+    fetched, the node keeps its vote. (Before, the scrub called it committed damage, and the
+    cut then read the same record to find where to cut, failed, and the node stopped for good:
+    a flipped byte in derived data made a replica unusable.)"""
+    rel, junk = damage
+    _write(tmp_path, committed=55)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        want = [bytes(s.index.read(i * 32, 32)) for i in range(60)]
+    _patch_index(tmp_path, 9, rel, junk)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (59, 55, -1)
+        assert [bytes(s.index.read(i * 32, 32)) for i in range(60)] == want
+        _check_prefix(s, 59)
+
+
+def test_a_read_that_meets_a_damaged_index_record_rewrites_it(tmp_path):
+    """GET reaches a damaged record before the scrub does: `fix_index_records` (what the
+    handler's damage path tries first) rewrites it, and the entry reads again."""
+    _write(tmp_path, committed=55)
+    _patch_index(tmp_path, 9, 4, b"\x00" * 8)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        with pytest.raises(StoreError):
+            s.get(9)
+        assert s.fix_index_records(9) == 1
+        assert bytes(s.get(9).body) == _body(9) and s.repair_index == -1
+        assert s.fix_index_records(9) == 0  # nothing left to rewrite: cannot loop
+
+
+def test_damaged_entry_whose_index_record_is_damaged_too_is_cut_where_the_entry_before_ends(tmp_path):
+    """Data and record of entry 9 both damaged: the record cannot be rewritten (the data fails
+    its CRC), so it is damage, and the cut must not trust entry 9's record to find where
+    entry 9 begins: it takes the end of entry 8, checked against 8's own header. The range is
+    then fetched again like any damage."""
+    pos = _write(tmp_path, committed=55)
+    _flip_crc(tmp_path, pos, 9)
+    _patch_index(tmp_path, 9, 4, b"\x00" * 8)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        _scrub_and_repair(s)
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (8, 8, 59)
+        assert s.data.wrote_position == pos[8] + codec.HEADER_SIZE + len(_body(8))
+        _check_prefix(s, 8)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        assert (s.ledger_end_index, s.repair_index) == (59, -1)
+        _check_prefix(s, 59)

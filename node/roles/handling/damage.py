@@ -71,6 +71,13 @@ class DamageRepair:
                 break
         if first < 0:
             return  # a race with a truncation, not damage: the read is simply answered with an error
+        with self.h.lock:
+            if s.fix_index_records(first):  # only the derived index was wrong: nothing lost
+                try:
+                    s.get(first)
+                    return
+                except (StoreError, OSError):
+                    pass
         self.damaged_at(first, why)
 
     def damaged_at(self, first: int, why: str) -> None:
