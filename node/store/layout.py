@@ -8,6 +8,8 @@
                                       baseIndex / baseTerm / basePos once the log was reset
                                       to begin after a snapshot (`LogBase`)
     DIR/currterm                      currTerm / voteLeader (see node.store.term_vote)
+    DIR/segments                      dataFileSize / indexFileSize the store was created with
+                                      (`read_segment_sizes`)
 
 Pure file-system reading (no mmap writes, no locks): `dledger dump`, the Spark decoder and the
 dispatchers' read-only readers all start here, so there is one definition of "the layout".
@@ -26,6 +28,7 @@ INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 TERM_FILE = "currterm"
 LOCK_FILE = "member.lock"
+SEGMENTS_FILE = "segments"
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 
 
@@ -216,6 +219,31 @@ def write_checkpoint(store_dir: str | os.PathLike[str], cp: Checkpoint) -> None:
     write_properties_atomically(Path(store_dir) / CHECKPOINT_FILE, values)
 
 
+_SIZE_KEYS = {"data_file_size": "dataFileSize", "index_file_size": "indexFileSize"}
+
+
+def read_segment_sizes(store_dir: str | os.PathLike[str]) -> dict[str, int] | None:
+    """The segment file sizes the store was created with (`data_file_size`,
+    `index_file_size`), from `DIR/segments`; None when the file is absent (a store from before
+    it) or unreadable (then the store knows its sizes only from its files, as before).
+
+    Why it exists: with the default 1 GiB data files a store has one data file, and a file
+    truncated or extended by damage is then indistinguishable, by its length alone, from a
+    store created with another size -- a node would refuse to start instead of repairing."""
+    try:
+        props = read_properties(Path(store_dir) / SEGMENTS_FILE)
+        sizes = {name: int(props[key]) for name, key in _SIZE_KEYS.items()}
+    except (LayoutError, KeyError, ValueError):
+        return None
+    return sizes if all(v > 0 for v in sizes.values()) else None
+
+
+def write_segment_sizes(store_dir: str | os.PathLike[str], data_file_size: int, index_file_size: int) -> None:
+    """Record the sizes a store's segment files have, durably (once, at its first open)."""
+    write_properties_atomically(Path(store_dir) / SEGMENTS_FILE,
+                                {"dataFileSize": data_file_size, "indexFileSize": index_file_size})
+
+
 @dataclass(frozen=True, slots=True)
 class StoreLayout:
     """What a reader needs to locate any entry: both segment lists and the checkpoint."""
@@ -252,7 +280,11 @@ def existing_file_sizes(store_dir: str | os.PathLike[str], configured: dict[str,
     tie: truncation only shrinks), if every file's name (its start offset) is a multiple of it;
     else nothing is said. One file gives only its length: it counts when it is larger than
     `configured` (truncation never grows a file) or a power of two (the sizes operators and
-    tools choose; a torn length hardly ever is one), and is left out otherwise."""
+    tools choose; a torn length hardly ever is one), and is left out otherwise. A store that
+    records its sizes (`read_segment_sizes`) is taken at its word, whatever its files' lengths."""
+    recorded = read_segment_sizes(store_dir)
+    if recorded is not None:
+        return recorded
     out: dict[str, int] = {}
     for option, sub in (("data_file_size", DATA_DIR), ("index_file_size", INDEX_DIR)):
         d = Path(store_dir) / sub

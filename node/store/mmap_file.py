@@ -278,7 +278,7 @@ class MappedFileList:
             f.dirty = not self.readonly
             self.files.append(f)
 
-    def load_salvaging(self, derived: bool = False) -> tuple[str | None, list[Path]]:
+    def load_salvaging(self, derived: bool = False, size_known: bool = False) -> tuple[str | None, list[Path]]:
         """Recovery's `load` for a list that may be damaged: map the longest run of files
         from the first that is contiguous and of the configured size, and return (what is
         wrong, the files after it) instead of raising. The caller decides what the lost range
@@ -287,11 +287,13 @@ class MappedFileList:
         One case stays an error for the data list: every file has the same size and it is not
         the configured one. That is a configuration mistake (the store was created with another
         file size), and reading it as damage would throw a healthy log away. A `derived` list
-        (the index: recovery rewrites it from the data) reports it as a problem instead."""
+        (the index: recovery rewrites it from the data) reports it as a problem instead, and so
+        does a store whose recorded sizes (`size_known`: layout.read_segment_sizes) say the
+        configured size is the one it was created with."""
         self.close()
         segs = sorted((Segment(int(p.name), p, p.stat().st_size) for p in self.dir.iterdir()
                        if SEGMENT_NAME.match(p.name)), key=lambda s: s.start) if self.dir.is_dir() else []
-        if not derived and segs and all(sg.size == segs[0].size != self.file_size for sg in segs):
+        if not derived and not size_known and segs and all(sg.size == segs[0].size != self.file_size for sg in segs):
             raise FileSizeMismatch(
                 f"{segs[0].path}: size {segs[0].size} but the store is configured for "
                 f"{self.file_size}; start with the file size the store was created with")

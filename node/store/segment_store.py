@@ -71,14 +71,23 @@ from node.store.layout import (
     CHECKPOINT_FILE,
     DATA_DIR,
     INDEX_DIR,
+    SEGMENTS_FILE,
     Checkpoint,
     LayoutError,
     LogBase,
     longest_fitting_run,
     read_checkpoint,
+    read_segment_sizes,
     write_checkpoint,
+    write_segment_sizes,
 )
-from node.store.mmap_file import MappedFile, MappedFileList, StoreIOError, fsync_dir
+from node.store.mmap_file import (
+    FileSizeMismatch,
+    MappedFile,
+    MappedFileList,
+    StoreIOError,
+    fsync_dir,
+)
 
 log = logging.getLogger("dledger.store")
 
@@ -175,10 +184,13 @@ class SegmentStore:
         self._open_started = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            sizes = self._recorded_sizes()
             self._gen = GenerationCounter(self.dir, durable=self._sync)
             with self._gen:
-                lost = self._load_lists()
+                lost = self._load_lists(size_known=sizes is not None)
                 self._recover(lost)
+            if sizes is None:  # every file now has the configured size (or there is none)
+                write_segment_sizes(self.dir, self.config.data_file_size, self.config.index_file_size)
             if self._sync:
                 self.flush()  # whatever recovery found (or zeroed) is durable before we serve it
         except StoreIOError:
@@ -284,13 +296,29 @@ class SegmentStore:
         self.close()
 
     # ------------------------------------------------------------------ recovery
-    def _load_lists(self) -> tuple[str | None, list[Path]]:
+    def _recorded_sizes(self) -> dict[str, int] | None:
+        """The sizes the store was created with (`DIR/segments`), None for a store that does
+        not record them (made before the file; it is written at the end of this open). Sizes
+        other than the configured ones are a configuration mistake, said before anything is
+        touched; with the sizes known, a data file of another length is damage, never a reason
+        to refuse the store (docs/store.md "Recovery", step 1)."""
+        sizes = read_segment_sizes(self.dir)
+        want = {"data_file_size": self.config.data_file_size, "index_file_size": self.config.index_file_size}
+        if sizes is not None and sizes != want:
+            raise FileSizeMismatch(
+                f"{self.dir}: created with {sizes['data_file_size']}-byte data files and "
+                f"{sizes['index_file_size']}-byte index files ({SEGMENTS_FILE}), but configured for "
+                f"{want['data_file_size']} and {want['index_file_size']}; start with the file sizes "
+                "the store was created with")
+        return sizes
+
+    def _load_lists(self, size_known: bool = False) -> tuple[str | None, list[Path]]:
         """Map both lists. The index list is derived data (recovery rewrites every record
         from the data list), so an index file that is missing, of the wrong size or after a
         hole is not damage: the whole list is rebuilt. A data list with a missing or
         wrong-sized file keeps the files before it; returns (what is wrong, the files after
         it) for `_recover`, which deletes them only once it has recorded what they held."""
-        problem, rest = self.data.load_salvaging()
+        problem, rest = self.data.load_salvaging(size_known=size_known)
         idx_problem, idx_rest = self.index.load_salvaging(derived=True)
         if idx_problem is not None:
             log.warning("%s: index list damaged (%s): rebuilding it from the data", self.dir, idx_problem)

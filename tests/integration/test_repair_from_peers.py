@@ -483,3 +483,26 @@ def test_damaged_follower_of_an_idle_group_is_repaired(make_cluster):
     logs = same_logs(c, converged_then_stopped(c))
     assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(600)]
 
+
+
+@pytest.mark.parametrize("length", [100_000, 1 << 19], ids=["torn", "power-of-two"])
+def test_follower_whose_only_data_file_was_truncated_repairs(make_cluster, length):
+    """With data files big enough for the whole log (the default is 1 GiB) a node has one data
+    file. Truncated, its length alone looked like a store made with another size: the node
+    refused to start ("configured for ...") or, for a power of two, adopted it as its size.
+    The store records its sizes, so this is damage, repaired from peers like any other."""
+    c = make_cluster(3, **{**OPTS, "data_file_size": 1 << 20})
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 600)
+    c.wait_converged(timeout=30)
+    victim = next(n for n in c.nodes if n != lead)
+    c.nodes[victim].stop()
+    [f] = data_files(c.nodes[victim])
+    os.truncate(f, length)
+    c.nodes[victim].start()
+    wait_for(lambda: "DAMAGED committed entries" in c.nodes[victim].log_text(), 60, "the damage to be found")
+    wait_for(lambda: block_value(c.nodes[victim], "repair_index") == -1, 60, "the repair to finish")
+    append(c, 600, 20)
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(620)]
+    assert [f.stat().st_size for f in data_files(c.nodes[victim])] == [1 << 20]

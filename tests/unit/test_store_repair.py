@@ -9,7 +9,12 @@ import pytest
 
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
-from node.store.layout import read_checkpoint
+from node.store.layout import (
+    SEGMENTS_FILE,
+    existing_file_sizes,
+    read_checkpoint,
+    read_segment_sizes,
+)
 from node.store.mmap_file import StoreIOError
 from node.store.segment_store import SegmentStore, StoreConfig
 
@@ -330,3 +335,59 @@ def test_damaged_entry_whose_index_record_is_damaged_too_is_cut_where_the_entry_
         s.scrub()
         assert (s.ledger_end_index, s.repair_index) == (59, -1)
         _check_prefix(s, 59)
+
+
+ONE_FILE = 65536  # the 60 entries of `_write` fit in one data file, as a default 1 GiB store's do
+
+
+def _one_file_cfg(path, **kw):
+    return StoreConfig(store_dir=str(path), data_file_size=ONE_FILE, index_file_size=256, **kw)
+
+
+def _write_one_file(path, n=60, committed=55):
+    with SegmentStore(_one_file_cfg(path)) as s:
+        for i in range(n):
+            s.append_leader(_body(i), 1 + i // 20)
+        s.set_committed_index(committed)
+    assert len(_data_files(path)) == 1
+
+
+@pytest.mark.parametrize("length", [5000, ONE_FILE // 2, ONE_FILE + 100, 0],
+                         ids=["torn", "half", "extended", "empty"])
+def test_the_only_data_file_of_another_length_is_damage_not_a_configuration_error(tmp_path, length):
+    """With 1 GiB data files (the default) a store has one data file, and its length alone
+    cannot tell a truncated file from a store made with another size: the store refused to
+    open ("configured for ..."), so a node with a damaged file never came back. The sizes a
+    store was made with are recorded (`segments`), so such a file is damage: cut, recorded,
+    fetched again."""
+    _write_one_file(tmp_path)
+    os.truncate(_data_files(tmp_path)[0], length)
+    with SegmentStore(_one_file_cfg(tmp_path)) as s:
+        assert s.repair_index == 59 and s.ledger_end_index < 55
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    with SegmentStore(_one_file_cfg(tmp_path)) as s:
+        _check_prefix(s, 59)
+
+
+def test_recorded_sizes_other_than_the_configured_ones_are_a_configuration_error(tmp_path):
+    _write_one_file(tmp_path)
+    with pytest.raises(StoreIOError, match=f"created with {ONE_FILE}-byte data files .* configured for 4096"):
+        SegmentStore(_cfg(tmp_path)).open()
+    with SegmentStore(_one_file_cfg(tmp_path)) as s:  # nothing was touched
+        assert (s.ledger_end_index, s.repair_index) == (59, -1)
+
+
+def test_a_store_without_recorded_sizes_keeps_the_old_rule_and_records_them_once_healthy(tmp_path):
+    """A store made before the sizes were recorded: every file of the same other size is still
+    a configuration mistake (nothing says otherwise); once it opens with its files all of the
+    configured size, the sizes are recorded."""
+    _write_one_file(tmp_path)
+    (tmp_path / SEGMENTS_FILE).unlink()
+    with pytest.raises(StoreIOError, match="configured for 4096"):
+        SegmentStore(_cfg(tmp_path)).open()
+    assert not (tmp_path / SEGMENTS_FILE).exists()
+    with SegmentStore(_one_file_cfg(tmp_path)) as s:
+        assert s.ledger_end_index == 59
+    assert read_segment_sizes(tmp_path) == {"data_file_size": ONE_FILE, "index_file_size": 256}
+    assert existing_file_sizes(tmp_path) == {"data_file_size": ONE_FILE, "index_file_size": 256}
