@@ -10,6 +10,8 @@
     DIR/currterm                      currTerm / voteLeader (see node.store.term_vote)
     DIR/segments                      dataFileSize / indexFileSize the store was created with
                                       (`read_segment_sizes`)
+    DIR/begin                         beginIndex / beginPos: where the log begins once
+                                      retention deleted its front (`read_log_begin`)
 
 Pure file-system reading (no mmap writes, no locks): `dledger dump`, the Spark decoder and the
 dispatchers' read-only readers all start here, so there is one definition of "the layout".
@@ -29,6 +31,7 @@ CHECKPOINT_FILE = "checkpoint"
 TERM_FILE = "currterm"
 LOCK_FILE = "member.lock"
 SEGMENTS_FILE = "segments"
+BEGIN_FILE = "begin"
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 
 
@@ -242,6 +245,29 @@ def write_segment_sizes(store_dir: str | os.PathLike[str], data_file_size: int, 
     """Record the sizes a store's segment files have, durably (once, at its first open)."""
     write_properties_atomically(Path(store_dir) / SEGMENTS_FILE,
                                 {"dataFileSize": data_file_size, "indexFileSize": index_file_size})
+
+
+def read_log_begin(store_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(first index, its data position) of a log whose front retention deleted, from
+    `DIR/begin`; None when absent (the log begins where it always did: entry 0 at position 0,
+    or right after its base). Written durably by retention *before* it deletes a file, so a
+    first data file that starts later than this was lost, not deleted (docs/store.md
+    "Recovery"). LayoutError when present but unreadable."""
+    path = Path(store_dir) / BEGIN_FILE
+    props = read_properties(path)
+    if not props:
+        return None
+    try:
+        index, pos = int(props["beginIndex"]), int(props["beginPos"])
+    except (KeyError, ValueError) as e:
+        raise LayoutError(f"{path}: damaged ({e!r})") from e
+    if index < 0 or pos < 0:
+        raise LayoutError(f"{path}: negative beginIndex/beginPos")
+    return index, pos
+
+
+def write_log_begin(store_dir: str | os.PathLike[str], index: int, pos: int) -> None:
+    write_properties_atomically(Path(store_dir) / BEGIN_FILE, {"beginIndex": index, "beginPos": pos})
 
 
 @dataclass(frozen=True, slots=True)

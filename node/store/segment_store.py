@@ -68,6 +68,7 @@ from node.store.codec import (
 )
 from node.store.generation import GenerationCounter
 from node.store.layout import (
+    BEGIN_FILE,
     CHECKPOINT_FILE,
     DATA_DIR,
     INDEX_DIR,
@@ -77,8 +78,10 @@ from node.store.layout import (
     LogBase,
     longest_fitting_run,
     read_checkpoint,
+    read_log_begin,
     read_segment_sizes,
     write_checkpoint,
+    write_log_begin,
     write_segment_sizes,
 )
 from node.store.mmap_file import (
@@ -170,6 +173,7 @@ class SegmentStore:
         # the new log does not reach). Taken before `_lock`, never after it.
         self._cp_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
+        self._begin_recorded = False  # see open()
         self._stop = threading.Event()
         self._opened = False
         self._open_started = 0.0
@@ -185,11 +189,15 @@ class SegmentStore:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             sizes = self._recorded_sizes()
+            # A store that records its sizes was opened by a version that also records where
+            # retention moved its begin (DIR/begin): only then is a late first file a loss.
+            self._begin_recorded = sizes is not None
             self._gen = GenerationCounter(self.dir, durable=self._sync)
             with self._gen:
                 lost = self._load_lists(size_known=sizes is not None)
                 self._recover(lost)
             if sizes is None:  # every file now has the configured size (or there is none)
+                self._record_trimmed_begin()  # what an older version trimmed, before the sizes
                 write_segment_sizes(self.dir, self.config.data_file_size, self.config.index_file_size)
             if self._sync:
                 self.flush()  # whatever recovery found (or zeroed) is durable before we serve it
@@ -334,6 +342,12 @@ class SegmentStore:
             cp = self._set_damaged_checkpoint_aside(e)
         base = cp.base
         cleaned = base is not None and self._drop_replaced_files(base)
+        front = self._lost_front(base, self.data.files)
+        if front is not None:
+            # Files before the first one are gone, not deleted by retention: the store keeps no
+            # holes, so nothing after them is kept either; all of it is fetched again (repair).
+            lost = (front, [f.path for f in self.data.files] + list(lost[1]))
+            self.data.close()
         files = self.data.files
         verify_from = max(0, len(files) - self.config.recover_verify_files)
         expected_index: int | None = None
@@ -439,6 +453,8 @@ class SegmentStore:
             p.unlink(missing_ok=True)  # after the repair index is durable (inside open's fence)
         if lost[1]:
             fsync_dir(self.data.dir)
+        if front is not None:
+            (self.dir / BEGIN_FILE).unlink(missing_ok=True)  # the log begins anew
 
         self.data.set_wrote_position(end_pos)
         index_files = len(self.index.files)
@@ -474,6 +490,40 @@ class SegmentStore:
                  f"{begin}..{self._unchecked_end}" if self._unchecked_end >= 0 else "nothing",
                  f"; repairing up to {self.repair_index}" if self.repair_index >= 0 else "",
                  (time.monotonic() - self._open_started) * 1000)
+
+    def _lost_front(self, base: LogBase | None, files: list[MappedFile]) -> str | None:
+        """Why the data files before the first one are missing, or None. The log begins at
+        entry 0 at position 0, right after its base, or where retention last moved its begin
+        (DIR/begin, written before retention deletes a file); a first file that starts after
+        that position was lost. (A begin file from before a reset is recognized by a position
+        below the base's: a reset puts its base past every old file.) Not decided for a store
+        that did not record its begin (`_begin_recorded`), nor when the begin file is
+        damaged: a log that begins late is then read as trimmed, as it always was."""
+        if not files or not self._begin_recorded:
+            return None
+        try:
+            rec = read_log_begin(self.dir)
+        except LayoutError as e:
+            log.warning("%s: %s; where the log begins is taken from its files", self.dir, e)
+            return None
+        if rec is not None and base is not None and rec[1] < base.pos:
+            rec = None
+        if rec is not None:
+            index, pos = rec
+        else:
+            index, pos = (base.index + 1, base.pos) if base is not None else (0, 0)
+        if files[0].start <= pos:
+            return None
+        return (f"the data files before {files[0].path.name} are missing: the log began at entry "
+                f"{index} (data position {pos}); retention did not delete them")
+
+    def _record_trimmed_begin(self) -> None:
+        """A store opened for the first time by this version: if its log begins after its
+        natural start (trimmed by an older version's retention), record that begin now, so
+        the next open does not read the missing front as lost."""
+        natural = self._base.pos if self._base is not None else 0
+        if self.data.files and self.ledger_begin_index >= 0 and self.data.files[0].start > natural:
+            write_log_begin(self.dir, self.ledger_begin_index, self.data.files[0].start)
 
     def committed_damage(self, index: int, committed: int, problem: str) -> StoreCorruptError:
         """`base.committed_damage` for this store: recovery and the scrub raise it."""
@@ -614,7 +664,9 @@ class SegmentStore:
                 return None
             if base is not None and first <= base.index:
                 return None
-            rb, rc = self._raw_record(first), self._raw_record(c)
+            # Each record the shortcut takes is checked against the header it points at: C - 1's
+            # term becomes the log's end term if C turns out damaged, and a vote compares it.
+            rb, rc = self._verified_record(first), self._verified_record(c)
             if rb is None or rc is None or rb[1] != pos0:
                 return None
             pos = rc[1]
@@ -623,7 +675,7 @@ class SegmentStore:
                 return None
             prev_term = base.term if base is not None else -1
             if c > first:
-                prev = self._raw_record(c - 1)
+                prev = self._verified_record(c - 1)
                 if prev is None:
                     return None
                 prev_term = prev[4]
@@ -1551,6 +1603,17 @@ class SegmentStore:
             return 0
         index = min(index, self.ledger_end_index)
         pos = self.index_record(index).pos
+        keep = self.data.find(pos)
+        if keep is None or keep is self.data.files[0]:
+            return 0
+        # Where the log will begin, durably before any file goes: recovery tells a file
+        # retention deleted from a lost one by it (`_lost_front`). A crash before the deletion
+        # leaves files before that begin, which is no loss (the next deletion takes them).
+        first = self._first_index_at(keep.start, self.ledger_begin_index, index)
+        try:
+            write_log_begin(self.dir, first, keep.start)
+        except OSError as e:
+            raise self._io_failed(e, "recording the log's new begin") from e
         if not self._lock.acquire(blocking=wait):
             return None
         try:

@@ -10,10 +10,13 @@ import pytest
 from node.store import codec
 from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import (
+    BEGIN_FILE,
     SEGMENTS_FILE,
     existing_file_sizes,
     read_checkpoint,
+    read_log_begin,
     read_segment_sizes,
+    write_log_begin,
 )
 from node.store.mmap_file import StoreIOError
 from node.store.segment_store import SegmentStore, StoreConfig
@@ -391,3 +394,87 @@ def test_a_store_without_recorded_sizes_keeps_the_old_rule_and_records_them_once
         assert s.ledger_end_index == 59
     assert read_segment_sizes(tmp_path) == {"data_file_size": ONE_FILE, "index_file_size": 256}
     assert existing_file_sizes(tmp_path) == {"data_file_size": ONE_FILE, "index_file_size": 256}
+
+
+def test_a_lost_first_data_file_is_damage_not_a_trimmed_log(tmp_path):
+    """Without a record of where the log begins, a missing first data file looked exactly like
+    retention having deleted it: the log began later, the lost committed entries were gone
+    from this replica for good and nothing said so. Retention records the begin before it
+    deletes (`DIR/begin`); a first file that starts later than that was lost: the whole log is
+    fetched again (the store keeps no holes), and the node does not vote meanwhile."""
+    _write(tmp_path, committed=55)
+    _data_files(tmp_path)[0].unlink()
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (-1, -1, 59)
+        assert "the data files before" in s.damage
+        assert not _data_files(tmp_path)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        assert (s.ledger_begin_index, s.ledger_end_index) == (0, 59)
+        _check_prefix(s, 59)
+
+
+def test_retention_records_the_begin_so_a_trimmed_log_reopens_as_trimmed_and_a_later_loss_is_seen(tmp_path):
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()  # retention deletes only what the scrub checked
+        assert s.delete_before(30) > 0
+        begin = s.ledger_begin_index
+        assert read_log_begin(tmp_path) == (begin, s.data.files[0].start)
+    with SegmentStore(_cfg(tmp_path)) as s:  # deleted by retention: no damage
+        assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (begin, 59, -1)
+    _data_files(tmp_path)[0].unlink()  # now lost
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.repair_index) == (-1, 59)
+        assert f"the log began at entry {begin}" in s.damage
+    assert read_log_begin(tmp_path) is None  # the log begins anew, wherever the leader sends it from
+
+
+def test_a_crash_between_recording_the_begin_and_deleting_loses_nothing(tmp_path):
+    """Retention writes the new begin, then deletes: a crash in between leaves files before
+    the recorded begin. They are the log's, not damage."""
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        first_kept = s.data.files[2]
+        write_log_begin(tmp_path, 25, first_kept.start)  # as delete_before does first
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (0, 59, -1)
+
+
+def test_a_store_trimmed_before_the_begin_was_recorded_is_not_read_as_damaged(tmp_path):
+    """A store an older version trimmed has no `begin` (nor `segments`) file: its first open
+    by this version records the begin it finds, so the next open does not call it lost."""
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        s.delete_before(30)
+        begin = s.ledger_begin_index
+    (tmp_path / SEGMENTS_FILE).unlink()
+    (tmp_path / BEGIN_FILE).unlink()
+    for _ in range(2):
+        with SegmentStore(_cfg(tmp_path)) as s:
+            assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (begin, 59, -1)
+    assert read_log_begin(tmp_path)[0] == begin
+
+
+def test_a_damaged_record_of_the_entry_before_the_checkpoint_does_not_become_the_end_term(tmp_path):
+    """Recovery starts at the checkpoint's committed entry C and takes C - 1's term from its
+    index record; when C then fails, that term is the log's end term, which votes and the
+    leader's COMPARE read. A record whose term was damaged gave the node a term its log never
+    had (here 32769: every append after the repair was refused as going back in term, so the
+    repair never ended). The records the shortcut takes are checked against their headers."""
+    pos = _write(tmp_path, committed=20)
+    _patch_index(tmp_path, 19, 24, (32769).to_bytes(8, "big"))
+    _flip_crc(tmp_path, pos, 20)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        # The shortcut is refused (19's record disagrees with its header): a full walk, which
+        # leaves the early files' CRCs to the scrub; the scrub then finds 20 and cuts there.
+        assert (s.ledger_end_index, s.ledger_end_term) == (59, 3)
+        _scrub_and_repair(s)
+        assert (s.ledger_end_index, s.ledger_end_term, s.repair_index) == (19, 1, 59)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+        _check_prefix(s, 59)
