@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,26 +226,57 @@ def write_checkpoint(store_dir: str | os.PathLike[str], cp: Checkpoint) -> None:
 _SIZE_KEYS = {"data_file_size": "dataFileSize", "index_file_size": "indexFileSize"}
 
 
+def _read_checked_ints(path: Path, keys: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Non-negative integers `keys` of a small `key=value` file that also carries `crc=`, the
+    CRC-32 of its `key=value` lines: None when the file is absent, LayoutError naming it when
+    it is present but not whole. The CRC is what tells a flipped digit (which would read as
+    another valid number: a store "made with other sizes", a log "beginning elsewhere") from
+    the value written."""
+    props = read_properties(path)
+    if not props:
+        return None
+    try:
+        values = tuple(int(props[k]) for k in keys)
+        crc = int(props["crc"])
+    except (KeyError, ValueError) as e:
+        raise LayoutError(f"{path}: damaged ({e!r} missing or not a number)") from e
+    if crc != _lines_crc(keys, values) or any(v < 0 for v in values):
+        raise LayoutError(f"{path}: damaged (its crc does not match its values)")
+    return values
+
+
+def _lines_crc(keys: tuple[str, ...], values: tuple[int, ...]) -> int:
+    return zlib.crc32("".join(f"{k}={v}\n" for k, v in zip(keys, values, strict=True)).encode())
+
+
+def _write_checked_ints(path: Path, keys: tuple[str, ...], values: tuple[int, ...]) -> None:
+    write_properties_atomically(path, {**dict(zip(keys, values, strict=True)), "crc": _lines_crc(keys, values)})
+
+
 def read_segment_sizes(store_dir: str | os.PathLike[str]) -> dict[str, int] | None:
     """The segment file sizes the store was created with (`data_file_size`,
     `index_file_size`), from `DIR/segments`; None when the file is absent (a store from before
-    it) or unreadable (then the store knows its sizes only from its files, as before).
+    it), LayoutError when it is damaged (the store then knows its sizes only from its files,
+    as before, and writes the file again).
 
     Why it exists: with the default 1 GiB data files a store has one data file, and a file
     truncated or extended by damage is then indistinguishable, by its length alone, from a
     store created with another size -- a node would refuse to start instead of repairing."""
-    try:
-        props = read_properties(Path(store_dir) / SEGMENTS_FILE)
-        sizes = {name: int(props[key]) for name, key in _SIZE_KEYS.items()}
-    except (LayoutError, KeyError, ValueError):
+    values = _read_checked_ints(Path(store_dir) / SEGMENTS_FILE, tuple(_SIZE_KEYS.values()))
+    if values is None:
         return None
-    return sizes if all(v > 0 for v in sizes.values()) else None
+    if not all(values):
+        raise LayoutError(f"{Path(store_dir) / SEGMENTS_FILE}: a size of 0")
+    return dict(zip(_SIZE_KEYS, values, strict=True))
 
 
 def write_segment_sizes(store_dir: str | os.PathLike[str], data_file_size: int, index_file_size: int) -> None:
     """Record the sizes a store's segment files have, durably (once, at its first open)."""
-    write_properties_atomically(Path(store_dir) / SEGMENTS_FILE,
-                                {"dataFileSize": data_file_size, "indexFileSize": index_file_size})
+    _write_checked_ints(Path(store_dir) / SEGMENTS_FILE, tuple(_SIZE_KEYS.values()),
+                        (data_file_size, index_file_size))
+
+
+_BEGIN_KEYS = ("beginIndex", "beginPos")
 
 
 def read_log_begin(store_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
@@ -252,22 +284,13 @@ def read_log_begin(store_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
     `DIR/begin`; None when absent (the log begins where it always did: entry 0 at position 0,
     or right after its base). Written durably by retention *before* it deletes a file, so a
     first data file that starts later than this was lost, not deleted (docs/store.md
-    "Recovery"). LayoutError when present but unreadable."""
-    path = Path(store_dir) / BEGIN_FILE
-    props = read_properties(path)
-    if not props:
-        return None
-    try:
-        index, pos = int(props["beginIndex"]), int(props["beginPos"])
-    except (KeyError, ValueError) as e:
-        raise LayoutError(f"{path}: damaged ({e!r})") from e
-    if index < 0 or pos < 0:
-        raise LayoutError(f"{path}: negative beginIndex/beginPos")
-    return index, pos
+    "Recovery"). LayoutError when present but damaged."""
+    values = _read_checked_ints(Path(store_dir) / BEGIN_FILE, _BEGIN_KEYS)
+    return None if values is None else (values[0], values[1])
 
 
 def write_log_begin(store_dir: str | os.PathLike[str], index: int, pos: int) -> None:
-    write_properties_atomically(Path(store_dir) / BEGIN_FILE, {"beginIndex": index, "beginPos": pos})
+    _write_checked_ints(Path(store_dir) / BEGIN_FILE, _BEGIN_KEYS, (index, pos))
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +331,10 @@ def existing_file_sizes(store_dir: str | os.PathLike[str], configured: dict[str,
     `configured` (truncation never grows a file) or a power of two (the sizes operators and
     tools choose; a torn length hardly ever is one), and is left out otherwise. A store that
     records its sizes (`read_segment_sizes`) is taken at its word, whatever its files' lengths."""
-    recorded = read_segment_sizes(store_dir)
+    try:
+        recorded = read_segment_sizes(store_dir)
+    except LayoutError:
+        recorded = None
     if recorded is not None:
         return recorded
     out: dict[str, int] = {}

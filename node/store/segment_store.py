@@ -188,13 +188,17 @@ class SegmentStore:
         self._open_started = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            # A store with a `segments` file (whole or damaged) was opened by a version that
+            # also records where retention moved its begin (DIR/begin): only then is a late
+            # first file a loss.
+            self._begin_recorded = (self.dir / SEGMENTS_FILE).exists()
             sizes = self._recorded_sizes()
-            # A store that records its sizes was opened by a version that also records where
-            # retention moved its begin (DIR/begin): only then is a late first file a loss.
-            self._begin_recorded = sizes is not None
             self._gen = GenerationCounter(self.dir, durable=self._sync)
             with self._gen:
-                lost = self._load_lists(size_known=sizes is not None)
+                # A damaged `segments` file still says this store records its sizes: the
+                # configured ones are taken (a damaged file and a changed configuration at once
+                # is two faults).
+                lost = self._load_lists(size_known=self._begin_recorded)
                 self._recover(lost)
             if sizes is None:  # every file now has the configured size (or there is none)
                 self._record_trimmed_begin()  # what an older version trimmed, before the sizes
@@ -310,7 +314,11 @@ class SegmentStore:
         other than the configured ones are a configuration mistake, said before anything is
         touched; with the sizes known, a data file of another length is damage, never a reason
         to refuse the store (docs/store.md "Recovery", step 1)."""
-        sizes = read_segment_sizes(self.dir)
+        try:
+            sizes = read_segment_sizes(self.dir)
+        except LayoutError as e:
+            log.warning("%s: %s; the sizes are taken from the files and recorded again", self.dir, e)
+            return None
         want = {"data_file_size": self.config.data_file_size, "index_file_size": self.config.index_file_size}
         if sizes is not None and sizes != want:
             raise FileSizeMismatch(
@@ -434,7 +442,13 @@ class SegmentStore:
             problem = lost[0]  # the walk ran off the end of the files before a missing one
         self.repair_index = cp.repair_index
         self._checkpointed = cp
-        if cp.committed_index > end or cp.end_index > end:
+        # After a damage cut at end + 1 the entry before it is not taken as committed: a header
+        # carries no CRC of its own, so when end + 1 failed its term order, entry `end`'s term
+        # may be the damaged one, and only the leader's COMPARE can tell -- it must be able to
+        # replace the entry (the repair index keeps the node from voting meanwhile).
+        damaged = cp.committed_index > end or cp.end_index > end
+        keep_committed = max(end - 1, -1) if damaged else end
+        if damaged:
             # Committed entries are damaged or gone, or entries the checkpoint says were on
             # disk (at or below its end index: flushed, so this node may have acknowledged
             # them, and a write a crash tore cannot be among them; zeroed or gone counts too:
@@ -445,7 +459,7 @@ class SegmentStore:
             why = problem or (f"the log ends at {end}, the checkpoint says {cp.committed_index} is "
                               f"committed and {cp.end_index} was on disk")
             self._enter_repair(max(cp.committed_index, cp.end_index), end + 1,
-                               Checkpoint(min(cp.committed_index, end), end, base, cp.repair_index), why,
+                               Checkpoint(min(cp.committed_index, keep_committed), end, base, cp.repair_index), why,
                                committed=cp.committed_index)
         elif problem is not None:
             log.warning("%s: cutting the log after index %d: %s", self.dir, end, problem)
@@ -474,7 +488,7 @@ class SegmentStore:
             self.ledger_end_term = prev_term  # the last walked entry's, else C - 1's record's
         else:
             self.ledger_end_term = base.term if anchored else -1
-        committed = min(cp.committed_index, end)
+        committed = min(cp.committed_index, keep_committed)
         if base is not None and base.index <= end:
             committed = max(committed, base.index)  # the base is a snapshot of committed state
         self.committed_index = committed
@@ -741,9 +755,11 @@ class SegmentStore:
                              "trimmed log: cannot cut there", "DISK_ERROR")
         keep = first_bad - 1
         with self._cp_lock:
-            self._enter_repair(target, first_bad, Checkpoint(min(self.committed_index, keep), keep,
+            # The entry before the cut is not taken as committed either (see _recover): its
+            # term may be what is damaged, and the leader's COMPARE must be able to replace it.
+            self._enter_repair(target, first_bad, Checkpoint(min(self.committed_index, max(keep - 1, -1)), keep,
                                                              self._base, self.repair_index), why)
-            self.committed_index = min(self.committed_index, keep)
+            self.committed_index = min(self.committed_index, max(keep - 1, -1))
         if first_bad <= self.ledger_end_index:
             self._truncate_at(first_bad, pos, self.log_base)
         if self._unchecked_end >= first_bad:  # nothing left to scrub past the cut
@@ -811,7 +827,14 @@ class SegmentStore:
             if prev is None:
                 return 0
             pos, prev_term = prev[1] + prev[2], prev[4]
-        fixed, i, files_left = 0, index, 2
+        # A header has no CRC of its own: its term is trusted only between the entry before's
+        # and the entry after's (each checked the same way), and never against a record that
+        # names this entry with another term (which of the two was damaged cannot be told:
+        # that stays damage, fetched again). So a rewrite waits in `held` until the entry after
+        # it (or the ledger end term, for the last entry) bounds its term.
+        fixes: list[tuple[MappedFile, int, bytes]] = []
+        held: tuple[MappedFile, int, bytes, int] | None = None
+        i, files_left = index, 2
         while i <= self.ledger_end_index:
             f = self.data.find(pos)
             if f is None:
@@ -832,18 +855,28 @@ class SegmentStore:
             if (idx, p) != (i, pos) or term < prev_term or body_size != size - HEADER_SIZE \
                     or _crc32(f.view[rel + HEADER_SIZE: rel + size]) != body_crc:
                 break
+            if held is not None:  # this entry's term bounds the held one's from above
+                fixes.append(held[:3])
+                held = None
             xf = self.index.find(i * INDEX_SIZE)
             if xf is None:
                 break
             xrel, want = i * INDEX_SIZE - xf.start, INDEX.pack(magic, pos, size, i, term)
-            if xf.mm[xrel: xrel + INDEX_SIZE] != want:
-                xf.write(xrel, want)
-                fixed += 1
+            have = xf.mm[xrel: xrel + INDEX_SIZE]
+            if have != want:
+                r_magic, _rp, _rs, r_index, r_term = INDEX.unpack(have)
+                if r_magic in ENTRY_MAGICS and r_index == i and r_term != term:
+                    break  # record and header disagree on the term: damage, not derived data
+                held = (xf, xrel, want, term)
             prev_term, pos, i = term, pos + size, i + 1
-        if fixed:
+        if held is not None and i > self.ledger_end_index and held[3] <= self.ledger_end_term:
+            fixes.append(held[:3])
+        for xf, xrel, want in fixes:
+            xf.write(xrel, want)
+        if fixes:
             log.warning("%s: rewrote %d damaged index record(s) from entry %d on from the data "
-                        "(the entries are intact; nothing to fetch)", self.dir, fixed, index)
-        return fixed
+                        "(the entries are intact; nothing to fetch)", self.dir, len(fixes), index)
+        return len(fixes)
 
     def _drop_replaced_files(self, base: LogBase) -> bool:
         """Delete the data files a reset left behind: every file that ends at or before the base

@@ -58,7 +58,7 @@ def test_bit_flip_in_committed_entry_is_cut_and_marked_for_repair(tmp_path):
     pos = _write(tmp_path, 30, committed=28)
     _patch(tmp_path, pos[28] + codec.HEADER_SIZE + 2, b"\xff")
     with SegmentStore(_cfg(tmp_path)) as s:
-        assert (s.ledger_end_index, s.committed_index) == (27, 27)
+        assert (s.ledger_end_index, s.committed_index) == (27, 26)  # the entry before the cut stays replaceable
         assert s.repair_index == 29  # everything it may have acknowledged: the old end
         assert read_checkpoint(tmp_path).repair_index == 29  # durable before the cut
     with SegmentStore(_cfg(tmp_path)) as s:  # a restart keeps the mark
@@ -160,7 +160,7 @@ def test_checkpoint_beyond_log_end_marks_for_repair(tmp_path):
     _write(tmp_path, 5)
     write_checkpoint(tmp_path, Checkpoint(committed_index=9, end_index=9))
     with SegmentStore(_cfg(tmp_path)) as s:
-        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (4, 4, 9)
+        assert (s.ledger_end_index, s.committed_index, s.repair_index) == (4, 3, 9)
 
 
 def test_truncate_zeroes_so_a_crash_cannot_resurrect(tmp_path):
