@@ -350,7 +350,8 @@ class SegmentStore:
             cp = self._set_damaged_checkpoint_aside(e)
         base = cp.base
         cleaned = base is not None and self._drop_replaced_files(base)
-        front = self._lost_front(base, self.data.files)
+        expected = self._expected_begin(base)
+        front = self._lost_front(expected, self.data.files)
         if front is not None:
             # Files before the first one are gone, not deleted by retention: the store keeps no
             # holes, so nothing after them is kept either; all of it is fetched again (repair).
@@ -372,6 +373,10 @@ class SegmentStore:
         if anchored:
             expected_index = base.index + 1
             first_off = base.pos - files[0].start if files else 0
+        elif expected is not None and files and files[0].start == expected[1]:
+            # The first file is where the log is known to begin: its first entry must be that
+            # index (a damaged header must not move the whole log to another index).
+            expected_index = expected[0]
         start_fi = 0
         # The checkpoint vouches for the log up to its committed entry C: walk (and CRC-check)
         # only from C on, and leave the entries before it to the scrub and to every read.
@@ -433,6 +438,8 @@ class SegmentStore:
             end_pos = f.end  # the file ended in a BLANK: the log continues in the next one
 
         end = (expected_index - 1) if expected_index is not None else -1
+        if not records and start is None and not anchored:
+            end = -1  # nothing kept from the first file on (an index expected there kept no entry)
         if begin > end:
             begin = -1  # the walk from C kept nothing and C is the first entry: an empty log
         # The log has entries [begin, end]. From the checkpoint, the walk may have kept none
@@ -505,15 +512,14 @@ class SegmentStore:
                  f"; repairing up to {self.repair_index}" if self.repair_index >= 0 else "",
                  (time.monotonic() - self._open_started) * 1000)
 
-    def _lost_front(self, base: LogBase | None, files: list[MappedFile]) -> str | None:
-        """Why the data files before the first one are missing, or None. The log begins at
-        entry 0 at position 0, right after its base, or where retention last moved its begin
-        (DIR/begin, written before retention deletes a file); a first file that starts after
-        that position was lost. (A begin file from before a reset is recognized by a position
-        below the base's: a reset puts its base past every old file.) Not decided for a store
-        that did not record its begin (`_begin_recorded`), nor when the begin file is
-        damaged: a log that begins late is then read as trimmed, as it always was."""
-        if not files or not self._begin_recorded:
+    def _expected_begin(self, base: LogBase | None) -> tuple[int, int] | None:
+        """(index, data position) where the log begins: entry 0 at position 0, right after its
+        base, or where retention last moved its begin (DIR/begin, written before retention
+        deletes a file; one from before a reset is told by a position below the base's: a
+        reset puts its base past every old file). None when unknown: a store that did not
+        record its begin (`_begin_recorded`), or a damaged begin file -- a log that begins
+        late is then read as trimmed, as it always was."""
+        if not self._begin_recorded:
             return None
         try:
             rec = read_log_begin(self.dir)
@@ -523,13 +529,16 @@ class SegmentStore:
         if rec is not None and base is not None and rec[1] < base.pos:
             rec = None
         if rec is not None:
-            index, pos = rec
-        else:
-            index, pos = (base.index + 1, base.pos) if base is not None else (0, 0)
-        if files[0].start <= pos:
+            return rec
+        return (base.index + 1, base.pos) if base is not None else (0, 0)
+
+    def _lost_front(self, expected: tuple[int, int] | None, files: list[MappedFile]) -> str | None:
+        """Why the data files before the first one are missing, or None: a first file that
+        starts after the position the log is known to begin at was lost, not deleted."""
+        if not files or expected is None or files[0].start <= expected[1]:
             return None
         return (f"the data files before {files[0].path.name} are missing: the log began at entry "
-                f"{index} (data position {pos}); retention did not delete them")
+                f"{expected[0]} (data position {expected[1]}); retention did not delete them")
 
     def _record_trimmed_begin(self) -> None:
         """A store opened for the first time by this version: if its log begins after its

@@ -95,7 +95,7 @@ def _trial(seed: int, path: Path) -> None:
     try:
         s.open()  # never refused while the sizes are recorded: the rest is damage
     except StoreIOError:
-        if (path / "segments").exists():
+        if "unlink segments" not in damage:
             raise
         return  # no record of the sizes, every data file of one other size: the old rule
 
@@ -134,9 +134,15 @@ def _trial(seed: int, path: Path) -> None:
         s.close()
     with SegmentStore(_cfg(path)) as s:
         s.scrub()
-        assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (0, n - 1, -1), ctx
-        assert [bytes(s.get(i).body) for i in range(n)] == [_body(i) for i in range(n)], ctx
-        assert [s.term_at(i) for i in range(n)] == [_term(i) for i in range(n)], ctx
+        if "unlink segments" in damage and s.ledger_begin_index > 0:
+            # No record of the sizes nor of the begin (a store of an older version, here made
+            # by deleting the file): a lost first file reads as a trimmed log, as it always did.
+            n0 = s.ledger_begin_index
+        else:
+            n0 = 0
+        assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (n0, n - 1, -1), ctx
+        assert [bytes(s.get(i).body) for i in range(n0, n)] == [_body(i) for i in range(n0, n)], ctx
+        assert [s.term_at(i) for i in range(n0, n)] == [_term(i) for i in range(n0, n)], ctx
 
 
 @pytest.mark.parametrize("chunk", range(5))

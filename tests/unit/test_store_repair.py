@@ -499,3 +499,21 @@ def test_a_damaged_record_of_the_entry_before_the_checkpoint_does_not_become_the
         _catch_up(s, 59, 59)
         assert s.repair_index == -1
         _check_prefix(s, 59)
+
+
+def test_a_damaged_index_in_the_first_header_does_not_move_the_log(tmp_path):
+    """A full walk (here the index list is rebuilt) took the log's first index from the first
+    header it read: a flipped bit there made the log begin at entry 2**29, the committed
+    entries were gone without a repair, and the index rebuild wrote records far outside its
+    files. The store knows where its log begins (entry 0, a base, or retention's record), so
+    the first entry is checked against that like any other."""
+    pos = _write(tmp_path, committed=55)
+    with open(tmp_path / "data" / f"{0:020d}", "r+b") as fh:
+        fh.seek(pos[0] + codec.INDEX_OFFSET)
+        fh.write((1 << 29).to_bytes(8, "big"))
+    os.truncate(sorted((tmp_path / "index").iterdir())[0], 100)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_begin_index, s.ledger_end_index, s.repair_index) == (-1, -1, 59)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+        _check_prefix(s, 59)
