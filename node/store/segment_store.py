@@ -749,19 +749,19 @@ class SegmentStore:
         (`_enter_repair` + the cut). Returns the repair index; the caller (the handler, the
         store's one writer, under the member lock) publishes it so the elector stops voting.
 
-        Raises StoreError when the log cannot be cut there: `first_bad` at the begin of a log
-        that retention trimmed (emptying it needs a snapshot to continue from)."""
+        Damage at the begin of a log that retention trimmed empties the whole log
+        (`_drop_whole_log`): there is no entry before it to continue from."""
         if first_bad > self.ledger_end_index:
             return self.repair_index
-        if first_bad < self.ledger_begin_index or (first_bad == self.ledger_begin_index and first_bad > 0
-                                                   and self.log_base is None):
-            raise StoreError(f"damaged entry {first_bad} at the begin {self.ledger_begin_index} of a "
-                             "trimmed log: cannot cut there", "DISK_ERROR")
         target = max(self.committed_index, self.ledger_end_index)
-        first_bad, pos = self._damage_cut(first_bad)
+        if first_bad > self.ledger_begin_index:
+            first_bad, pos = self._damage_cut(first_bad)
+        else:
+            first_bad, pos = self.ledger_begin_index, -1
         if first_bad == self.ledger_begin_index and first_bad > 0 and self.log_base is None:
-            raise StoreError(f"damaged entry {first_bad} at the begin {self.ledger_begin_index} of a "
-                             "trimmed log: cannot cut there", "DISK_ERROR")
+            return self._drop_whole_log(target, why)
+        if pos < 0:
+            first_bad, pos = self._damage_cut(first_bad)
         keep = first_bad - 1
         with self._cp_lock:
             # The entry before the cut is not taken as committed either (see _recover): its
@@ -773,6 +773,40 @@ class SegmentStore:
             self._truncate_at(first_bad, pos, self.log_base)
         if self._unchecked_end >= first_bad:  # nothing left to scrub past the cut
             self._unchecked_end = first_bad - 1 if self._scrub_next <= first_bad - 1 else -1
+        return self.repair_index
+
+    def _drop_whole_log(self, target: int, why: str) -> int:
+        """Damage at the first entry of a log that retention trimmed: no entry is left to cut
+        after, and an empty log that began at that index would need the term before it, which
+        is gone. So the log becomes what a lost disk leaves -- empty, beginning anew at entry
+        0, position 0 -- with the repair index recorded first; the leader sends what it has
+        (the entries, or a snapshot past its retention). In order, as `reset_to`: the
+        checkpoint (repair index, empty log: the commit point), then every data and index
+        file, front first, then the begin record. A crash before the deletions reopens the
+        old log with the repair index set (the scrub finds the damage again); one during them
+        leaves a suffix of files after the recorded begin, which recovery reads as a lost
+        front and drops the same way."""
+        self.begin_change()
+        try:
+            with self._cp_lock:
+                self._enter_repair(target, self.ledger_begin_index, Checkpoint(-1, -1, None, self.repair_index),
+                                   why)
+                self.committed_index = -1
+                self._base = None
+                self._scrub_reset(-1, -1)
+                self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+                try:
+                    with self._lock:
+                        self.data.delete_all()
+                        self.index.delete_all()
+                    fsync_dir(self.data.dir)
+                    fsync_dir(self.index.dir)
+                    (self.dir / BEGIN_FILE).unlink(missing_ok=True)
+                except OSError as e:
+                    err = self._broken = self._io_failed(e, "dropping a log damaged at its begin")
+                    raise err from e
+        finally:
+            self.end_change()
         return self.repair_index
 
     def _damage_cut(self, first_bad: int) -> tuple[int, int]:

@@ -168,14 +168,51 @@ def test_mark_damaged_at_runtime_cuts_below_commit_and_survives_restart(tmp_path
         assert s.repair_index == -1
 
 
-def test_mark_damaged_at_a_trimmed_begin_refuses(tmp_path):
+def test_damage_at_the_begin_of_a_trimmed_log_empties_it_and_repairs(tmp_path):
+    """No entry before the first of a trimmed log to cut after, and an empty log beginning at
+    that index would need the term before it, which retention deleted: the node stopped
+    ("cannot cut there") and needed an operator. It now drops the whole log, as a lost disk
+    would, with the repair index recorded first, and takes the log again from the leader."""
     _write(tmp_path, committed=59)
     with SegmentStore(_cfg(tmp_path)) as s:
         s.scrub()  # retention deletes only what the scrub has checked
         s.delete_before(40)
-        assert s.ledger_begin_index > 0
-        with pytest.raises(StoreError, match="trimmed"):
-            s.mark_damaged(s.ledger_begin_index, "x")
+        begin = s.ledger_begin_index
+        assert begin > 0
+        g = s.generation
+        assert s.mark_damaged(begin, "x") == 59
+        assert (s.ledger_begin_index, s.ledger_end_index, s.committed_index) == (-1, -1, -1)
+        assert s.generation > g and not _data_files(tmp_path) and read_log_begin(tmp_path) is None
+    with SegmentStore(_cfg(tmp_path)) as s:  # durable: still empty, still repairing
+        assert (s.ledger_end_index, s.repair_index) == (-1, 59)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        _check_prefix(s, 59)
+
+
+def test_a_crash_while_a_damaged_trimmed_log_is_dropped_reopens_repairing(tmp_path):
+    """The checkpoint is written first (repair index, empty log), then the files go front
+    first: a crash after some of them left a suffix that starts past the recorded begin, which
+    recovery reads as a lost front and drops the same way."""
+    _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        s.delete_before(30)
+        s.mark_damaged(s.ledger_begin_index, "x")
+    # as if the deletions had stopped after the first file: put back a suffix of the old files
+    _write(tmp_path / "old", committed=59)
+    with SegmentStore(_cfg(tmp_path / "old")) as s:
+        s.scrub()
+        s.delete_before(30)
+        begin = read_log_begin(tmp_path / "old")
+    for f in _data_files(tmp_path / "old")[1:]:
+        os.rename(f, tmp_path / "data" / f.name)
+    write_log_begin(tmp_path, *begin)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.repair_index) == (-1, 59)
+        assert not _data_files(tmp_path)
 
 
 def test_install_clears_repair_when_it_covers_it(tmp_path):
