@@ -513,3 +513,46 @@ def test_follower_whose_only_data_file_was_truncated_repairs(make_cluster, lengt
     logs = same_logs(c, converged_then_stopped(c))
     assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(620)]
     assert [f.stat().st_size for f in data_files(c.nodes[victim])] == [1 << 20]
+
+
+def test_damaged_first_entry_of_a_trimmed_log_drops_it_and_installs_a_snapshot(make_cluster):
+    """Retention trimmed every log; then the first entry of a follower's trimmed log rots.
+    There is nothing before it to cut after, so the follower drops its whole log (as a lost
+    disk) with the repair index recorded, gets the leader's snapshot and the log after it, and
+    votes again. (It used to stop: "cannot cut there".)"""
+    from ipc.client import KVClient
+
+    c = make_cluster(3, state_machine="kv", snapshot_threshold=200, data_file_size=64 * 1024,
+                     max_body_size=16000, file_reserved_hours=0, disk_space_ratio_to_clean=0.0001,
+                     env=OPTS["env"])
+    lead = c.wait_leader(timeout=60)
+    victim = next(n for n in c.nodes if n != lead)
+    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
+        for i in range(1200):
+            kv.put(b"k%05d" % i, b"%d-" % i + b"x" * 200)
+    wait_for(lambda: all((m := c.metadata(n)) is not None and m.ledger_begin_index > 1 for n in c.nodes),
+             60, "retention to trim every log")
+    node = c.nodes[victim]
+    node.stop()
+    f = data_files(node)[0]
+    off, first, size = entries_in(f)[0]
+    with open(f, "r+b") as fh:
+        fh.seek(off + codec.BODY_CRC_OFFSET)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 0x20]))
+    seen = len(node.log_text())
+    node.start()
+    wait_for(lambda: f"DAMAGED committed entries from index {first}" in node.log_text()[seen:], 60,
+             "the scrub to find the damaged first entry")
+    wait_for(lambda: block_value(node, "repair_index") == -1, 90, "the repair to finish")
+    text = node.log_text()[seen:]
+    assert "cannot cut there" not in text and "installed the leader's snapshot" in text, text[-3000:]
+    wait_for(lambda: block_value(node, "not_voting") == 0, 30, "the node to vote again")
+    c.wait_converged(timeout=60)
+    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
+        transfer_to(cl, victim, timeout=30)
+    assert c.wait_leader(timeout=60) == victim  # its applier answers the reads below
+    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
+        assert kv.get(b"k00007").value.startswith(b"7-")
+        assert len(kv.scan(b"k0", limit=5000)) == 1200
