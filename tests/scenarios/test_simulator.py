@@ -154,6 +154,19 @@ def test_a_disk_full_heal_needs_a_majority_without_the_leader() -> None:
     assert r.ok, _explain(r)
 
 
+def test_a_push_damaged_on_the_way_is_not_read_as_a_configuration() -> None:
+    """Seed 970,117 (segment store, damage at rest and `corrupt`): a push of entries 0-7 had
+    byte 7 flipped on the way -- entry 0's size, so the leader's empty term-start NOOP read as
+    a NOOP with a body, i.e. a configuration candidate. The follower decoded it before the
+    store checked the run, could not, and stopped the node ("this node stops rather than count
+    another majority"). A run holding a configuration candidate is now checked first
+    (`configs.check_configuration_run`) and refused like any damaged push."""
+    faults = ("drop", "delay", "dup", "reorder", "partition", "crash", "role-crash", "pause", "truncate",
+              "clock", "rot", "rot-below", "corrupt", "disk-full", "retention")
+    r = run_seed(SimConfig(seed=970_117, store="segment", steps=500, faults=faults))
+    assert r.ok, _explain(r)
+
+
 def test_mutations_are_undone() -> None:
     from node.core import replication
     from node.roles import ack_checker

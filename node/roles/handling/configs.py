@@ -56,6 +56,8 @@ from node.core.membership import (
     is_configuration_body,
 )
 from node.core.slots import SlotTable, assign, bootstrap_slots
+from node.store import codec
+from node.store.base import StoreError
 from node.store.codec import INDEX_SIZE
 from node.store.layout import LayoutError, read_properties, write_properties_atomically
 from node.wiring.slot_file import SlotFileError, slot_store
@@ -104,6 +106,33 @@ def find_configurations(blob: bytes | memoryview, first_index: int,
         off += size
         index += 1
     return out
+
+
+def check_configuration_run(blob: bytes | memoryview, recs: bytes | memoryview, run_crc: int | None) -> None:
+    """Before a configuration found in a push is acted on (written to DIR/configuration,
+    published), the push must be the bytes the leader sent: a configuration that does not
+    decode is a reason for this node to stop, and a push damaged on the way (a flipped size
+    making an empty NOOP's body non-empty) must not pass for one -- it is refused like any
+    damaged push, and the leader sends it again. The same checks the store makes before it
+    stores the run (`append_follower`): the run CRC when the leader sent one (it covers every
+    byte), else every entry against its record and its body CRC. Only runs that hold a
+    configuration candidate pay for it here. Raises StoreError."""
+    if run_crc is not None:
+        if codec.push_run_crc(recs, blob) != run_crc:
+            raise StoreError("push run CRC mismatch: the run holding a configuration entry is not "
+                             "the leader's bytes", "UNEXPECTED_ARGUMENT")
+        return
+    from node.store import push_check  # numpy, on first use (as the store imports it)
+
+    n = len(recs) // INDEX_SIZE
+    try:
+        if n:
+            push_check.check_run(memoryview(blob), memoryview(recs), n, verify_bodies=True)
+        else:
+            for _off, _e in codec.iter_entries(blob, verify_crc=True):
+                pass
+    except codec.CodecError as e:
+        raise StoreError(str(e), "UNEXPECTED_ARGUMENT") from e
 
 
 class ConfigKeeper:

@@ -20,7 +20,7 @@ from node.core.follower import (
     same_leadership,
 )
 from node.roles.handling.common import DISK_CODES, store_error_code
-from node.roles.handling.configs import find_configurations
+from node.roles.handling.configs import check_configuration_run, find_configurations
 from node.store import codec
 from node.store.base import StoreError
 
@@ -113,6 +113,8 @@ class FollowerPushes:
                     return
                 # configuration entries go to DIR/configuration before the log (configs.py)
                 found = find_configurations(e.blob, s.ledger_end_index + 1, e.recs)
+                if found:
+                    check_configuration_run(e.blob, e.recs, e.run_crc)
                 configs = self.h.configs.before_store(found) if found else []
                 new_end = s.append_follower(e.blob, e.recs, run_crc=e.run_crc)
                 self.h.configs.stored(configs)
