@@ -442,20 +442,39 @@ def test_leader_damaged_while_down_rejoins_as_a_repairing_follower(make_cluster)
     assert [e[3] for e in logs[lead] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
 
 
+def _compacting_kv_group(make_cluster, **extra):
+    """A KV group whose retention trims every log it can (snapshots every 200 entries, 64 KiB
+    data files), with 1,200 keys written; returns it and a follower."""
+    from ipc.client import KVClient
+
+    c = make_cluster(3, state_machine="kv", snapshot_threshold=200, data_file_size=64 * 1024,
+                     max_body_size=16000, file_reserved_hours=0, disk_space_ratio_to_clean=0.0001, **extra)
+    lead = c.wait_leader(timeout=60)
+    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
+        for i in range(1200):
+            kv.put(b"k%05d" % i, b"%d-" % i + b"x" * 200)
+    return c, next(n for n in c.nodes if n != lead)
+
+
+def _leads_with_every_key(c, victim: str) -> None:
+    """The repaired node takes the lead, and its state machine answers every key written."""
+    from ipc.client import KVClient
+
+    c.wait_converged(timeout=60)
+    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
+        transfer_to(cl, victim, timeout=30)
+    assert c.wait_leader(timeout=60) == victim  # its applier answers the reads below
+    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
+        assert kv.get(b"k00007").value.startswith(b"7-")
+        assert len(kv.scan(b"k0", limit=5000)) == 1200
+
+
 def test_wiped_store_behind_a_compacted_log_installs_a_snapshot_then_votes(make_cluster):
     """The lost disk of a member whose leader's retention no longer has the log's start: it
     catches up by a snapshot install plus the log after it, and votes only then."""
     import shutil
 
-    from ipc.client import KVClient
-
-    c = make_cluster(3, state_machine="kv", snapshot_threshold=200, data_file_size=64 * 1024,
-                     max_body_size=16000, file_reserved_hours=0, disk_space_ratio_to_clean=0.0001)
-    lead = c.wait_leader(timeout=60)
-    victim = next(n for n in c.nodes if n != lead)
-    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
-        for i in range(1200):
-            kv.put(b"k%05d" % i, b"%d-" % i + b"x" * 200)
+    c, victim = _compacting_kv_group(make_cluster)
     wait_for(lambda: all((m := c.metadata(n)) is not None and m.ledger_begin_index > 1
                          for n in c.nodes if n != victim), 60, "retention to trim the live logs")
     text = _restart_with(c, victim, lambda store: shutil.rmtree(store))
@@ -465,13 +484,7 @@ def test_wiped_store_behind_a_compacted_log_installs_a_snapshot_then_votes(make_
              "the wiped node to catch up")
     assert "installed the leader's snapshot" in c.nodes[victim].log_text()
     wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote")
-    c.wait_converged(timeout=60)
-    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
-        transfer_to(cl, victim, timeout=30)
-    assert c.wait_leader(timeout=60) == victim  # its applier answers the reads below
-    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
-        assert kv.get(b"k00007").value.startswith(b"7-")
-        assert len(kv.scan(b"k0", limit=5000)) == 1200
+    _leads_with_every_key(c, victim)
 
 
 def test_damaged_follower_of_an_idle_group_is_repaired(make_cluster):
@@ -520,16 +533,7 @@ def test_damaged_first_entry_of_a_trimmed_log_drops_it_and_installs_a_snapshot(m
     There is nothing before it to cut after, so the follower drops its whole log (as a lost
     disk) with the repair index recorded, gets the leader's snapshot and the log after it, and
     votes again. (It used to stop: "cannot cut there".)"""
-    from ipc.client import KVClient
-
-    c = make_cluster(3, state_machine="kv", snapshot_threshold=200, data_file_size=64 * 1024,
-                     max_body_size=16000, file_reserved_hours=0, disk_space_ratio_to_clean=0.0001,
-                     env=OPTS["env"])
-    lead = c.wait_leader(timeout=60)
-    victim = next(n for n in c.nodes if n != lead)
-    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
-        for i in range(1200):
-            kv.put(b"k%05d" % i, b"%d-" % i + b"x" * 200)
+    c, victim = _compacting_kv_group(make_cluster, env=OPTS["env"])
     wait_for(lambda: all((m := c.metadata(n)) is not None and m.ledger_begin_index > 1 for n in c.nodes),
              60, "retention to trim every log")
     node = c.nodes[victim]
@@ -549,10 +553,4 @@ def test_damaged_first_entry_of_a_trimmed_log_drops_it_and_installs_a_snapshot(m
     text = node.log_text()[seen:]
     assert "cannot cut there" not in text and "installed the leader's snapshot" in text, text[-3000:]
     wait_for(lambda: block_value(node, "not_voting") == 0, 30, "the node to vote again")
-    c.wait_converged(timeout=60)
-    with DLedgerClient(c.peers, group=c.group, timeout=15.0) as cl:
-        transfer_to(cl, victim, timeout=30)
-    assert c.wait_leader(timeout=60) == victim  # its applier answers the reads below
-    with KVClient(c.peers, group=c.group, timeout=15.0) as kv:
-        assert kv.get(b"k00007").value.startswith(b"7-")
-        assert len(kv.scan(b"k0", limit=5000)) == 1200
+    _leads_with_every_key(c, victim)
