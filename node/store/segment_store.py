@@ -73,6 +73,7 @@ from node.store.layout import (
     DATA_DIR,
     INDEX_DIR,
     SEGMENTS_FILE,
+    TERM_FILE,
     Checkpoint,
     LayoutError,
     LogBase,
@@ -91,6 +92,7 @@ from node.store.mmap_file import (
     StoreIOError,
     fsync_dir,
 )
+from node.store.term_vote import TermVoteFile
 
 log = logging.getLogger("dledger.store")
 
@@ -351,6 +353,7 @@ class SegmentStore:
         base = cp.base
         cleaned = base is not None and self._drop_replaced_files(base)
         expected = self._expected_begin(base)
+        ceiling = self._term_ceiling()
         front = self._lost_front(expected, self.data.files)
         if front is not None:
             # Files before the first one are gone, not deleted by retention: the store keeps no
@@ -419,6 +422,9 @@ class SegmentStore:
                     problem = f"{f.path.name}@{off}: index {idx} at or before the log base {base.index}"
                 elif term < prev_term:
                     problem = f"{f.path.name}@{off}: term {term} after term {prev_term}"
+                elif term > ceiling:
+                    problem = (f"{f.path.name}@{off}: term {term} above this node's current term "
+                               f"{ceiling} ({TERM_FILE}): no leader of that term ever existed")
                 elif pos != f.start + off:
                     problem = f"{f.path.name}@{off}: pos field {pos}, entry is at {f.start + off}"
                 elif verify and _crc32(f.view[off + HEADER_SIZE: off + size]) != body_crc:
@@ -511,6 +517,21 @@ class SegmentStore:
                  f"{begin}..{self._unchecked_end}" if self._unchecked_end >= 0 else "nothing",
                  f"; repairing up to {self.repair_index}" if self.repair_index >= 0 else "",
                  (time.monotonic() - self._open_started) * 1000)
+
+    def _term_ceiling(self) -> int:
+        """The highest term any stored entry can have: the node's current term on disk
+        (`currterm`). The elector saves a term before the node acts in it, and an entry of
+        term T is stored only once this node has seen T, so a walked entry of a higher term
+        has a damaged header (a header has no CRC of its own). Without the check, one flipped
+        bit raising the last entry's term -- nothing after it to contradict it -- gave the
+        node a last term no other could beat: it won every election, and as leader could not
+        append in its own, lower term. No ceiling (a very large one) when the file is absent
+        or unreadable (a lost term file is the elector's to handle)."""
+        try:
+            tv = TermVoteFile(self.dir)
+        except (LayoutError, OSError, ValueError):
+            return 1 << 62
+        return 1 << 62 if tv.absent else tv.current.term
 
     def _expected_begin(self, base: LogBase | None) -> tuple[int, int] | None:
         """(index, data position) where the log begins: entry 0 at position 0, right after its

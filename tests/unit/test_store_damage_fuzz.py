@@ -18,6 +18,7 @@ import pytest
 from node.store.base import CorruptEntry, StoreCorruptError, StoreError
 from node.store.mmap_file import StoreIOError
 from node.store.segment_store import SegmentStore, StoreConfig
+from node.store.term_vote import TermVoteFile
 
 FILE = 4096
 TRIALS = int(os.environ.get("DLEDGER_DAMAGE_TRIALS", "250"))
@@ -89,6 +90,7 @@ def _trial(seed: int, path: Path) -> None:
         for i in range(n):
             s.append_leader(_body(i), _term(i))
         s.set_committed_index(committed)
+    TermVoteFile(path).save(_term(n - 1), None)  # as the elector: no entry's term is above it
     damage = [_damage(path, rng) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
     ctx = f"seed {seed}: n={n} committed={committed} damage={damage}"
     s = SegmentStore(_cfg(path))
@@ -132,6 +134,7 @@ def _trial(seed: int, path: Path) -> None:
         assert s.repair_index == -1, f"{ctx}: repair not done at the leader's commit"
     finally:
         s.close()
+    TermVoteFile(path).save(max(_term(n - 1), TermVoteFile(path).current.term), None)  # the leader's term
     with SegmentStore(_cfg(path)) as s:
         s.scrub()
         if "unlink segments" in damage and s.ledger_begin_index > 0:

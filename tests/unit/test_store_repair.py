@@ -554,3 +554,24 @@ def test_a_damaged_index_in_the_first_header_does_not_move_the_log(tmp_path):
         _catch_up(s, 59, 59)
         assert s.repair_index == -1
         _check_prefix(s, 59)
+
+
+def test_a_last_entry_whose_term_is_above_the_nodes_current_term_is_damage(tmp_path):
+    """A header has no CRC of its own, and the last entry has nothing after it to contradict a
+    flipped term: one bit raising it gave the node a last term no other could beat (it won
+    every election, and as leader could not append in its own lower term). No entry's term
+    can exceed the current term on disk (`currterm`: saved before the node acts in a term),
+    so the walk calls that damage: repaired like any other."""
+    from node.store.term_vote import TermVoteFile
+
+    pos = _write(tmp_path, committed=55)
+    TermVoteFile(tmp_path).save(3, None)
+    with open(tmp_path / "data" / f"{pos[59] - pos[59] % FILE:020d}", "r+b") as fh:
+        fh.seek(pos[59] % FILE + codec.TERM_OFFSET)
+        fh.write((1 << 20).to_bytes(8, "big"))
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_end_index, s.ledger_end_term, s.repair_index) == (58, 3, 59)
+        assert "above this node's current term 3" in s.damage
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+        _check_prefix(s, 59)
