@@ -446,8 +446,19 @@ class SegmentStore:
         end = (expected_index - 1) if expected_index is not None else -1
         if not records and start is None and not anchored:
             end = -1  # nothing kept from the first file on (an index expected there kept no entry)
+        first_bad = end + 1
         if begin > end:
             begin = -1  # the walk from C kept nothing and C is the first entry: an empty log
+            if end >= 0 and not anchored:
+                # ... of a log retention trimmed: an empty log beginning at C would need C - 1's
+                # term, which retention deleted. It is dropped as a lost disk leaves it (as
+                # `_drop_whole_log` does at runtime): every file goes once the repair index is
+                # durable, and the log begins anew.
+                first_bad, end, end_pos = end + 1, -1, 0
+                lost = (problem or f"entry {first_bad}, the first of a trimmed log", [f.path for f in files]
+                        + list(lost[1]))
+                self.data.close()
+                front = lost[0]
         # The log has entries [begin, end]. From the checkpoint, the walk may have kept none
         # (C itself damaged): [begin, C - 1] is still the log the checkpoint vouches for, with
         # its index records and C - 1's term (prev_term), and all of it left to the scrub.
@@ -471,7 +482,7 @@ class SegmentStore:
             # from peers").
             why = problem or (f"the log ends at {end}, the checkpoint says {cp.committed_index} is "
                               f"committed and {cp.end_index} was on disk")
-            self._enter_repair(max(cp.committed_index, cp.end_index), end + 1,
+            self._enter_repair(max(cp.committed_index, cp.end_index), first_bad,
                                Checkpoint(min(cp.committed_index, keep_committed), end, base, cp.repair_index), why,
                                committed=cp.committed_index)
         elif problem is not None:

@@ -12,10 +12,12 @@ from node.store.base import StoreCorruptError, StoreError
 from node.store.layout import (
     BEGIN_FILE,
     SEGMENTS_FILE,
+    Checkpoint,
     existing_file_sizes,
     read_checkpoint,
     read_log_begin,
     read_segment_sizes,
+    write_checkpoint,
     write_log_begin,
 )
 from node.store.mmap_file import StoreIOError
@@ -574,4 +576,27 @@ def test_a_last_entry_whose_term_is_above_the_nodes_current_term_is_damage(tmp_p
         assert "above this node's current term 3" in s.damage
         _catch_up(s, 59, 59)
         assert s.repair_index == -1
+        _check_prefix(s, 59)
+
+
+def test_a_damaged_first_entry_that_is_also_the_checkpoints_committed_entry_drops_the_trimmed_log(tmp_path):
+    """Recovery walks from the checkpoint's committed entry C; in a log retention trimmed so
+    far that C is its first entry, a damaged C left nothing to keep, and the store reopened
+    claiming entries up to C - 1 with no entry at all (begin -1, end C - 1), which no push
+    could continue. It is dropped as a lost disk leaves it, like damage to a trimmed log's
+    first entry found later (`_drop_whole_log`)."""
+    pos = _write(tmp_path, committed=59)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
+        s.delete_before(40)
+        c = s.ledger_begin_index
+    write_checkpoint(tmp_path, Checkpoint(c, 59))  # committed index C = the first entry
+    _flip_crc(tmp_path, pos, c)
+    with SegmentStore(_cfg(tmp_path)) as s:
+        assert (s.ledger_begin_index, s.ledger_end_index, s.committed_index, s.repair_index) == (-1, -1, -1, 59)
+        assert f"committed entry {c} is damaged" in s.damage and not _data_files(tmp_path)
+        _catch_up(s, 59, 59)
+        assert s.repair_index == -1
+    with SegmentStore(_cfg(tmp_path)) as s:
+        s.scrub()
         _check_prefix(s, 59)

@@ -84,7 +84,7 @@ class FaultsMixin:
         if torn and self.store_kind == "segment":
             what = " torn tail: " + A.write_torn_tail(n, self.rng)
         rots = [k for k in ("rot", "rot-below") if k in self.faults]
-        if rots and self.store_kind == "segment" and self._may_rot():
+        if rots and self.store_kind == "segment" and self._may_rot() and self._others_elect_without(n):
             kind = rots[0] if len(rots) == 1 else self.rng.choice(rots)
             held = max((m.block.ledger.ledger_begin_index for m in self.nodes
                         if m is not n and m.block is not None), default=0)
@@ -98,6 +98,28 @@ class FaultsMixin:
         if down_ms is None:
             down_ms = self.rng.randint(50, 2500)
         self.schedule(self.now + down_ms, "call", lambda: self.restart_node(n))
+
+    def _others_elect_without(self, n: Node) -> bool:
+        """Whether the other voters of every live handler's latest configuration are a majority
+        of it without `n`. A node repairing does not vote (by design: it may have been one of
+        the majority that committed what it lost), so damaging a voter the others cannot elect
+        without -- one of two voters after a `membership` fault removed the third (seed
+        975,057) -- leaves the group rightly without a leader, as a one-member group has no
+        peer to repair from."""
+        # The newest configuration any handler holds (the crashing node's too: its actors are
+        # dead, their state is still there), committed or not: what the group may count with.
+        latest = None
+        for m in self.nodes:
+            h = m.roles.get("handler")
+            if h is None or not getattr(h, "opened", False):
+                continue
+            c = h.h.configs.latest  # type: ignore[attr-defined]
+            if latest is None or c.index > latest.index:
+                latest = c
+        if latest is None:
+            return True
+        voters = latest.voters
+        return len(voters) - (n.id in voters) >= len(voters) // 2 + 1
 
     def _may_rot(self) -> bool:
         """Fault `rot` damages one node at a time: the group holds every entry on a majority,
