@@ -80,7 +80,9 @@ def _raw(ctx: zmq.Context, endpoint: str, curve: tuple | None, frame: bytes, tim
 
 def test_rights_per_client_key(secure) -> None:
     c, keys = secure
-    assert all("secure mode: CurveZMQ" in n.log_text() for n in c.nodes.values())
+    # every supervisor says so at start (a leader needs only two of them: the third may log later)
+    wait_for(lambda: all("secure mode: CurveZMQ" in n.log_text() for n in c.nodes.values()), 30,
+             "every node to log its secure mode")
     with DLedgerClient(c.peers, timeout=10, key_file=client_key(keys, "writer")) as w:
         r = w.append(b"from-writer")
         assert w.get(r.index).body == b"from-writer"
