@@ -355,11 +355,11 @@ class SegmentStore:
         expected = self._expected_begin(base)
         ceiling = self._term_ceiling()
         front = self._lost_front(expected, self.data.files)
+        begins_anew = front is not None
         if front is not None:
             # Files before the first one are gone, not deleted by retention: the store keeps no
             # holes, so nothing after them is kept either; all of it is fetched again (repair).
-            lost = (front, [f.path for f in self.data.files] + list(lost[1]))
-            self.data.close()
+            lost = self._lose_all_files(front, lost)
         files = self.data.files
         verify_from = max(0, len(files) - self.config.recover_verify_files)
         expected_index: int | None = None
@@ -455,10 +455,8 @@ class SegmentStore:
                 # `_drop_whole_log` does at runtime): every file goes once the repair index is
                 # durable, and the log begins anew.
                 first_bad, end, end_pos = end + 1, -1, 0
-                lost = (problem or f"entry {first_bad}, the first of a trimmed log", [f.path for f in files]
-                        + list(lost[1]))
-                self.data.close()
-                front = lost[0]
+                lost = self._lose_all_files(problem or f"entry {first_bad}, the first of a trimmed log", lost)
+                begins_anew = True
         # The log has entries [begin, end]. From the checkpoint, the walk may have kept none
         # (C itself damaged): [begin, C - 1] is still the log the checkpoint vouches for, with
         # its index records and C - 1's term (prev_term), and all of it left to the scrub.
@@ -491,8 +489,8 @@ class SegmentStore:
             p.unlink(missing_ok=True)  # after the repair index is durable (inside open's fence)
         if lost[1]:
             fsync_dir(self.data.dir)
-        if front is not None:
-            (self.dir / BEGIN_FILE).unlink(missing_ok=True)  # the log begins anew
+        if begins_anew:
+            (self.dir / BEGIN_FILE).unlink(missing_ok=True)
 
         self.data.set_wrote_position(end_pos)
         index_files = len(self.index.files)
@@ -563,6 +561,13 @@ class SegmentStore:
         if rec is not None:
             return rec
         return (base.index + 1, base.pos) if base is not None else (0, 0)
+
+    def _lose_all_files(self, why: str, lost: tuple[str | None, list[Path]]) -> tuple[str, list[Path]]:
+        """Recovery keeps no data file (the store keeps no holes): every one joins the files
+        deleted once the repair index is durable, and the log begins anew at entry 0."""
+        paths = [f.path for f in self.data.files] + list(lost[1])
+        self.data.close()
+        return why, paths
 
     def _lost_front(self, expected: tuple[int, int] | None, files: list[MappedFile]) -> str | None:
         """Why the data files before the first one are missing, or None: a first file that
@@ -786,14 +791,9 @@ class SegmentStore:
         if first_bad > self.ledger_end_index:
             return self.repair_index
         target = max(self.committed_index, self.ledger_end_index)
-        if first_bad > self.ledger_begin_index:
-            first_bad, pos = self._damage_cut(first_bad)
-        else:
-            first_bad, pos = self.ledger_begin_index, -1
+        first_bad, pos = self._damage_cut(max(first_bad, self.ledger_begin_index))
         if first_bad == self.ledger_begin_index and first_bad > 0 and self.log_base is None:
             return self._drop_whole_log(target, why)
-        if pos < 0:
-            first_bad, pos = self._damage_cut(first_bad)
         keep = first_bad - 1
         with self._cp_lock:
             # The entry before the cut is not taken as committed either (see _recover): its
@@ -854,10 +854,15 @@ class SegmentStore:
             if prev is not None:
                 return i, prev[1] + prev[2]
             i -= 1
+        return i, self._first_pos()
+
+    def _first_pos(self) -> int:
+        """The data position of the log's first entry: its base's while the log begins right
+        after it, else the first data file's start (0 with none)."""
         base = self.log_base
         if base is not None:
-            return i, base.pos
-        return i, self.data.files[0].start if self.data.files else 0
+            return base.pos
+        return self.data.files[0].start if self.data.files else 0
 
     def _verified_record(self, index: int) -> tuple[int, int, int, int, int] | None:
         """Index record `index` when the data header it points at agrees with it (magic, size,
@@ -895,8 +900,7 @@ class SegmentStore:
             return 0
         if index == self.ledger_begin_index:
             base = self.log_base
-            pos = base.pos if base is not None else (self.data.files[0].start if self.data.files else 0)
-            prev_term = base.term if base is not None else -1
+            pos, prev_term = self._first_pos(), (base.term if base is not None else -1)
         else:
             prev = self._verified_record(index - 1)
             if prev is None:
@@ -1726,11 +1730,9 @@ class SegmentStore:
             return None
         try:
             n = self.data.delete_files_before(pos)
-            if n:
-                # The new begin: the first entry in the first remaining file.
-                lo = self._first_index_at(self.data.files[0].start, self.ledger_begin_index, index)
-                self.ledger_begin_index = lo
-                self.index.delete_files_before(lo * INDEX_SIZE)
+            if n:  # the new begin: the first entry of the first remaining file (`keep`)
+                self.ledger_begin_index = first
+                self.index.delete_files_before(first * INDEX_SIZE)
         finally:
             self._lock.release()
         return n

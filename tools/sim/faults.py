@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from tools.sim.config import Node
 
 
+
+def _majority_without(voters, node_id: str) -> bool:  # noqa: ANN001 - a configuration's voters
+    """Whether `voters` other than `node_id` are a majority of `voters`: the group can elect
+    and commit without that node."""
+    return len(voters) - (node_id in voters) >= len(voters) // 2 + 1
+
 class FaultsMixin:
     """`Sim`'s faults: needs `rng`, `now`, `faults`, `faulting`, `nodes`, the scheduler and the
     network."""
@@ -118,8 +124,7 @@ class FaultsMixin:
                 latest = c
         if latest is None:
             return True
-        voters = latest.voters
-        return len(voters) - (n.id in voters) >= len(voters) // 2 + 1
+        return _majority_without(latest.voters, n.id)
 
     def _may_rot(self) -> bool:
         """Fault `rot` damages one node at a time: the group holds every entry on a majority,
@@ -355,8 +360,7 @@ class FaultsMixin:
         h = self._node_actor(n, "handler")
         if h is None or not getattr(h, "opened", False):
             return None
-        voters = h.h.configs.latest.voters  # type: ignore[attr-defined]
-        if len(voters) - (n.id in voters) < len(voters) // 2 + 1:
+        if not _majority_without(h.h.configs.latest.voters, n.id):  # type: ignore[attr-defined]
             return None
         n.disk_full_until = self.now + 6000
         self.trace_event(n.id, "disk-full", "leader's disk full for 6000 ms")

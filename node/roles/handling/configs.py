@@ -117,13 +117,11 @@ def check_configuration_run(blob: bytes | memoryview, recs: bytes | memoryview, 
     stores the run (`append_follower`): the run CRC when the leader sent one (it covers every
     byte), else every entry against its record and its body CRC. Only runs that hold a
     configuration candidate pay for it here. Raises StoreError."""
-    if run_crc is not None:
-        if codec.push_run_crc(recs, blob) != run_crc:
-            raise StoreError("push run CRC mismatch: the run holding a configuration entry is not "
-                             "the leader's bytes", "UNEXPECTED_ARGUMENT")
-        return
     from node.store import push_check  # numpy, on first use (as the store imports it)
 
+    if run_crc is not None:
+        push_check.check_run_crc(blob, recs, run_crc)
+        return
     n = len(recs) // INDEX_SIZE
     try:
         if n:
