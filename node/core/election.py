@@ -59,7 +59,9 @@ Safety rules added on top of DLedger (docs/contracts.md C3, C5, C18):
   that cannot write does not campaign (it still votes).
 - **Non-voting member.** While `LedgerEnd.voting` is False (a store repairing a damaged
   committed range, lost term/vote state) the node neither votes nor stands, refuses
-  TAKE_LEADERSHIP, and a LEADER steps down; it still follows (docs/election.md).
+  TAKE_LEADERSHIP, and a LEADER steps down; it still follows (docs/election.md). One vote is
+  left to a member catching up after a lost disk: to a candidate whose log reaches its
+  `LedgerEnd.vote_floor`.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ from node.core.heartbeat import (
     follower_timed_out,
     parse_heartbeats,
 )
+from node.core.lost_state import vote_floor_met
 from node.core.membership import Configuration, leader_steps_down
 from node.core.vote import (
     VoteDecision,
@@ -509,9 +512,12 @@ class ElectorCore:
     def on_vote_request(self, req: VoteRequest, ledger: LedgerEnd, now_ms: int,
                         token: object = None) -> Step:
         """handleVote(request, false). Execute the Persist effect before the Reply."""
-        if not ledger.voting:
+        if not ledger.voting and (ledger.vote_floor is None or not vote_floor_met(
+                req.ledger_end_term, req.ledger_end_index, ledger.vote_floor)):
             # No vote and no term adoption: UNKNOWN is "no valid answer" to the candidate, so a
-            # round that needed this node retries in its term instead of inflating terms.
+            # round that needed this node retries in its term instead of inflating terms. A
+            # member catching up after a lost disk answers a candidate holding everything it
+            # could have stored as any voter does (node/core/lost_state.py).
             self._out.replies.append(Reply(VoteResponse(
                 int(ResponseCode.SUCCESS), self.group, self.term, self.leader_id or "",
                 VoteResult.UNKNOWN, ledger.term, ledger.index, req.request_id), token))

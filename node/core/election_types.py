@@ -102,6 +102,10 @@ class LedgerEnd(NamedTuple):
     committed: int = -1
     """The committed index (the ledger group's): a leader that removed itself steps down once
     its newest configuration is committed (`leader_steps_down`). -1: unknown, never."""
+    vote_floor: tuple[int, int] | None = None
+    """While not `voting` only because it lost its disk and has not caught up: (term, index)
+    a candidate's log must reach, in Raft's order, for this node's vote (and only then does it
+    vote; node/core/lost_state.py says why that is safe). None: no vote at all."""
 
 
 EMPTY_LEDGER = LedgerEnd()

@@ -24,6 +24,19 @@ the other members for their current term (METADATA) and decides here:
   stored before: `catch_up` is the highest ledger end the answers report (one of them holds
   every committed entry, by the same intersection). It votes once its committed index, set
   from a leader, reaches it.
+* **A vote before it caught up.** Waiting alone can block the group for good: when the
+  leader that had the entries dies before pushing them here, the survivors may need this
+  node's vote, and it would wait for a leader they cannot elect without it (a member that
+  started a moment after the others, as a new group's often does, meets exactly this). So
+  until it caught up it still votes for a candidate whose log is at least as up to date as
+  (F, catch_up) in Raft's order (last term, then last index). That is safe: a committed entry
+  e this node stored was stored by a majority M with an entry of its commit term T >= e's at
+  an index >= e's; one answerer A is in M, and A's log (last term >= T, e held) is at most
+  (F, catch_up), since no answerer's last term exceeds its current term <= F or its end
+  catch_up. A candidate at least as up to date as A holds e: with a higher last term, its
+  last entry came from a leader of a term > T, which held e (leader completeness); with the
+  same, both logs end in that term's leader's entries, the candidate's no shorter. It still
+  does not stand (its own log lacks entries).
 """
 
 from __future__ import annotations
@@ -48,6 +61,15 @@ class LostStateDecision:
     new_group: bool
     term: int = 0  # F: the node votes only in terms after it (unless new_group)
     catch_up: int = -1  # -1, or the index it must hold committed before voting
+    # Meanwhile it votes only for a candidate whose (last term, last index) >= (term, catch_up).
+
+
+def vote_floor_met(candidate_end_term: int, candidate_end_index: int,
+                   floor: tuple[int, int]) -> bool:
+    """Whether a candidate's log is at least as up to date as `floor` (term, index): Raft's
+    order, the last entry's term first. The only vote a member catching up after a lost disk
+    gives (module docstring)."""
+    return (candidate_end_term, candidate_end_index) >= floor
 
 
 def majority(n: int) -> int:

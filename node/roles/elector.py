@@ -165,8 +165,11 @@ class Elector:
                 self.log.warning("%s does not vote or stand: %s", self.cfg.id, NOT_VOTING_WHY[reason])
             else:
                 self.log.warning("%s votes again", self.cfg.id)
+        tv = self.termvote.current
+        floor = ((tv.catch_up_term, tv.catch_up)
+                 if reason == NOT_VOTING_CATCH_UP and tv.catch_up_term >= 0 else None)
         return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0,
-                         led.committed_index)
+                         led.committed_index, floor)
 
     def _refresh_slots(self) -> None:
         """Re-read the slot table if it moved; open a dealer to each member new to it."""

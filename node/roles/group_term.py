@@ -34,7 +34,8 @@ NOT_VOTING_WHY = {
     NOT_VOTING_TERM_LOST: "its term/vote state is lost; asking the other members for the "
                           "group's term",
     NOT_VOTING_CATCH_UP: "it lost its disk and has not yet caught up to what the group had "
-                         "(catchUpIndex in currterm)",
+                         "(catchUpIndex in currterm); it votes only for a candidate whose log "
+                         "reaches that (catchUpTerm, catchUpIndex) and does not stand",
 }
 LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
 UNSENT_RETRY_MS = 10  # how soon a request that could not be sent (no connection yet) is retried
@@ -123,11 +124,12 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
         log.info("%s: a new group (every member that answered is in term 0 with an empty log): "
                  "voting from the start", cfg.id)
         return True
-    termvote.save(decision.term, LOST_VOTE, catch_up=decision.catch_up)
+    termvote.save(decision.term, LOST_VOTE, catch_up=decision.catch_up, catch_up_term=decision.term)
     log.warning("%s: the group is in term %d (answers: %s); recorded term %d with no vote to give "
                 "in it: votes from term %d on%s", cfg.id, decision.term,
                 ", ".join(f"{a.peer}={a.term}" for a in answers.values()), decision.term,
                 decision.term + 1,
-                f", once entries up to {decision.catch_up} are committed here"
+                f", once entries up to {decision.catch_up} are committed here (meanwhile only for "
+                f"a candidate whose log reaches term {decision.term}, index {decision.catch_up})"
                 if decision.catch_up >= 0 else "")
     return True

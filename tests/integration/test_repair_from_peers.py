@@ -386,6 +386,40 @@ def test_wiped_store_catches_up_before_it_votes(make_cluster):
     assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(total)]
 
 
+def test_a_wiped_member_votes_for_a_survivor_holding_what_the_group_had_before_it_caught_up(make_cluster):
+    """A member restarts with an empty store, learns the group's term and end, and then the
+    leader dies before pushing it anything (its dispatcher to that member is stopped). The
+    survivor holds everything the group had, but needs the wiped member's vote: waiting to
+    catch up first would leave the group without a leader for good (CI met it with a new
+    group whose third member started late). The wiped member votes for it, and then catches up
+    from it."""
+    import shutil
+    import signal
+
+    c = make_cluster(3, **OPTS)
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 100)
+    c.wait_converged(timeout=30)
+    victim, survivor = (n for n in c.nodes if n != lead)
+    dispatcher = c.nodes[lead].role_pids()[f"dispatcher-{victim}"]
+    c.nodes[victim].stop()
+    os.kill(dispatcher, signal.SIGSTOP)  # the supervisor's watchdog would restart it after 10 s
+    text = _restart_with(c, victim, lambda store: shutil.rmtree(store))
+    assert "once entries up to" in text, text[-3000:]
+    tv = _term_file(c.nodes[victim])
+    assert int(tv["catchUpIndex"]) == c.metadata(survivor).ledger_end_index
+    assert block_value(c.nodes[victim], "not_voting") == 3  # catching up: nothing pushed yet
+    c.nodes[lead].kill()
+    assert c.wait_leader(timeout=60, among=[victim, survivor]) == survivor
+    wait_for(lambda: f"caught up to index {tv['catchUpIndex']}" in c.nodes[victim].log_text(), 60,
+             "the wiped node to catch up from the new leader")
+    append(c, 100, 40)
+    wait_for(lambda: block_value(c.nodes[victim], "not_voting") == 0, 30, "the node to vote")
+    c.nodes[lead].start()
+    logs = same_logs(c, converged_then_stopped(c))
+    assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(140)]
+
+
 def test_leader_that_reads_a_damaged_entry_steps_down_and_repairs(make_cluster):
     """Bit rot under a running leader: a GET of the entry answers DISK_ERROR (never the bad
     bytes), the leader stops voting, steps down before cutting its log (its dispatchers

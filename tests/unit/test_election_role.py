@@ -135,6 +135,46 @@ def test_a_lost_vote_refuses_every_vote_in_its_term_only(rc):
     assert tr.replies[-1][1].vote_result == VoteResult.ACCEPT
 
 
+def test_a_member_catching_up_after_a_lost_disk_votes_only_for_a_log_that_holds_what_the_group_had(rc):
+    """It recorded term 7 and 'catch up to index 10' (the highest end it heard): a candidate
+    whose log reaches (7, 10) in Raft's order holds every entry it could have stored, so it
+    gets the vote; any other gets no answer (UNKNOWN, no term adopted). A group whose
+    leader died before pushing those entries here would otherwise never elect again. It never
+    stands, and it keeps the catch-up in its file."""
+    path = Path(rc.cfg.store_dir) / "currterm"
+    path.write_text(f"currTerm=7\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\ncatchUpTerm=7\n")
+    el, tr = started(rc)
+    for rid, (end_term, end_index) in enumerate([(6, 50), (7, 9), (-1, -1)], start=1):
+        el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, end_term, end_index, rid)))
+        assert tr.replies[-1][1].vote_result == VoteResult.UNKNOWN, (end_term, end_index)
+        assert el.core.term == 7
+    assert rc.state.get("not_voting") == 3
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, 7, 10, 4)))  # enters 8 first
+    assert tr.replies[-1][1].vote_result == VoteResult.REJECT_TERM_NOT_READY and el.core.term == 8
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, 7, 10, 4)))
+    assert tr.replies[-1][1].vote_result == VoteResult.ACCEPT
+    assert TermVoteFile(rc.cfg.store_dir).current == TermVote(8, "n1", 10, 7)
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n2", 8, 9, 3, 5)))  # one vote a term
+    assert tr.replies[-1][1].vote_result == VoteResult.REJECT_ALREADY_VOTED
+    for rid in (6, 7):  # a later term's candidate: entered, then granted
+        el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n2", 9, 8, 0, rid)))
+    assert tr.replies[-1][1].vote_result == VoteResult.ACCEPT
+    tr.sent.clear()
+    for _ in range(20):  # however long it waits, it never stands
+        rc.now = el.core.next_deadline(rc.now)
+        el.tick()
+    assert tr.take(P.VoteRequest) == [] and rc.state.get("not_voting") == 3
+
+
+def test_a_catch_up_recorded_without_its_term_gives_no_vote_at_all(rc):
+    """A file written before the catch-up term was recorded: no floor is known, so the member
+    waits to catch up as it always did."""
+    (Path(rc.cfg.store_dir) / "currterm").write_text(f"currTerm=7\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\n")
+    el, tr = started(rc)
+    el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, 7, 10, 1)))
+    assert tr.replies[-1][1].vote_result == VoteResult.UNKNOWN
+
+
 @pytest.mark.parametrize("field,value", [("repair_index", 40)])
 def test_a_repairing_node_neither_votes_nor_stands_and_a_leader_steps_down(rc, field, value):
     el, tr = lead(rc)

@@ -1,7 +1,7 @@
 """decide_lost_state (node/core/lost_state.py): when a member that lost its term/vote state
 knows enough to vote again, and when an empty member is in a brand-new group."""
 
-from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
+from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state, vote_floor_met
 
 
 def a(peer, term, end=-1, committed=-1):
@@ -34,6 +34,22 @@ def test_lost_disk_is_any_history_and_catches_up_to_the_highest_end():
     assert decide_lost_state(3, [a("n1", 4, 120)], **kw) is None  # history: wait for the rest
     d = decide_lost_state(3, [a("n1", 4, 120, 118), a("n2", 0, -1)], **kw)
     assert (d.new_group, d.term, d.catch_up) == (False, 4, 120)
+
+
+def test_before_it_caught_up_a_lost_disk_votes_only_for_a_log_reaching_the_groups_term_and_end():
+    """The floor is (the group's term, the highest end heard). No answerer's log is above it
+    (its last term is at most its current term), so a candidate at or above it is at least as
+    up to date as the answerer that holds every entry this node may have stored. Raft's order:
+    a higher last term wins over any length."""
+    d = decide_lost_state(3, [a("n1", 4, 120, 118), a("n2", 3, 130)], file_absent=True,
+                          local_empty=True, local_end_term=-1)
+    floor = (d.term, d.catch_up)
+    assert floor == (4, 130)
+    assert vote_floor_met(4, 130, floor) and vote_floor_met(5, 0, floor)
+    assert not vote_floor_met(4, 129, floor) and not vote_floor_met(3, 500, floor)
+    for ans in (a("n1", 4, 120, 118), a("n2", 3, 130)):  # any log an answerer could hold
+        for last_term in range(ans.term + 1):
+            assert (last_term, ans.ledger_end) <= floor
 
 
 def test_absent_file_with_a_log_is_lost_state_not_a_new_node():
