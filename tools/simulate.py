@@ -74,7 +74,8 @@ SUMMARY_STATS = ("installs_started", "installs_completed", "installs_abandoned",
                  "install_checksum_refusals", "applier_installs", "install_resets", "install_faults",
                  "lagging_install_shapes", "retention_deletions", "definite_failures", "handler_restarts",
                  "disk_probe_full", "figure8_shapes", "bad_client_dup", "bad_client_seq0", "bad_client_straddle", "bad_client_stale",
-                 "membership_faults", "membership_success", "configurations_committed", "rot", "rot_repaired")
+                 "membership_faults", "membership_success", "configurations_committed", "rot", "rot_repaired",
+                 "lost_disks", "lost_disks_caught_up")
 
 
 def _chunk(job: tuple[argparse.Namespace, int, int]) -> tuple[int, list[Result], float, Counter]:

@@ -11,14 +11,21 @@ the other members for their current term (METADATA) and decides here:
   nobody it could name: `term_vote.LOST_VOTE`) and so votes only in terms after F. (A vote it
   cast for a candidate that did not win is harmless once that candidate's round is over; the
   round lasts `vote_round_timeout_ms`, shorter than any restart.)
-* **A brand-new group.** Every member of a new group starts with no file and no log, and two
-  of three must be able to elect a leader before the third ever starts. A node with neither
-  file nor log that hears `majority - 1` other members, all in term 0 with empty logs, is in a
-  new group: with itself that is a majority that never started a term, so no term was ever won.
-  (Wrong only after two failures at once: this node's disk and every member that saw the
-  group's history.) The same holds when those members report terms > 0 but still no log:
-  the group's first election is under way (a member that decided first already stands). The
-  node then votes only in terms after the highest it heard, with nothing to catch up.
+* **A brand-new group.** Every member of a new group starts with no file and no log. A node
+  with neither that hears `n - majority + 1` other members, all in term 0 with empty logs, is
+  in a new group: they intersect every majority, so no majority ever stored an entry. The
+  same holds when they report terms > 0 but still no log: the group's first election is under
+  way (a member that decided first already stands); the node then votes only in terms after
+  the highest it heard, with nothing to catch up.
+* **A new group with members down.** Two of three must be able to elect a leader before the
+  third ever starts, so after `NEW_GROUP_PATIENCE_MS` of asking, `majority - 1` such answers
+  are enough. Not sooner: an empty member answers at once, but so does a member that never
+  received an entry (down or cut off while the group wrote), and a node that lost its disk
+  hearing only that one would take a group with history for a new one and could elect,
+  with it, a leader without the committed entries (the simulator's `lost-disk` fault found it:
+  a lagging member in term 1 with no log answered first). Waiting for the other members'
+  answers makes that a second failure: this node's disk together with every member that saw
+  the group's history silent for the whole wait.
 * **A lost disk.** No file and no log, but an answer shows history (a term > 0 or a log): the
   node lost its disk. Besides the term, it must not vote before it holds what it may have
   stored before: `catch_up` is the highest ledger end the answers report (one of them holds
@@ -36,7 +43,9 @@ the other members for their current term (METADATA) and decides here:
   catch_up. A candidate at least as up to date as A holds e: with a higher last term, its
   last entry came from a leader of a term > T, which held e (leader completeness); with the
   same, both logs end in that term's leader's entries, the candidate's no shorter. It still
-  does not stand (its own log lacks entries).
+  does not stand (its own log lacks entries) -- until its own log reaches (F, catch_up): by
+  the same argument it then holds every such entry, and it is caught up even if the group
+  never commits index catch_up (the highest end heard may be a tail no majority stored).
 """
 
 from __future__ import annotations
@@ -72,6 +81,12 @@ def vote_floor_met(candidate_end_term: int, candidate_end_index: int,
     return (candidate_end_term, candidate_end_index) >= floor
 
 
+NEW_GROUP_PATIENCE_MS = 5000
+"""How long a node with no file and no log asks every member before it takes `majority - 1`
+answers without history for a new group (module docstring): a member that is up answers
+within one ask interval (300 ms) many times over."""
+
+
 def majority(n: int) -> int:
     return next(k for k in range(n + 1) if is_quorum(k, n))
 
@@ -82,17 +97,20 @@ def answers_needed(n: int) -> int:
 
 
 def decide_lost_state(n_members: int, answers: list[PeerTerm], *, file_absent: bool,
-                      local_empty: bool, local_end_term: int) -> LostStateDecision | None:
-    """The decision, or None while more answers are needed (see the module docstring)."""
+                      local_empty: bool, local_end_term: int,
+                      patience_over: bool = False) -> LostStateDecision | None:
+    """The decision, or None while more answers are needed (see the module docstring).
+    `patience_over`: the node has asked for `NEW_GROUP_PATIENCE_MS` already."""
     fresh = file_absent and local_empty
     history = any(a.term > 0 or a.ledger_end >= 0 for a in answers)
-    enough_for_new = n_members == 1 or len(answers) >= majority(n_members) - 1
+    heard = len(answers) >= answers_needed(n_members)
+    enough_for_new = n_members == 1 or heard or (patience_over and len(answers) >= majority(n_members) - 1)
     if fresh and not history and enough_for_new:
         return LostStateDecision(True)
     if fresh and enough_for_new and all(a.ledger_end < 0 for a in answers):
         # A new group whose first election is under way (a member that decided first is a
         # candidate already): no log anywhere, so nothing to catch up; the terms heard are
-        # skipped. Waiting for `answers_needed` would block a new group with one member down.
+        # skipped.
         return LostStateDecision(False, max(a.term for a in answers), -1)
     if n_members > 1 and len(answers) < answers_needed(n_members):
         return None

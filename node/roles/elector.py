@@ -40,7 +40,7 @@ from ipc.security import authorize, parse_user_id, recv_routed_user
 from ipc.sockets import (
     recv_routed,
 )
-from node.block.shared_state import NO_SLOT, ConfigWords
+from node.block.shared_state import NO_SLOT, ConfigWords, LedgerView
 from node.core.election import (
     ElectorCore,
     LeadershipConfirmed,
@@ -51,6 +51,7 @@ from node.core.election import (
     Send,
     Step,
 )
+from node.core.lost_state import vote_floor_met
 from node.core.membership import Configuration, ConfigurationError, bootstrap_configuration
 from node.core.slots import SlotTable, add_guest, bootstrap_slots
 from node.core.transfer import (
@@ -157,7 +158,7 @@ class Elector:
             writable = self.state.get("store_unwritable_ms") == 0
         except KeyError:  # a block layout without the field: the handler cannot tell us
             writable = True
-        reason = self._not_voting_reason(led.committed_index)
+        reason = self._not_voting_reason(led)
         if reason != self._not_voting:
             self._not_voting = reason
             self.state.set("not_voting", reason)
@@ -230,16 +231,26 @@ class Elector:
                          c.index, ",".join(c.voters), ",".join(c.learners) or "-",
                          "" if self.core.stands else "; not a voter: does not stand")
 
-    def _not_voting_reason(self, committed: int) -> int:
-        """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`)."""
+    def _not_voting_reason(self, led: LedgerView) -> int:
+        """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`).
+        After a lost disk it is caught up once entries up to the catch-up index are committed
+        here, or once its own log reaches (catchUpTerm, catchUpIndex) in Raft's order: such a
+        log holds every entry the lost disk could have held, as a candidate's does that gets
+        its vote meanwhile (node/core/lost_state.py). The second matters when the group never
+        commits that index: the highest end it heard was a tail that no majority stored, and the
+        node may be the one that must lead (the simulator's lost-disk fault, seed 1,748)."""
         if self.state.get("repair_index") >= 0:
             return NOT_VOTING_REPAIR
         tv = self.termvote.current
         if tv.catch_up >= 0:
-            if committed < tv.catch_up:
+            reached = tv.catch_up_term >= 0 and vote_floor_met(
+                led.ledger_end_term, led.ledger_end_index, (tv.catch_up_term, tv.catch_up))
+            if led.committed_index < tv.catch_up and not reached:
                 return NOT_VOTING_CATCH_UP
             self.termvote.save(tv.term, tv.voted_for, catch_up=-1)  # caught up, durably
-            self.log.warning("%s caught up to index %d after a lost disk", self.cfg.id, tv.catch_up)
+            self.log.warning("%s caught up to index %d after a lost disk%s", self.cfg.id, tv.catch_up,
+                             f" (its log reaches term {tv.catch_up_term}, index {tv.catch_up})"
+                             if led.committed_index < tv.catch_up else "")
         return 0
 
     def _learn_group_term(self) -> bool:

@@ -10,6 +10,8 @@ the block's initial one (no leader, term 0), so the handler refuses pushes too.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 
 import zmq
@@ -19,7 +21,14 @@ from ipc.codes import ResponseCode
 from ipc.sockets import Redial, data_address, dealer, from_source
 from node.block.shared_state import LedgerView
 from node.config import NodeConfig
-from node.core.lost_state import PeerTerm, answers_needed, decide_lost_state
+from node.core.lost_state import (
+    NEW_GROUP_PATIENCE_MS,
+    LostStateDecision,
+    PeerTerm,
+    answers_needed,
+    decide_lost_state,
+    majority,
+)
 from node.roles.member_mismatch import member_set_difference
 from node.roles.runtime import RoleContext
 from node.store.term_vote import LOST_VOTE, TermVoteFile
@@ -38,6 +47,9 @@ NOT_VOTING_WHY = {
                          "reaches that (catchUpTerm, catchUpIndex) and does not stand",
 }
 LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
+# How long a node with no file and no log asks before `majority - 1` answers may make a new group
+# (node/core/lost_state.py). The environment variable is for tests that must not race it.
+PATIENCE_MS = int(os.environ.get("DLEDGER_NEW_GROUP_PATIENCE_MS", NEW_GROUP_PATIENCE_MS))
 UNSENT_RETRY_MS = 10  # how soon a request that could not be sent (no connection yet) is retried
 
 
@@ -59,8 +71,10 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
     n = len(cfg.peer_ids)
     what = termvote.damaged or ("no term/vote file and an empty store (a new member, or a lost disk)"
                                 if local_empty else "no term/vote file, but a log")
-    log.warning("%s: %s; not voting until %d other member(s) told their term",
-                cfg.id, what, answers_needed(n))
+    log.warning("%s: %s; not voting until %d other member(s) told their term%s",
+                cfg.id, what, answers_needed(n),
+                f" ({majority(n) - 1} after {PATIENCE_MS / 1000:g} s if no answer shows a log)"
+                if local_empty and termvote.absent and majority(n) - 1 < answers_needed(n) else "")
     answers: dict[str, PeerTerm] = {}
     socks: dict[str, zmq.Socket] = {}
     redials: dict[str, Redial] = {}
@@ -80,10 +94,12 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
     for sk in socks.values():
         poller.register(sk, zmq.POLLIN)
     asked: dict[str, int] = {}
+    began = now()
     try:
         while not rc.should_stop():
             decision = decide_lost_state(n, list(answers.values()), file_absent=termvote.absent,
-                                         local_empty=local_empty, local_end_term=led.ledger_end_term)
+                                         local_empty=local_empty, local_end_term=led.ledger_end_term,
+                                         patience_over=now() - began >= PATIENCE_MS)
             if decision is not None:
                 break
             t = now()
@@ -108,9 +124,11 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
                     msg = P.decode(sk.recv(zmq.NOBLOCK))
                 except (zmq.Again, P.ProtocolError):
                     continue
-                if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
-                        and msg.group == cfg.group and msg.self_id == peer):
-                    answers[peer] = PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
+                if (got := peer_term(peer, cfg.group, msg)) is not None:
+                    if peer not in answers:
+                        log.info("%s: %s is in term %d, ledger end %d (%d of %d answers)", cfg.id, peer,
+                                 got.term, got.ledger_end, len(answers) + 1, answers_needed(n))
+                    answers[peer] = got
                     differs = member_set_difference(cfg.id, cfg.peer_map, peer, msg.peers)
                     if differs is not None and not cfg.join:  # a joining node is not one of them yet
                         log.warning("%s", differs)
@@ -120,10 +138,28 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
     finally:
         for sk in socks.values():
             sk.close(linger=0)
+    record_group_term(cfg, log, termvote, decision, answers)
+    return True
+
+
+def peer_term(peer: str, group: str, msg: object) -> PeerTerm | None:
+    """`peer`'s answer to METADATA as the decision reads it; None for anything else (an
+    error, another group's or another member's answer)."""
+    if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
+            and msg.group == group and msg.self_id == peer):
+        return PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
+    return None
+
+
+def record_group_term(cfg: NodeConfig, log: logging.Logger, termvote: TermVoteFile,
+                      decision: LostStateDecision, answers: dict[str, PeerTerm]) -> None:
+    """Act on the decision: a new group votes from the start; otherwise the group's term is
+    saved with no vote to give in it (and, after a lost disk, what to catch up to). Shared with
+    the simulator (tools/sim), which asks the members through its own network."""
     if decision.new_group:
         log.info("%s: a new group (every member that answered is in term 0 with an empty log): "
                  "voting from the start", cfg.id)
-        return True
+        return
     termvote.save(decision.term, LOST_VOTE, catch_up=decision.catch_up, catch_up_term=decision.term)
     log.warning("%s: the group is in term %d (answers: %s); recorded term %d with no vote to give "
                 "in it: votes from term %d on%s", cfg.id, decision.term,
@@ -132,4 +168,3 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
                 f", once entries up to {decision.catch_up} are committed here (meanwhile only for "
                 f"a candidate whose log reaches term {decision.term}, index {decision.catch_up})"
                 if decision.catch_up >= 0 else "")
-    return True

@@ -420,6 +420,52 @@ def test_a_wiped_member_votes_for_a_survivor_holding_what_the_group_had_before_i
     assert [e[3] for e in logs[victim] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(140)]
 
 
+def test_a_wiped_leader_that_first_hears_a_member_with_no_entry_waits_for_the_one_with_the_log(make_cluster):
+    """The leader loses its disk. One follower has no entry at all (its log was lost too, its
+    term file kept, and the leader's dispatcher to it stopped); the other, which holds the log,
+    is stopped while the wiped leader restarts. The empty follower answers first: taken for a
+    brand-new group at once, the wiped leader would vote and stand freely, and the two empty
+    members could elect a leader without the committed entries (the simulator's lost-disk fault
+    found it). It waits for every member's answer instead, hears the history, and catches up
+    before it votes freely."""
+    import shutil
+    import signal
+
+    # Longer than any CI stall: the wait must not end before the holder is back.
+    c = make_cluster(3, **{**OPTS, "env": {**OPTS["env"], "DLEDGER_NEW_GROUP_PATIENCE_MS": "120000"}})
+    lead = c.wait_leader(timeout=60)
+    append(c, 0, 100)
+    c.wait_converged(timeout=30)
+    empty, holder = (n for n in c.nodes if n != lead)
+    end = c.metadata(holder).ledger_end_index
+    c.nodes[empty].stop()
+    for p in Path(c.nodes[empty].store_dir).iterdir():  # the log goes, the term file stays
+        if p.name != "currterm":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    os.kill(c.nodes[lead].role_pids()[f"dispatcher-{empty}"], signal.SIGSTOP)
+    c.nodes[empty].start()
+    wait_for(lambda: (m := c.metadata(empty)) is not None and m.term >= 1 and m.ledger_end_index == -1, 30,
+             "the emptied follower to answer with no entry")
+    c.nodes[holder].signal(signal.SIGSTOP)  # first: with the leader gone it would lead and push
+    try:
+        c.nodes[lead].stop()
+        shutil.rmtree(c.nodes[lead].store_dir)
+        seen = len(c.nodes[lead].log_text())
+        c.nodes[lead].start()
+        wait_for(lambda: f"{empty} is in term" in c.nodes[lead].log_text()[seen:], 30,
+                 "the emptied follower's answer to reach the wiped leader")
+    finally:
+        c.nodes[holder].signal(signal.SIGCONT)
+    wait_for(lambda: "votes from term" in c.nodes[lead].log_text()[seen:], 30, "the wiped node to decide")
+    text = c.nodes[lead].log_text()[seen:]
+    assert "once entries up to" in text, text[-3000:]
+    assert int(_term_file(c.nodes[lead])["catchUpIndex"]) >= end
+    append(c, 100, 40)
+    logs = same_logs(c, converged_then_stopped(c))
+    for nid in c.nodes:
+        assert [e[3] for e in logs[nid] if e[2] == codec.MAGIC_NORMAL] == [body(i) for i in range(140)], nid
+
+
 def test_leader_that_reads_a_damaged_entry_steps_down_and_repairs(make_cluster):
     """Bit rot under a running leader: a GET of the entry answers DISK_ERROR (never the bad
     bytes), the leader stops voting, steps down before cutting its log (its dispatchers

@@ -167,6 +167,31 @@ def test_a_push_damaged_on_the_way_is_not_read_as_a_configuration() -> None:
     assert r.ok, _explain(r)
 
 
+LOST_DISK_FAULTS = ("drop", "delay", "partition", "crash", "lost-disk")
+
+
+def test_a_lost_disk_rejoins_under_faults_and_the_two_reverted_rules_are_caught() -> None:
+    """Fault `lost-disk`: a crashed node comes back with an empty store directory, asks the
+    members' handlers for their term through the simulated network and decides by
+    node/core/lost_state.py. Seeds 69 and 34 are the first that fail with each rule reverted:
+    without the wait for every member's answer, the leader that lost its disk heard first from a
+    member that never got an entry and with it elected a leader without the committed entries;
+    without the vote a catching-up node gives a candidate that holds what the group had, no
+    leader after the heal."""
+    disks = 0
+    for seed in (69, 34, *range(0, 20)):
+        r = run_seed(SimConfig(seed=seed, faults=LOST_DISK_FAULTS))
+        assert r.ok, _explain(r)
+        disks += r.stats.get("lost_disks", 0)
+    assert disks >= 8, f"only {disks} disks lost in 22 seeds"
+    with mutations.apply("lost-state-no-wait"):
+        r = run_seed(SimConfig(seed=69, faults=LOST_DISK_FAULTS))
+    assert not r.ok and "but the group committed" in r.error, r.error
+    with mutations.apply("catch-up-no-vote"):
+        r = run_seed(SimConfig(seed=34, faults=LOST_DISK_FAULTS))
+    assert not r.ok and "no convergence" in r.error, r.error
+
+
 def test_mutations_are_undone() -> None:
     from node.core import replication
     from node.roles import ack_checker

@@ -166,6 +166,27 @@ def test_a_member_catching_up_after_a_lost_disk_votes_only_for_a_log_that_holds_
     assert tr.take(P.VoteRequest) == [] and rc.state.get("not_voting") == 3
 
 
+@pytest.mark.parametrize("end_term,end_index,committed,caught_up", [
+    (7, 9, 9, False),  # behind the catch-up index, all of it committed
+    (6, 40, 4, False),  # longer, but its last term is older: Raft's order
+    (7, 10, 4, True),  # its log reaches (7, 10), not yet committed here
+    (8, 2, 2, True),  # a later leader's log: holds everything, though shorter
+    (5, 12, 10, True),  # committed up to the index: the first rule
+])
+def test_a_member_catching_up_is_caught_up_once_its_own_log_reaches_the_catch_up_term_and_index(
+        rc, end_term, end_index, committed, caught_up):
+    """The highest end it heard may be a tail no majority stored, which the group may never
+    commit: a log that reaches (catchUpTerm, catchUpIndex) holds every entry the lost disk
+    could have held, so the member votes and stands again (the simulator's lost-disk fault,
+    seed 1,748: it was the only member with the committed entries, and could not stand)."""
+    (Path(rc.cfg.store_dir) / "currterm").write_text(
+        f"currTerm=8\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\ncatchUpTerm=7\n")
+    rc.state.write_ledger(ledger_end_index=end_index, ledger_end_term=end_term, committed_index=committed)
+    el, _ = started(rc)
+    assert (rc.state.get("not_voting") == 0) == caught_up
+    assert (TermVoteFile(rc.cfg.store_dir).current.catch_up == -1) == caught_up
+
+
 def test_a_catch_up_recorded_without_its_term_gives_no_vote_at_all(rc):
     """A file written before the catch-up term was recorded: no floor is known, so the member
     waits to catch up as it always did."""

@@ -21,11 +21,18 @@ def test_damaged_file_waits_for_enough_answers_then_takes_the_highest_term():
     assert (d.new_group, d.term, d.catch_up) == (False, 11, -1)
 
 
-def test_brand_new_group_needs_a_majority_with_me_all_in_term_zero():
+def test_brand_new_group_needs_every_majority_heard_or_a_majority_with_me_after_the_wait():
+    """All in term 0 with empty logs. `n - majority + 1` answers intersect every majority: a new
+    group at once. A majority with this node (one member down at creation) only after
+    NEW_GROUP_PATIENCE_MS: before it, the silent member may be the one that holds the log."""
     kw = dict(file_absent=True, local_empty=True, local_end_term=-1)
-    assert decide_lost_state(3, [a("n1", 0)], **kw).new_group
-    assert decide_lost_state(5, [a("n1", 0)], **kw) is None
-    assert decide_lost_state(5, [a("n1", 0), a("n2", 0)], **kw).new_group
+    assert decide_lost_state(3, [a("n1", 0), a("n2", 0)], **kw).new_group
+    assert decide_lost_state(3, [a("n1", 0)], **kw) is None
+    assert decide_lost_state(3, [a("n1", 0)], **kw, patience_over=True).new_group
+    assert decide_lost_state(5, [a("n1", 0), a("n2", 0)], **kw) is None
+    assert decide_lost_state(5, [a("n1", 0), a("n2", 0)], **kw, patience_over=True).new_group
+    assert decide_lost_state(5, [a("n1", 0)], **kw, patience_over=True) is None
+    assert decide_lost_state(5, [a("n1", 0), a("n2", 0), a("n3", 0)], **kw).new_group
     assert decide_lost_state(1, [], **kw).new_group
 
 
@@ -65,11 +72,22 @@ def test_single_member_uses_its_log_term():
 
 def test_a_new_member_hearing_a_first_election_under_way_votes_after_its_terms():
     """Three new members, one down: the first to decide is already a candidate in term 1 when
-    the second asks. No log anywhere: the second skips term 1 and votes from term 2 on, instead
-    of waiting for the member that is down (the group could never elect)."""
-    d = decide_lost_state(3, [PeerTerm("n0", 1, -1, -1)], file_absent=True, local_empty=True,
-                          local_end_term=-1)
+    the second asks. No log anywhere: after the wait the second skips term 1 and votes from
+    term 2 on, instead of waiting for the member that is down (the group could never elect)."""
+    kw = dict(file_absent=True, local_empty=True, local_end_term=-1)
+    d = decide_lost_state(3, [PeerTerm("n0", 1, -1, -1)], **kw, patience_over=True)
     assert d is not None and (d.new_group, d.term, d.catch_up) == (False, 1, -1)
     # a log anywhere is history: a lost disk, which needs enough answers to bound its terms
     assert decide_lost_state(3, [PeerTerm("n0", 1, 0, 0)], file_absent=True, local_empty=True,
-                             local_end_term=-1) is None
+                             local_end_term=-1, patience_over=True) is None
+
+
+def test_a_lost_disk_hearing_first_a_member_that_never_got_an_entry_waits_for_the_others():
+    """The simulator's lost-disk fault (seed 69): the leader lost its disk; the member that
+    answered first was cut off while the group wrote (term 1, no log). Taken for a new group at
+    once, the two empty members elected a leader without the committed entries. Before the
+    wait is over the node needs the answer of the member that holds the log."""
+    kw = dict(file_absent=True, local_empty=True, local_end_term=-1)
+    assert decide_lost_state(3, [a("n2", 1)], **kw) is None
+    d = decide_lost_state(3, [a("n2", 1), a("n1", 1, 44, 44)], **kw)
+    assert (d.new_group, d.term, d.catch_up) == (False, 1, 44)

@@ -405,12 +405,80 @@ class ElectorActor(Actor):
         e.transport = ElectorTransport(sim, node, self)
         self.started = False
         self.listening = False  # it reads no socket before the handler's first beat
+        self.answers: dict[str, Any] | None = None  # asking the group's term (lost state)
+        self.asked: dict[str, int] = {}
+        self.asking_since = 0
+
+    def _learn_group_term(self) -> bool:
+        """What `Elector.run` does before `start` when its term/vote state is lost
+        (node/roles/group_term.py): ask every other member's handler for METADATA, every 300 ms
+        until answered, through the simulated network, and let the production decision
+        (`decide_lost_state`, `record_group_term`) act. Other frames wait in the inbox, as in
+        the elector's socket. True once decided."""
+        from node.core.lost_state import NEW_GROUP_PATIENCE_MS, decide_lost_state
+        from node.roles import group_term as gt
+
+        e, sim, node = self.e, self.sim, self.node
+        if "lost-disk" not in sim.faults:
+            return True  # no seed without it asks (their histories stay what they were)
+        led = self.rc.state.read_ledger()
+        if self.answers is None:
+            if not gt.needs_group_term(e.cfg, e.termvote, led):
+                return True
+            self.answers = {}
+            self.asking_since = sim.now
+            self.rc.state.set("not_voting", gt.NOT_VOTING_TERM_LOST)
+            sim.trace_event(self.key, "lost-state", e.termvote.damaged or "no currterm")
+        keep: collections.deque = collections.deque()
+        for item in self.inbox:
+            kind, payload = item
+            msg = None
+            if kind == "resp":
+                try:
+                    msg = P.decode(payload)
+                except P.ProtocolError:
+                    msg = None
+            if isinstance(msg, P.MetadataResponse):
+                got = gt.peer_term(msg.self_id, e.cfg.group, msg)
+                if got is not None and got.peer in e.cfg.peer_ids and got.peer != e.cfg.id:
+                    sim.trace_in(self.key, kind, payload)
+                    self.answers[got.peer] = got
+            else:
+                keep.append(item)
+        self.inbox = keep
+        local_empty = led.ledger_end_index < 0 and led.ledger_begin_index < 0
+        decision = decide_lost_state(len(e.cfg.peer_ids), list(self.answers.values()),
+                                     file_absent=e.termvote.absent, local_empty=local_empty,
+                                     local_end_term=led.ledger_end_term,
+                                     patience_over=sim.now - self.asking_since >= NEW_GROUP_PATIENCE_MS)
+        if decision is not None:
+            gt.record_group_term(e.cfg, e.log, e.termvote, decision, self.answers)
+            sim.trace_event(self.key, "group-term", f"term={decision.term} catch_up={decision.catch_up} "
+                            f"new_group={decision.new_group}")
+            self.answers = None
+            return True
+        now = sim.now
+        for peer in e.cfg.peer_ids:
+            if peer == e.cfg.id or peer in self.answers or now - self.asked.get(peer, -10**9) < gt.LOST_STATE_ASK_MS:
+                continue
+            dst = sim.by_id.get(peer)
+            h = sim._node_actor(dst, "handler") if dst is not None else None
+            if h is None:
+                continue  # IMMEDIATE: nobody listening there, asked again at the next turn
+            self.asked[peer] = now
+            frame = P.encode(P.MetadataRequest(e.cfg.group, peer, request_id=now))
+            sim.net_send(node.idx, dst.idx, h, "frame", (b"e:%d:%d" % (node.idx, self.inc), frame), self.key)
+        self.wake_at = now + 10
+        return False
 
     def step(self) -> None:
         e = self.e
         if not self.started:
             if self.rc.state.last_beat("handler") <= 0:
                 self.wake_at = self.sim.now + 50
+                return
+            if not self._learn_group_term():
+                self.rc.beat()
                 return
             self.started = True
             self.listening = True

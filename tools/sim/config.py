@@ -43,8 +43,12 @@ SESSION_FAULTS = ("session-evict", "handler-restart", "disk-probe", "retention",
 # entry flipped (its committed entry C, or one above it up to the checkpoint's end), one node
 # at a time; it must repair from its peers (actors.rot_entry). rot-below: the same below C,
 # which open leaves to the scrub (found later, while the node may vote or lead).
+# lost-disk: a crashed node comes back with an empty store directory (no log, no currterm), one
+# node at a time: its elector asks the members' handlers for their term (METADATA, through the
+# simulated network) and decides by node/core/lost_state.py, then catches up before it votes
+# freely (docs/election.md "Non-voting members").
 OPT_IN_FAULTS = ("corrupt", "eager-commit", "disk-full", "figure8", "membership", "m2015-two-removes",
-                 "m2015-add-remove", "m2015-two-adds", "join", "rot", "rot-below") + SESSION_FAULTS
+                 "m2015-add-remove", "m2015-two-adds", "join", "rot", "rot-below", "lost-disk") + SESSION_FAULTS
 TRACE_LEN = 60
 RETENTION_RATIO = 0.87  # --state-machine --store segment: the disk every handler measures (clean < it < full)
 FAILOVER_MS = 4000  # disk-full: an append must be acknowledged in the last half of this after the fill

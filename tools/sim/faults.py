@@ -5,10 +5,14 @@ disk), plus the heal that ends the fault phase.
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import TYPE_CHECKING
 
 from ipc import protocol as P
 from ipc.codes import Role
+from node.wiring.slot_file import LOCK_FILE as SLOTS_LOCK_FILE
+from node.wiring.slot_file import SLOTS_FILE
 from tools.sim import actors as A
 from tools.sim.clients import ClientActor
 from tools.sim.state import SimLock
@@ -78,7 +82,7 @@ class FaultsMixin:
         a.wake_at = min(a.wake_at, self.now)
         self.trace_event(a.key, "resume", "")
 
-    def crash_node(self, n: Node, torn: bool, down_ms: int | None = None) -> None:
+    def crash_node(self, n: Node, torn: bool, down_ms: int | None = None, lost_disk: bool = False) -> None:
         if not n.up:
             return
         for a in list(n.roles.values()):
@@ -87,6 +91,10 @@ class FaultsMixin:
         n.up = False
         n.lock = SimLock(self, n)
         what = ""
+        if lost_disk:
+            self._lose_disk(n)
+            what = " lost its disk"
+            torn = False
         if torn and self.store_kind == "segment":
             what = " torn tail: " + A.write_torn_tail(n, self.rng)
         rots = [k for k in ("rot", "rot-below") if k in self.faults]
@@ -126,11 +134,53 @@ class FaultsMixin:
             return True
         return _majority_without(latest.voters, n.id)
 
+    def _lose_disk(self, n: Node) -> None:
+        """Fault lost-disk: every file of the node's store directory gone (its log, checkpoint,
+        currterm; the memory store's contents), as a replaced disk leaves it. What the checks
+        remember of its old disk goes too: its term may go back to the group's, and its
+        committed entries are checked again as it fetches them."""
+        n.memstore = None
+        for p in os.listdir(n.dir):
+            if p in (SLOTS_FILE, SLOTS_LOCK_FILE):
+                continue  # the run directory's (a node's is not on its store's disk)
+            full = os.path.join(n.dir, p)
+            shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.unlink(full)
+        n.checked = n.max_committed = n.max_term = -1
+        n.last_wrote = (0, 0)
+        self.lost_disk_pending = n
+        self.stats["lost_disks"] += 1
+
+    def _lost_disk_done(self) -> bool:
+        """The node that lost its disk learned the group's term and caught up (its elector
+        votes freely again), so another disk may go."""
+        n = self.lost_disk_pending
+        if n is None:
+            return True
+        e = self._node_actor(n, "elector")
+        if e is None or not e.started or e.e.termvote.current.catch_up >= 0:  # type: ignore[attr-defined]
+            return False
+        self.lost_disk_pending = None
+        self.stats["lost_disks_caught_up"] += 1
+        return True
+
+    def _may_lose_disk(self, n: Node) -> bool:
+        """One failure at a time, as the design assumes (docs/election.md: the lost-state rule is
+        wrong only after a lost disk together with the loss of every member that saw the
+        history): no other lost disk still catching up, no damaged node repairing, and the
+        other voters elect without it."""
+        if not self._lost_disk_done() or self.rot_pending is not None:
+            return False
+        if any(getattr(m.store, "repair_index", -1) >= 0 for m in self.nodes):
+            return False
+        return self._others_elect_without(n)
+
     def _may_rot(self) -> bool:
         """Fault `rot` damages one node at a time: the group holds every entry on a majority,
         and two damaged copies of one entry in a 3-node group would leave it without a voter
         that may elect a leader (by design: a node repairing does not vote). A damaged node is
         done once it has reopened its store, repaired, and scrubbed what open left unchecked."""
+        if not self._lost_disk_done():
+            return False
         if self.rot_pending is None:
             return True
         n, _i = self.rot_pending
@@ -237,6 +287,8 @@ class FaultsMixin:
             kinds += ["lagging-install", "lagging-install"]
         if "membership" in self.faults or "join" in self.faults:
             kinds += ["membership"] * 3
+        if "lost-disk" in self.faults and self.smc is None:
+            kinds += ["lost-disk"] * 2
         if not kinds:
             return
         k = r.choice(kinds)
@@ -259,6 +311,11 @@ class FaultsMixin:
         elif k == "crash":
             if n.up:
                 self.crash_node(n, torn=r.random() < 0.5)
+        elif k == "lost-disk":
+            if n.up and self._may_lose_disk(n):
+                # Down longer than a vote round: a vote it cast for a candidate whose round is
+                # still open is what the lost-state rule leaves to time (node/core/lost_state.py).
+                self.crash_node(n, torn=False, down_ms=r.randint(1000, 3000), lost_disk=True)
         elif k == "role-crash":
             if n.up:
                 a = r.choice(list(n.roles.values()))

@@ -31,6 +31,13 @@ finds what it found before. The names say what they break:
   term committed (the 2015 single-server-change bug; fault `membership`).
 - `restart-same-term`: a restarted node whose vote is its own campaigns in its old term (the
   restart rule reverted): a restarted leader can lead the same term twice.
+- `lost-state-no-wait`: a node with no currterm and no log takes `majority - 1` answers
+  without a log for a new group at once (node/core/lost_state.py, the wait reverted): with
+  fault `lost-disk`, a leader that lost its disk and heard first from a member that never got
+  an entry elects with it a leader without the committed entries.
+- `catch-up-no-vote`: a node catching up after a lost disk gives no vote at all until it
+  caught up (the vote floor reverted): with fault `lost-disk`, a leader that dies before
+  pushing it the group's entries leaves the survivors without a leader for good.
 
 With `--state-machine` (the applier, snapshots and retention; tools/sim/smcheck.py):
 
@@ -280,6 +287,20 @@ def _restart_same_term() -> Callable[[], None]:
         self.last_parse = ParseResult.WAIT_TO_REVOTE
 
     return _patch(ElectorCore, "__init__", init)
+
+
+@_mutation("lost-state-no-wait")
+def _lost_state_no_wait() -> Callable[[], None]:
+    from node.core import lost_state
+
+    return _patch(lost_state, "NEW_GROUP_PATIENCE_MS", 0)
+
+
+@_mutation("catch-up-no-vote")
+def _catch_up_no_vote() -> Callable[[], None]:
+    from node.core import election
+
+    return _patch(election, "vote_floor_met", lambda *_: False)
 
 
 @_mutation("t6-no-stepdown")

@@ -94,6 +94,7 @@ class Sim(SchedulerMixin, NetworkMixin, FaultsMixin, MembershipMixin, Shape2015M
         self.sent: dict[bytes, tuple[int, int]] = {}
         self.stats = collections.Counter()
         self.rot_pending: tuple[Node, int] | None = None  # fault rot: the node damaged, the entry
+        self.lost_disk_pending: Node | None = None  # fault lost-disk: the node whose disk was lost
         self._tmp = tempfile.mkdtemp(prefix=f"dlsim-{cfg.seed}-", dir=cfg.tmp_root or _tmp_root())
         # network conditions for this seed
         r = self.rng
