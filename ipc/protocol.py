@@ -24,8 +24,8 @@ BATCH_APPEND (2)       group, remote_id, u32 count, count x u32 lengths, bodies 
                        present iff 8 bytes follow; node/core/sessions.py)
 GET (3)                group, remote_id, i64 index, u32 count, u8 linearizable
 METADATA (4)           group, remote_id, [u8 want_status] (optional: 1 asks for the status
-                       trailer of the response, 2 for it and the configuration after it;
-                       absent in a plain request)
+                       trailer of the response, 2 for it and the configuration after it, 3
+                       for both and the ledger end term after them; absent in a plain request)
 LEADERSHIP_TRANSFER(5) group, remote_id, transferee_id, i64 term
 PUSH (6)               group, remote_id, leader_id, i64 term, u8 kind, i64 commit_index,
                        i64 first_index, u32 count, i64 pre_log_index, i64 pre_log_term,
@@ -67,7 +67,9 @@ responses (0x81..)     i32 code, i64 term, group, leader_id ("" = none), then:
                          u8 peer count, per peer: id, address (<=255), i64 match_index,
                          [status trailer, only when asked: version, i64 store_bytes,
                          f64 disk_usage_ratio, i64 leader_change_age_ms, i64 applied_index,
-                         i64 end_pos, u8 n, n x i64 append-latency bucket counts]
+                         i64 end_pos, u8 n, n x i64 append-latency bucket counts,
+                         [configuration: i64 index, u8 k, k x voter id, u8 l, l x learner id,
+                         [i64 ledger_end_term]]]
   TRANSFER (0x85)        -
   PUSH (0x86)            i64 index, i64 begin_index, i64 end_index, i64 x_term, i64 x_index
   VOTE (0x87)            u8 vote_result, i64 ledger_end_term, i64 ledger_end_index
@@ -305,6 +307,10 @@ class MetadataRequest:
     # same byte, 2. Only a tool that knows the extension asks for it, so an older decoder,
     # which ends the answer after the status, never meets it.
     want_config: bool = False
+    # ... and, after the configuration, the term of the node's last entry (the byte is 3): what a
+    # node that lost its term/vote state needs of each member's log (node/core/lost_state.py).
+    # A node of an older version answers as for 2; the asker then knows only the member's term.
+    want_end_term: bool = False
 
 
 @dataclass(slots=True)
@@ -457,6 +463,9 @@ class NodeStatus:
     # The newest configuration in the node's log (asked with want_config; None otherwise):
     # (entry index, -1 for the --peers bootstrap; voter ids; learner ids). docs/membership.md
     configuration: tuple[int, tuple[str, ...], tuple[str, ...]] | None = None
+    # The term of the node's last entry, -1 with none (asked with want_end_term, after the
+    # configuration, which is then always sent; None otherwise).
+    ledger_end_term: int | None = None
 
 
 @dataclass(slots=True)
@@ -708,7 +717,8 @@ def _enc_get(m: GetRequest) -> bytes:
 
 def _enc_metadata(m: MetadataRequest) -> bytes:
     # getattr: SNAPSHOT requests share this layout and have neither field
-    want = (b"\x02" if getattr(m, "want_config", False) else
+    want = (b"\x03" if getattr(m, "want_end_term", False) else
+            b"\x02" if getattr(m, "want_config", False) else
             b"\x01" if getattr(m, "want_status", False) else b"")
     return b"".join((_hdr(m), _s(m.group), _s(m.remote_id), want))
 
@@ -829,6 +839,10 @@ def _enc_meta_resp(m: MetadataResponse) -> bytes:
                 raise ProtocolError("more than 255 voters or learners")
             parts += (_TERM.pack(index), _U8.pack(len(voters)), *(_s(v) for v in voters),
                       _U8.pack(len(learners)), *(_s(x) for x in learners))
+        if st.ledger_end_term is not None:
+            if st.configuration is None:
+                raise ProtocolError("the ledger end term follows the configuration")
+            parts.append(_TERM.pack(st.ledger_end_term))
     return b"".join(parts)
 
 
@@ -1055,7 +1069,7 @@ def _dec_metadata(mv: memoryview, off: int, rid: int, max_body: int) -> Metadata
         want = mv[off]
         off += 1
     _end(mv, off)
-    return MetadataRequest(group, remote, rid, want >= 1, want >= 2)
+    return MetadataRequest(group, remote, rid, want >= 1, want >= 2, want >= 3)
 
 
 def _dec_transfer(mv: memoryview, off: int, rid: int, max_body: int) -> LeadershipTransferRequest:
@@ -1303,7 +1317,12 @@ def _dec_meta_resp(mv: memoryview, off: int, rid: int, max_body: int) -> Metadat
                     ids.append(nid)
                 groups.append(tuple(ids))
             config = (index, groups[0], groups[1])
-        status = NodeStatus(version, store_bytes, ratio, age, applied, end_pos, buckets, config)
+        end_term = None
+        if config is not None and off < len(mv):  # the ledger end term, asked with want_end_term
+            _need(mv, off, 8, "METADATA ledger end term")
+            (end_term,) = _TERM.unpack_from(mv, off)
+            off += 8
+        status = NodeStatus(version, store_bytes, ratio, age, applied, end_pos, buckets, config, end_term)
     _end(mv, off)
     return MetadataResponse(code, group, term, leader, self_id, Role(role), begin, end,
                             committed, peers, rid, status)

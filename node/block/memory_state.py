@@ -371,5 +371,11 @@ class MemoryState:
     def request_counter(self) -> Unobserved:
         return _UNOBSERVED
 
+    def read_histogram(self, name: str, slot: int | None = None) -> tuple[Any, tuple[int, ...], int]:
+        """As SharedState's, of a histogram nothing observes here: every bucket empty (a
+        METADATA status trailer asked of a memory block)."""
+        spec = HISTOGRAMS[name]
+        return spec, (0,) * (len(spec.bounds) + 1), 0
+
     def close(self) -> None:
         pass

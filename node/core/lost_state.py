@@ -36,16 +36,19 @@ the other members for their current term (METADATA) and decides here:
   node's vote, and it would wait for a leader they cannot elect without it (a member that
   started a moment after the others, as a new group's often does, meets exactly this). So
   until it caught up it still votes for a candidate whose log is at least as up to date as
-  (F, catch_up) in Raft's order (last term, then last index). That is safe: a committed entry
-  e this node stored was stored by a majority M with an entry of its commit term T >= e's at
-  an index >= e's; one answerer A is in M, and A's log (last term >= T, e held) is at most
-  (F, catch_up), since no answerer's last term exceeds its current term <= F or its end
-  catch_up. A candidate at least as up to date as A holds e: with a higher last term, its
-  last entry came from a leader of a term > T, which held e (leader completeness); with the
-  same, both logs end in that term's leader's entries, the candidate's no shorter. It still
-  does not stand (its own log lacks entries) -- until its own log reaches (F, catch_up): by
-  the same argument it then holds every such entry, and it is caught up even if the group
-  never commits index catch_up (the highest end heard may be a tail no majority stored).
+  the `floor`: the most up to date log among the answers, in Raft's order (last entry's
+  term, then index). That is safe: a committed entry e this node stored was stored by a
+  majority M with an entry of its commit term T >= e's at an index >= e's; one answerer A is
+  in M, and A's log (last term >= T, e held) is at most the floor. A candidate at least as up
+  to date as A holds e: with a higher last term, its last entry came from a leader of a term
+  > T, which held e (leader completeness); with the same, both logs end in that term's
+  leader's entries, the candidate's no shorter. It still does not stand (its own log lacks
+  entries) -- until its own log reaches the floor: by the same argument it then holds every
+  such entry, and it is caught up even if the group never commits index catch_up (the
+  highest end heard may be a tail no majority stored). The floor is a log some answerer
+  holds, so that answerer can always win this node's vote. A member of an older version does
+  not say its last entry's term (METADATA's `want_end_term`): its current term stands in for
+  it, which only raises the floor.
 """
 
 from __future__ import annotations
@@ -57,12 +60,21 @@ from node.core.election_types import is_quorum
 
 @dataclass(frozen=True, slots=True)
 class PeerTerm:
-    """One member's METADATA answer: its current term, ledger end and committed index."""
+    """One member's METADATA answer: its current term, ledger end and committed index, and its
+    last entry's term (None: a member that does not say it)."""
 
     peer: str
     term: int
     ledger_end: int
     committed: int
+    ledger_end_term: int | None = None
+
+    def log_bound(self) -> tuple[int, int]:
+        """(last term, last index) of its log, or above it in Raft's order: an empty log is
+        (-1, -1); an unknown last term is at most its current term."""
+        if self.ledger_end < 0:
+            return (-1, -1)
+        return (self.term if self.ledger_end_term is None else self.ledger_end_term, self.ledger_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +82,9 @@ class LostStateDecision:
     new_group: bool
     term: int = 0  # F: the node votes only in terms after it (unless new_group)
     catch_up: int = -1  # -1, or the index it must hold committed before voting
-    # Meanwhile it votes only for a candidate whose (last term, last index) >= (term, catch_up).
+    # Meanwhile it votes only for a candidate whose (last term, last index) reaches this: the
+    # most up to date log the answers report (None when there is nothing to catch up).
+    floor: tuple[int, int] | None = None
 
 
 def vote_floor_met(candidate_end_term: int, candidate_end_index: int,
@@ -116,4 +130,5 @@ def decide_lost_state(n_members: int, answers: list[PeerTerm], *, file_absent: b
         return None
     term = max([local_end_term, 0, *(a.term for a in answers)])
     catch_up = max((a.ledger_end for a in answers), default=-1) if local_empty else -1
-    return LostStateDecision(False, term, catch_up)
+    floor = max(a.log_bound() for a in answers) if catch_up >= 0 else None
+    return LostStateDecision(False, term, catch_up, floor)

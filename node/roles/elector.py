@@ -167,8 +167,7 @@ class Elector:
             else:
                 self.log.warning("%s votes again", self.cfg.id)
         tv = self.termvote.current
-        floor = ((tv.catch_up_term, tv.catch_up)
-                 if reason == NOT_VOTING_CATCH_UP and tv.catch_up_term >= 0 else None)
+        floor = tv.floor if reason == NOT_VOTING_CATCH_UP else None
         return LedgerEnd(led.ledger_end_index, led.ledger_end_term, writable, reason == 0,
                          led.committed_index, floor)
 
@@ -234,23 +233,23 @@ class Elector:
     def _not_voting_reason(self, led: LedgerView) -> int:
         """0 when this node may vote, else why not (NOT_VOTING_WHY; the block's `not_voting`).
         After a lost disk it is caught up once entries up to the catch-up index are committed
-        here, or once its own log reaches (catchUpTerm, catchUpIndex) in Raft's order: such a
-        log holds every entry the lost disk could have held, as a candidate's does that gets
-        its vote meanwhile (node/core/lost_state.py). The second matters when the group never
+        here, or once its own log reaches the floor (voteFloorTerm, voteFloorIndex) in Raft's
+        order: such a log holds every entry the lost disk could have held, as a candidate's
+        does that gets its vote meanwhile (node/core/lost_state.py). The second matters when the group never
         commits that index: the highest end it heard was a tail that no majority stored, and the
         node may be the one that must lead (the simulator's lost-disk fault, seed 1,748)."""
         if self.state.get("repair_index") >= 0:
             return NOT_VOTING_REPAIR
         tv = self.termvote.current
         if tv.catch_up >= 0:
-            reached = tv.catch_up_term >= 0 and vote_floor_met(
-                led.ledger_end_term, led.ledger_end_index, (tv.catch_up_term, tv.catch_up))
+            reached = tv.floor is not None and vote_floor_met(
+                led.ledger_end_term, led.ledger_end_index, tv.floor)
             if led.committed_index < tv.catch_up and not reached:
                 return NOT_VOTING_CATCH_UP
             self.termvote.save(tv.term, tv.voted_for, catch_up=-1)  # caught up, durably
             self.log.warning("%s caught up to index %d after a lost disk%s", self.cfg.id, tv.catch_up,
-                             f" (its log reaches term {tv.catch_up_term}, index {tv.catch_up})"
-                             if led.committed_index < tv.catch_up else "")
+                             f" (its log reaches term {tv.floor[0]}, index {tv.floor[1]})"
+                             if led.committed_index < tv.catch_up and tv.floor is not None else "")
         return 0
 
     def _learn_group_term(self) -> bool:

@@ -44,7 +44,7 @@ NOT_VOTING_WHY = {
                           "group's term",
     NOT_VOTING_CATCH_UP: "it lost its disk and has not yet caught up to what the group had "
                          "(catchUpIndex in currterm); it votes only for a candidate whose log "
-                         "reaches that (catchUpTerm, catchUpIndex) and does not stand",
+                         "reaches (voteFloorTerm, voteFloorIndex) and does not stand",
 }
 LOST_STATE_ASK_MS = 300  # how often an unanswered member is asked again for its term
 # How long a node with no file and no log asks before `majority - 1` answers may make a new group
@@ -107,7 +107,7 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
             for peer, sk in socks.items():
                 if peer not in answers and t - asked.get(peer, -LOST_STATE_ASK_MS) >= LOST_STATE_ASK_MS:
                     try:
-                        sk.send(P.encode(P.MetadataRequest(cfg.group, peer, request_id=t)), zmq.NOBLOCK)
+                        sk.send(P.encode(metadata_request(cfg.group, peer, t)), zmq.NOBLOCK)
                         asked[peer] = t
                         redials[peer].sent()
                     except zmq.Again:  # not connected yet (IMMEDIATE): ask as soon as it is
@@ -142,12 +142,20 @@ def learn_group_term(rc: RoleContext, termvote: TermVoteFile, now: Callable[[], 
     return True
 
 
+def metadata_request(group: str, peer: str, request_id: int) -> P.MetadataRequest:
+    """What the node asks each member: METADATA with the last entry's term (the status and
+    configuration come with it; a member of an older version answers without the term)."""
+    return P.MetadataRequest(group, peer, request_id=request_id, want_status=True,
+                             want_config=True, want_end_term=True)
+
+
 def peer_term(peer: str, group: str, msg: object) -> PeerTerm | None:
     """`peer`'s answer to METADATA as the decision reads it; None for anything else (an
     error, another group's or another member's answer)."""
     if (isinstance(msg, P.MetadataResponse) and msg.code == ResponseCode.SUCCESS
             and msg.group == group and msg.self_id == peer):
-        return PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index)
+        end_term = msg.status.ledger_end_term if msg.status is not None else None
+        return PeerTerm(peer, msg.term, msg.ledger_end_index, msg.committed_index, end_term)
     return None
 
 
@@ -160,11 +168,12 @@ def record_group_term(cfg: NodeConfig, log: logging.Logger, termvote: TermVoteFi
         log.info("%s: a new group (every member that answered is in term 0 with an empty log): "
                  "voting from the start", cfg.id)
         return
-    termvote.save(decision.term, LOST_VOTE, catch_up=decision.catch_up, catch_up_term=decision.term)
+    termvote.save(decision.term, LOST_VOTE, catch_up=decision.catch_up, floor=decision.floor)
     log.warning("%s: the group is in term %d (answers: %s); recorded term %d with no vote to give "
                 "in it: votes from term %d on%s", cfg.id, decision.term,
                 ", ".join(f"{a.peer}={a.term}" for a in answers.values()), decision.term,
                 decision.term + 1,
-                f", once entries up to {decision.catch_up} are committed here (meanwhile only for "
-                f"a candidate whose log reaches term {decision.term}, index {decision.catch_up})"
-                if decision.catch_up >= 0 else "")
+                f", once entries up to {decision.catch_up} are committed here or its log reaches "
+                f"the most up to date one it heard of (term {decision.floor[0]}, index "
+                f"{decision.floor[1]}; meanwhile it votes only for a candidate whose log does)"
+                if decision.catch_up >= 0 and decision.floor is not None else "")

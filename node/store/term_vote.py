@@ -26,7 +26,8 @@ from node.store.layout import TERM_FILE, LayoutError, parse_properties, write_pr
 TERM_KEY = "currTerm"
 VOTE_KEY = "voteLeader"
 CATCH_UP_KEY = "catchUpIndex"
-CATCH_UP_TERM_KEY = "catchUpTerm"
+FLOOR_TERM_KEY = "voteFloorTerm"
+FLOOR_INDEX_KEY = "voteFloorIndex"
 LOST_VOTE = "<lost>"
 """The vote recorded for a term this node may have voted in but cannot tell for whom (its
 term/vote state was lost; docs/election.md "Non-voting members"): no member has this id, so
@@ -45,11 +46,11 @@ class TermVote:
     catch_up: int = -1
     """-1, or: this node lost its disk and must hold entries up to this index, committed,
     before it votes (what the group had when it rejoined)."""
-    catch_up_term: int = -1
-    """With `catch_up`: the group's term when it rejoined. Until it caught up, the node may
-    still vote for a candidate whose log reaches (catch_up_term, catch_up): such a log holds
-    every entry it could have stored (node/core/lost_state.py). -1 (a file from before this
-    key): no such vote."""
+    floor: tuple[int, int] | None = None
+    """With `catch_up`: the most up to date log (last term, last index) the members reported
+    when it rejoined. Until it caught up, the node votes only for a candidate whose log reaches
+    it, and is caught up once its own does: such a log holds every entry it could have stored
+    (node/core/lost_state.py). None (a file from before these keys): no such vote."""
 
 
 class TermVoteFile:
@@ -99,33 +100,35 @@ class TermVoteFile:
             catch_up_index = int(catch_up)
         except ValueError:
             raise TermFileDamaged(f"{self.path}: {CATCH_UP_KEY}={catch_up!r} is not an integer") from None
-        catch_up_term = props.get(CATCH_UP_TERM_KEY, "-1")
-        try:
-            catch_up_term_value = int(catch_up_term)
-        except ValueError:
-            raise TermFileDamaged(f"{self.path}: {CATCH_UP_TERM_KEY}={catch_up_term!r} is not an "
-                                  "integer") from None
-        return TermVote(term, props[VOTE_KEY] or None, catch_up_index, catch_up_term_value)
+        floor = None
+        if FLOOR_TERM_KEY in props or FLOOR_INDEX_KEY in props:
+            raw_floor = (props.get(FLOOR_TERM_KEY, ""), props.get(FLOOR_INDEX_KEY, ""))
+            try:
+                floor = (int(raw_floor[0]), int(raw_floor[1]))
+            except ValueError:
+                raise TermFileDamaged(f"{self.path}: {FLOOR_TERM_KEY}={raw_floor[0]!r} / "
+                                      f"{FLOOR_INDEX_KEY}={raw_floor[1]!r} are not integers") from None
+        return TermVote(term, props[VOTE_KEY] or None, catch_up_index, floor)
 
     def save(self, term: int, voted_for: str | None, catch_up: int | None = None,
-             catch_up_term: int = -1) -> TermVote:
+             floor: tuple[int, int] | None = None) -> TermVote:
         """Durably record (term, voted_for). A lower term, or a different vote in the same term,
         is a bug in the caller and raises instead of being written. `catch_up` None keeps the
-        current catch-up index and term; otherwise both are replaced. An I/O failure raises DiskFull/DiskError naming the file; nothing changes
+        current catch-up index and floor; otherwise both are replaced. An I/O failure raises DiskFull/DiskError naming the file; nothing changes
         then. A damaged file is replaced whole by the first save."""
         cur = self.current
         if term < cur.term:
             raise ValueError(f"term going backwards: {cur.term} -> {term}")
         if term == cur.term and cur.voted_for is not None and voted_for != cur.voted_for:
             raise ValueError(f"second vote in term {term}: {cur.voted_for} then {voted_for}")
-        new = (TermVote(term, voted_for, cur.catch_up, cur.catch_up_term) if catch_up is None
-               else TermVote(term, voted_for, catch_up, catch_up_term if catch_up >= 0 else -1))
+        new = (TermVote(term, voted_for, cur.catch_up, cur.floor) if catch_up is None
+               else TermVote(term, voted_for, catch_up, floor if catch_up >= 0 else None))
         if new != cur or self.damaged is not None:
             values: dict[str, object] = {TERM_KEY: term, VOTE_KEY: voted_for or ""}
             if new.catch_up >= 0:
                 values[CATCH_UP_KEY] = new.catch_up
-                if new.catch_up_term >= 0:
-                    values[CATCH_UP_TERM_KEY] = new.catch_up_term
+                if new.floor is not None:
+                    values[FLOOR_TERM_KEY], values[FLOOR_INDEX_KEY] = new.floor
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 write_properties_atomically(self.path, values)

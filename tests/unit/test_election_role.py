@@ -136,13 +136,14 @@ def test_a_lost_vote_refuses_every_vote_in_its_term_only(rc):
 
 
 def test_a_member_catching_up_after_a_lost_disk_votes_only_for_a_log_that_holds_what_the_group_had(rc):
-    """It recorded term 7 and 'catch up to index 10' (the highest end it heard): a candidate
-    whose log reaches (7, 10) in Raft's order holds every entry it could have stored, so it
+    """It recorded term 7, 'catch up to index 10' (the highest end it heard) and the floor
+    (7, 10) (the most up to date log it heard of): a candidate whose log reaches the floor in
+    Raft's order holds every entry it could have stored, so it
     gets the vote; any other gets no answer (UNKNOWN, no term adopted). A group whose
     leader died before pushing those entries here would otherwise never elect again. It never
     stands, and it keeps the catch-up in its file."""
     path = Path(rc.cfg.store_dir) / "currterm"
-    path.write_text(f"currTerm=7\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\ncatchUpTerm=7\n")
+    path.write_text(f"currTerm=7\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\nvoteFloorTerm=7\nvoteFloorIndex=10\n")
     el, tr = started(rc)
     for rid, (end_term, end_index) in enumerate([(6, 50), (7, 9), (-1, -1)], start=1):
         el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, end_term, end_index, rid)))
@@ -153,7 +154,7 @@ def test_a_member_catching_up_after_a_lost_disk_votes_only_for_a_log_that_holds_
     assert tr.replies[-1][1].vote_result == VoteResult.REJECT_TERM_NOT_READY and el.core.term == 8
     el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, 7, 10, 4)))
     assert tr.replies[-1][1].vote_result == VoteResult.ACCEPT
-    assert TermVoteFile(rc.cfg.store_dir).current == TermVote(8, "n1", 10, 7)
+    assert TermVoteFile(rc.cfg.store_dir).current == TermVote(8, "n1", 10, (7, 10))
     el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n2", 8, 9, 3, 5)))  # one vote a term
     assert tr.replies[-1][1].vote_result == VoteResult.REJECT_ALREADY_VOTED
     for rid in (6, 7):  # a later term's candidate: entered, then granted
@@ -176,20 +177,20 @@ def test_a_member_catching_up_after_a_lost_disk_votes_only_for_a_log_that_holds_
 def test_a_member_catching_up_is_caught_up_once_its_own_log_reaches_the_catch_up_term_and_index(
         rc, end_term, end_index, committed, caught_up):
     """The highest end it heard may be a tail no majority stored, which the group may never
-    commit: a log that reaches (catchUpTerm, catchUpIndex) holds every entry the lost disk
+    commit: a log that reaches (voteFloorTerm, voteFloorIndex) holds every entry the lost disk
     could have held, so the member votes and stands again (the simulator's lost-disk fault,
     seed 1,748: it was the only member with the committed entries, and could not stand)."""
     (Path(rc.cfg.store_dir) / "currterm").write_text(
-        f"currTerm=8\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\ncatchUpTerm=7\n")
+        f"currTerm=8\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\nvoteFloorTerm=7\nvoteFloorIndex=10\n")
     rc.state.write_ledger(ledger_end_index=end_index, ledger_end_term=end_term, committed_index=committed)
     el, _ = started(rc)
     assert (rc.state.get("not_voting") == 0) == caught_up
     assert (TermVoteFile(rc.cfg.store_dir).current.catch_up == -1) == caught_up
 
 
-def test_a_catch_up_recorded_without_its_term_gives_no_vote_at_all(rc):
-    """A file written before the catch-up term was recorded: no floor is known, so the member
-    waits to catch up as it always did."""
+def test_a_catch_up_recorded_without_a_floor_gives_no_vote_at_all(rc):
+    """A file written before the floor was recorded: none is known, so the member waits to
+    catch up as it always did."""
     (Path(rc.cfg.store_dir) / "currterm").write_text(f"currTerm=7\nvoteLeader={LOST_VOTE}\ncatchUpIndex=10\n")
     el, tr = started(rc)
     el.on_request(b"c", P.encode(P.VoteRequest("g", "n0", "n1", 8, 7, 10, 1)))

@@ -43,20 +43,35 @@ def test_lost_disk_is_any_history_and_catches_up_to_the_highest_end():
     assert (d.new_group, d.term, d.catch_up) == (False, 4, 120)
 
 
-def test_before_it_caught_up_a_lost_disk_votes_only_for_a_log_reaching_the_groups_term_and_end():
-    """The floor is (the group's term, the highest end heard). No answerer's log is above it
-    (its last term is at most its current term), so a candidate at or above it is at least as
-    up to date as the answerer that holds every entry this node may have stored. Raft's order:
-    a higher last term wins over any length."""
-    d = decide_lost_state(3, [a("n1", 4, 120, 118), a("n2", 3, 130)], file_absent=True,
+def test_before_it_caught_up_a_lost_disk_votes_only_for_a_log_reaching_the_most_up_to_date_one_heard():
+    """The floor is the most up to date log the answers report, in Raft's order (last term
+    first): a candidate at or above it is at least as up to date as the answerer that holds
+    every entry this node may have stored, and that answerer reaches it. The catch-up index is
+    still the highest end heard (a longer log of an older term)."""
+    d = decide_lost_state(3, [PeerTerm("n1", 4, 120, 118, 3), PeerTerm("n2", 4, 130, 100, 2)],
+                          file_absent=True, local_empty=True, local_end_term=-1)
+    assert (d.term, d.catch_up, d.floor) == (4, 130, (3, 120))
+    assert vote_floor_met(3, 120, d.floor) and vote_floor_met(4, 0, d.floor)
+    assert not vote_floor_met(3, 119, d.floor) and not vote_floor_met(2, 500, d.floor)
+
+
+def test_the_floor_of_a_group_in_a_term_without_a_leader_is_a_log_that_exists():
+    """The simulator's lost-disk fault, seed 2,702: the group was in term 2, entered by
+    candidates only, and every log ended in term 1. A floor of (the group's term, the highest
+    end) no log could reach: with two members catching up, the one that held the entries
+    never got a vote. The answers' last entries give (1, 1), which it holds."""
+    d = decide_lost_state(3, [PeerTerm("n0", 2, 1, 1, 1), PeerTerm("n1", 0, -1, -1, -1)],
+                          file_absent=True, local_empty=True, local_end_term=-1)
+    assert (d.term, d.catch_up, d.floor) == (2, 1, (1, 1))
+
+
+def test_a_member_that_does_not_say_its_last_term_is_bounded_by_its_current_term():
+    """An older version answers METADATA without the last entry's term: its current term
+    stands in (never below the real one); an empty log is below everything."""
+    d = decide_lost_state(3, [a("n1", 5, 7, 7), a("n2", 5, -1)], file_absent=True,
                           local_empty=True, local_end_term=-1)
-    floor = (d.term, d.catch_up)
-    assert floor == (4, 130)
-    assert vote_floor_met(4, 130, floor) and vote_floor_met(5, 0, floor)
-    assert not vote_floor_met(4, 129, floor) and not vote_floor_met(3, 500, floor)
-    for ans in (a("n1", 4, 120, 118), a("n2", 3, 130)):  # any log an answerer could hold
-        for last_term in range(ans.term + 1):
-            assert (last_term, ans.ledger_end) <= floor
+    assert d.floor == (5, 7)
+    assert a("n2", 9, -1).log_bound() == (-1, -1)
 
 
 def test_absent_file_with_a_log_is_lost_state_not_a_new_node():

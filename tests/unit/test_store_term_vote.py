@@ -24,7 +24,8 @@ from node.store.term_vote import TermFileDamaged, TermVote, TermVoteFile
     (b"currTerm=-2\nvoteLeader=\n", "not a non-negative integer"),
     (b"currTerm=\nvoteLeader=\n", "not a non-negative integer"),
     (b"currTerm=3\nvoteLeader=\ncatchUpIndex=x\n", "catchUpIndex='x' is not an integer"),
-    (b"currTerm=3\nvoteLeader=\ncatchUpIndex=9\ncatchUpTerm=3a\n", "catchUpTerm='3a' is not an integer"),
+    (b"currTerm=3\nvoteLeader=\ncatchUpIndex=9\nvoteFloorTerm=3a\nvoteFloorIndex=9\n", "are not integers"),
+    (b"currTerm=3\nvoteLeader=\ncatchUpIndex=9\nvoteFloorTerm=3\n", "are not integers"),
 ])
 def test_a_damaged_term_file_refuses_to_load_naming_the_file(tmp_path, content, why):
     (tmp_path / "currterm").write_bytes(content)
@@ -46,14 +47,15 @@ def test_a_saved_term_file_round_trips(tmp_path):
 
 
 def test_a_catch_up_and_its_term_are_kept_by_later_saves_and_cleared_together(tmp_path):
-    TermVoteFile(tmp_path).save(4, "<lost>", catch_up=120, catch_up_term=4)
-    assert TermVoteFile(tmp_path).current == TermVote(4, "<lost>", 120, 4)
+    TermVoteFile(tmp_path).save(4, "<lost>", catch_up=120, floor=(3, 118))
+    assert TermVoteFile(tmp_path).current == TermVote(4, "<lost>", 120, (3, 118))
     TermVoteFile(tmp_path).save(5, "n1")  # a vote while catching up keeps both
-    assert read_properties(tmp_path / "currterm")["catchUpTerm"] == "4"
-    assert TermVoteFile(tmp_path).current == TermVote(5, "n1", 120, 4)
+    props = read_properties(tmp_path / "currterm")
+    assert (props["catchUpIndex"], props["voteFloorTerm"], props["voteFloorIndex"]) == ("120", "3", "118")
+    assert TermVoteFile(tmp_path).current == TermVote(5, "n1", 120, (3, 118))
     TermVoteFile(tmp_path).save(5, "n1", catch_up=-1)
     assert TermVoteFile(tmp_path).current == TermVote(5, "n1")
-    assert "catchUpTerm" not in read_properties(tmp_path / "currterm")
+    assert not {"catchUpIndex", "voteFloorTerm", "voteFloorIndex"} & set(read_properties(tmp_path / "currterm"))
 
 
 def test_dledger_written_term_file_with_comments_loads(tmp_path):

@@ -466,7 +466,7 @@ class ElectorActor(Actor):
             if h is None:
                 continue  # IMMEDIATE: nobody listening there, asked again at the next turn
             self.asked[peer] = now
-            frame = P.encode(P.MetadataRequest(e.cfg.group, peer, request_id=now))
+            frame = P.encode(gt.metadata_request(e.cfg.group, peer, now))
             sim.net_send(node.idx, dst.idx, h, "frame", (b"e:%d:%d" % (node.idx, self.inc), frame), self.key)
         self.wake_at = now + 10
         return False

@@ -46,9 +46,11 @@ class Metadata:
         if req.want_status:
             self.h.ledger.check_disk(self.h.now())
             status = node_status(self.h.state, self.h.cfg.store_dir, self.h.ledger.disk_ratio)
-            if req.want_config:
+            if req.want_config or req.want_end_term:
                 c = self.h.configs.latest
                 status.configuration = (c.index, c.voters, c.learners)
+            if req.want_end_term:  # from the same ledger snapshot as the end index
+                status.ledger_end_term = led.ledger_end_term
         self.h.replies.send(ident, P.MetadataResponse(
             RC.SUCCESS, self.h.cfg.group, m.current_term, leader, self.h.cfg.id,
             role, led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
