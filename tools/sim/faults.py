@@ -406,12 +406,16 @@ class FaultsMixin:
         while the others are healthy and clients keep writing. A leader that cannot write must step
         down so that the group fails over: some append must be acknowledged again within FAILOVER_MS
         (checked in `run`). Returns when the disk filled (None: no leader now, or a node damaged
-        by fault rot is not repaired yet, or the leader's configuration has too few other voters
-        to make a majority without it -- a `membership` heal that has not restored every member
-        yet: not "the others healthy", and with the leader unable to write, the group may rightly
-        have no node that can lead until the disk frees)."""
+        by fault rot is not repaired yet, or another node does not vote freely -- it is
+        catching up after a lost disk or a late first start (fault lost-disk) --, or the
+        leader's configuration has too few other voters to make a majority without it -- a
+        `membership` heal that has not restored every member yet: not "the others healthy", and
+        with the leader unable to write, the group may rightly have no node that can lead until
+        the disk frees)."""
         lead = [m for m in self.nodes if m.up and m.block.member.role == Role.LEADER]
         if not lead or not self._may_rot():
+            return None
+        if any(m.block is not None and m.block.words.get("not_voting", 0) for m in self.nodes if m.up):
             return None
         n = lead[0]
         h = self._node_actor(n, "handler")
