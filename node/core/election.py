@@ -110,6 +110,7 @@ from node.core.vote import (
     next_time_to_request_vote,
     parse_vote,
 )
+from node.store.term_vote import LOST_VOTE
 
 # ---------------------------------------------------------------------------------------------
 # Effects
@@ -720,7 +721,12 @@ class ElectorCore:
             # (re-arming the timer also keeps the caller from spinning on a past deadline).
             self.next_vote_ms = next_time_to_request_vote(now_ms, 0, self.cfg, self.rng)
             return
-        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT:
+        if self.last_parse == ParseResult.WAIT_TO_VOTE_NEXT or self.voted_for == LOST_VOTE:
+            # A vote it cannot name (its term/vote state was lost: node/core/lost_state.py) may
+            # have been for itself, and then it may have led this term: it stands only in a
+            # later one. Standing again in it, the voters that elected it before grant the same
+            # candidate again (the simulator's lost-disk fault, seed 11,709: one node led one
+            # term twice).
             self._next_term()
             self.last_parse = ParseResult.WAIT_TO_REVOTE
         self._start_vote_round(now_ms, ledger)

@@ -10,7 +10,10 @@ the other members for their current term (METADATA) and decides here:
   other members, so the highest term F they report is >= X. The node records (F, a vote for
   nobody it could name: `term_vote.LOST_VOTE`) and so votes only in terms after F. (A vote it
   cast for a candidate that did not win is harmless once that candidate's round is over; the
-  round lasts `vote_round_timeout_ms`, shorter than any restart.)
+  round lasts `vote_round_timeout_ms`, shorter than any restart.) The answers must be the
+  members' durable terms (a handler asked with `want_end_term` reads its `currterm`: its
+  elector may not have published it yet), and the node never stands in F (its lost vote may
+  have been for itself: `ElectorCore` campaigns in F + 1).
 * **A brand-new group.** Every member of a new group starts with no file and no log. A node
   with neither that hears `n - majority + 1` other members, all in term 0 with empty logs, is
   in a new group: they intersect every majority, so no majority ever stored an entry. The

@@ -184,6 +184,13 @@ def test_a_lost_disk_rejoins_under_faults_and_the_two_reverted_rules_are_caught(
         assert r.ok, _explain(r)
         disks += r.stats.get("lost_disks", 0)
     assert disks >= 8, f"only {disks} disks lost in 22 seeds"
+    # Seeds of the ten default kinds with lost-disk, each once a failure: 1,748 (a catch-up
+    # target never committed), 2,702 (a floor no log reached), 11,314 (a restarting member's
+    # handler answered term 0 before its elector read currterm: two leaders in one term), 11,709
+    # (a lost vote stood again in its term and led it twice).
+    for seed in (1748, 2702, 11314, 11709):
+        r = run_seed(SimConfig(seed=seed, faults=ALL_FAULTS + ("lost-disk",)))
+        assert r.ok, _explain(r)
     with mutations.apply("lost-state-no-wait"):
         r = run_seed(SimConfig(seed=69, faults=LOST_DISK_FAULTS))
     assert not r.ok and "but the group committed" in r.error, r.error

@@ -123,6 +123,27 @@ def test_a_new_member_campaigns_after_the_vote_interval_only(seed):
     assert {s.message.term for s in sends(step)} == {1}
 
 
+def test_a_lost_vote_never_stands_in_its_term_not_even_after_following_a_leader_there():
+    """Its term/vote state was lost: term 4 is recorded with a vote it cannot name, which may
+    have been for itself (it may have led term 4). Standing in term 4, the voters that elected
+    it grant the same candidate again: it would lead term 4 twice (the simulator's lost-disk
+    fault, seed 11,709). Its first campaign is in term 5, and so is one after following term
+    4's leader until that leader went silent."""
+    from node.store.term_vote import LOST_VOTE
+
+    c = core("n1", term=4, voted=LOST_VOTE)
+    step = check(c.tick(c.next_vote_ms, LedgerEnd(7, 3)))
+    assert step.effects[0] == Persist(5, "n1") and {s.message.term for s in sends(step)} == {5}
+    c = core("n1", term=4, voted=LOST_VOTE)
+    check(c.on_heartbeat_request(HeartbeatRequest("g", "n1", "n0", 4, 1), 10))
+    assert (c.role, c.term, c.voted_for) == (Role.FOLLOWER, 4, LOST_VOTE)
+    now = 10
+    while c.role == Role.FOLLOWER or not sends(step):
+        now = c.next_deadline(now) + 1
+        step = check(c.tick(now, LedgerEnd(7, 3)))
+    assert {s.message.term for s in sends(step)} == {5} and c.term == 5
+
+
 @pytest.mark.parametrize("voted", [None, "n2"])
 def test_a_restarted_follower_rejoins_its_term_instead_of_deposing_its_leader(voted):
     """A node whose vote in term 4 went to another node (or nowhere) cannot have led term 4: it

@@ -248,6 +248,26 @@ def test_a_leader_whose_lease_lapsed_refuses_appends_and_gets(tmp_path: Path) ->
     assert (md.role, md.leader_id) == (Role.CANDIDATE, "")
 
 
+def test_metadata_asked_by_a_member_that_lost_its_state_says_the_durable_term_and_last_term(tmp_path: Path) -> None:
+    """The handler answers before its elector has read `currterm` into the block (term 0
+    there). A member that lost its term/vote state asks with want_end_term: it must hear the
+    term this node voted in, or it votes in that term again (the simulator's lost-disk fault,
+    seed 11,314: two leaders in one term), and the term of the last entry (its vote floor)."""
+    from node.store.term_vote import TermVoteFile
+
+    state = FakeState()
+    state.member = member(Role.CANDIDATE, 0, -1)
+    h, wire = make_handler(tmp_path, "n1", state, Clock(), store=store_of([1, 2]))
+    TermVoteFile(h.cfg.store_dir).save(5, "n0")
+    h.handle_frame(b"c", P.encode(P.MetadataRequest("g", "n1", request_id=5, want_status=True,
+                                                    want_config=True, want_end_term=True)))
+    md = wire.answer(5)
+    assert (md.term, md.ledger_end_index, md.status.ledger_end_term) == (5, 1, 2)
+    assert md.status.configuration is not None
+    h.handle_frame(b"c", P.encode(P.MetadataRequest("g", "n1", request_id=6)))  # a client's
+    assert wire.answer(6).term == 0 and wire.answer(6).status is None
+
+
 def test_the_noop_waits_for_the_lease(tmp_path: Path) -> None:
     clock = Clock()
     state = FakeState()

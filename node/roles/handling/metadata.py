@@ -9,6 +9,7 @@ from ipc.codes import ResponseCode as RC
 from ipc.codes import Role
 from node.core.lease import holds_lease
 from node.observe.status import node_status
+from node.store.term_vote import TermVoteFile
 
 if TYPE_CHECKING:
     from node.roles.handler import Handler
@@ -19,6 +20,16 @@ class Metadata:
 
     def __init__(self, h: Handler) -> None:
         self.h = h
+
+    def _durable_term(self) -> int:
+        """The term in this node's `currterm`. A member that lost its term/vote state asks
+        (want_end_term) for a term at least as high as any this node voted in, and the block's
+        term is 0 until this node's elector has read that file and published it: the handler
+        answers first (the elector waits for its first beat). Answered with 0, a member
+        restarting beside the asker hid the term it had voted in, the asker voted in it again,
+        and the group had two leaders in one term (the simulator's lost-disk fault, seed
+        11,314). Read only for those questions, a few at a member's start."""
+        return TermVoteFile(self.h.cfg.store_dir, tolerate_damage=True).current.term
 
     def on_metadata(self, ident: bytes, req: P.MetadataRequest) -> None:
         """A LEADER whose lease lapsed reports itself as CANDIDATE without a leader: it is not
@@ -51,7 +62,10 @@ class Metadata:
                 status.configuration = (c.index, c.voters, c.learners)
             if req.want_end_term:  # from the same ledger snapshot as the end index
                 status.ledger_end_term = led.ledger_end_term
+        term = m.current_term
+        if req.want_end_term:
+            term = max(term, self._durable_term())
         self.h.replies.send(ident, P.MetadataResponse(
-            RC.SUCCESS, self.h.cfg.group, m.current_term, leader, self.h.cfg.id,
+            RC.SUCCESS, self.h.cfg.group, term, leader, self.h.cfg.id,
             role, led.ledger_begin_index, led.ledger_end_index, led.committed_index, peers,
             req.request_id, status))
