@@ -98,7 +98,8 @@ class FaultsMixin:
         if torn and self.store_kind == "segment":
             what = " torn tail: " + A.write_torn_tail(n, self.rng)
         rots = [k for k in ("rot", "rot-below") if k in self.faults]
-        if rots and self.store_kind == "segment" and self._may_rot() and self._others_elect_without(n):
+        if (rots and self.store_kind == "segment" and self._may_rot() and self._others_elect_without(n)
+                and not self._catching_up(n)):
             kind = rots[0] if len(rots) == 1 else self.rng.choice(rots)
             held = max((m.block.ledger.ledger_begin_index for m in self.nodes
                         if m is not n and m.block is not None), default=0)
@@ -133,6 +134,14 @@ class FaultsMixin:
         if latest is None:
             return True
         return _majority_without(latest.voters, n.id)
+
+    def _catching_up(self, n: Node) -> bool:
+        """Whether a node other than `n` has lost term/vote state or is catching up after a lost
+        disk or a late first start (fault lost-disk): it votes only for a log that reaches what
+        the group had, so damaging `n` too is a second failure at once (seed 30,683: the only
+        full log was the one rot damaged, and no other log reached the late member's floor)."""
+        return any(m is not n and m.up and m.block is not None and m.block.words.get("not_voting", 0) in (2, 3)
+                   for m in self.nodes)
 
     def _lose_disk(self, n: Node) -> None:
         """Fault lost-disk: every file of the node's store directory gone (its log, checkpoint,
