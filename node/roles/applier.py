@@ -299,8 +299,21 @@ class Applier:
             answer(channels.QUERY_FAILED, 0, reason=f"the leader's snapshot is of state machine "
                    f"{meta.state_machine!r}, this node runs {self.cfg.state_machine!r}")
             return
-        if meta.last_index <= self.applied:  # this state already reflects it (and more)
+        if meta.last_index <= self.applied:  # this state already reflects it (and more) ...
             self._abort_receive()
+            if self.snapshot_index < meta.last_index:
+                # ... but in memory only, and the handler resets the log to begin after the
+                # leader's snapshot as soon as it hears `installed`: a restart rebuilds from the
+                # newest snapshot on disk plus the log, so make this state durable first. Else
+                # the log began after what that snapshot needs and the node stopped ("the log
+                # begins at index 1200, but the state machine needs the entries from 1171"):
+                # a store whose trimmed log was dropped for damage, repaired by an install while
+                # this applier had applied past it from the old log.
+                self.maybe_snapshot(force=True)
+                if self.snapshot_index < meta.last_index:
+                    answer(channels.QUERY_FAILED, 0, reason="the state covers the leader's snapshot "
+                           "but could not be snapshotted here (see the node's log)")
+                    return
             answer(channels.QUERY_OK, meta.size, True, meta)
             return
         try:
