@@ -129,7 +129,7 @@ def decide_lost_state(n_members: int, answers: list[PeerTerm], *, file_absent: b
         # candidate already): no log anywhere, so nothing to catch up; the terms heard are
         # skipped.
         return LostStateDecision(False, max(a.term for a in answers), -1)
-    if n_members > 1 and len(answers) < answers_needed(n_members):
+    if n_members > 1 and not heard:
         return None
     term = max([local_end_term, 0, *(a.term for a in answers)])
     catch_up = max((a.ledger_end for a in answers), default=-1) if local_empty else -1

@@ -242,14 +242,15 @@ class Elector:
             return NOT_VOTING_REPAIR
         tv = self.termvote.current
         if tv.catch_up >= 0:
-            reached = tv.floor is not None and vote_floor_met(
-                led.ledger_end_term, led.ledger_end_index, tv.floor)
-            if led.committed_index < tv.catch_up and not reached:
-                return NOT_VOTING_CATCH_UP
+            if led.committed_index < tv.catch_up:
+                if tv.floor is None or not vote_floor_met(led.ledger_end_term, led.ledger_end_index,
+                                                          tv.floor):
+                    return NOT_VOTING_CATCH_UP
+                how = f" (its log reaches term {tv.floor[0]}, index {tv.floor[1]})"
+            else:
+                how = ""
             self.termvote.save(tv.term, tv.voted_for, catch_up=-1)  # caught up, durably
-            self.log.warning("%s caught up to index %d after a lost disk%s", self.cfg.id, tv.catch_up,
-                             f" (its log reaches term {tv.floor[0]}, index {tv.floor[1]})"
-                             if led.committed_index < tv.catch_up and tv.floor is not None else "")
+            self.log.warning("%s caught up to index %d after a lost disk%s", self.cfg.id, tv.catch_up, how)
         return 0
 
     def _learn_group_term(self) -> bool:
