@@ -340,6 +340,9 @@ class ElectorCore:
         # parse_vote's fast path (stand in the next term at once) is taken once per election;
         # reset when a leader is known again (follower or leader).
         self._fast_used = False
+        # Left to the candidate that woke this node (TERM_NOT_READY): added to the vote timer
+        # until the timer is set again or a leader is known (`_vote_due_ms`).
+        self._head_start_ms = 0
         self._persisted = (term, voted_for)
         self._published = (self.role, self.term, self.leader_id)
         self._out = _Outbox()
@@ -414,6 +417,12 @@ class ElectorCore:
     @next_vote_ms.setter
     def next_vote_ms(self, value: int) -> None:
         self._next_vote_ms = value
+        self._head_start_ms = 0  # a timer set for any other reason owes nobody a head start
+
+    def _vote_due_ms(self) -> int:
+        """When this candidate may stand: its vote timer, after the head start it owes the
+        candidate that woke it, if any."""
+        return self.next_vote_ms + self._head_start_ms
 
     # ------------------------------------------------------------------ read-only views
 
@@ -445,7 +454,7 @@ class ElectorCore:
         elif self.role == Role.FOLLOWER:
             due.append(follower_deadline(self.last_leader_heartbeat_ms, self.cfg))
         elif self._vote_round is None:
-            due.append(self.next_vote_ms)
+            due.append(self._vote_due_ms())
         return max(now_ms, min(due))
 
     # ------------------------------------------------------------------ inputs
@@ -528,6 +537,13 @@ class ElectorCore:
             # changeRoleToCandidate(request.term) + needIncreaseTermImmediately, applied now.
             self._change_role_to_candidate(d.candidate_term)
             self._increase_term_now(now_ms)
+            # The candidate revotes the moment its round ends (REVOTE_IMMEDIATELY), and on a
+            # loaded machine that round can take most of its timeout: this node leaves it that
+            # long before standing in the term itself. Otherwise it may vote for itself first,
+            # and a candidate whose log is as good as any (a transfer target) loses to the very
+            # member it woke up (docs/election.md "Decisions and deviations from DLedger").
+            if self.role == Role.CANDIDATE:
+                self._head_start_ms = self.cfg.vote_round_timeout_ms
         if d.grant_to is not None:
             self.voted_for = d.grant_to  # memberState.setCurrVoteFor -> Persist effect
         self._out.replies.append(Reply(VoteResponse(
@@ -712,7 +728,7 @@ class ElectorCore:
             self._change_role_to_candidate(self.term)  # same term; the vote decides the rest
 
     def _maintain_as_candidate(self, now_ms: int, ledger: LedgerEnd) -> None:
-        if self._vote_round is not None or now_ms < self.next_vote_ms:
+        if self._vote_round is not None or now_ms < self._vote_due_ms():
             return
         if not ledger.writable or not ledger.voting or not self._may_stand(ledger):
             # Not a voter of its newest configuration (a learner, removed): does not stand.
@@ -871,6 +887,7 @@ class ElectorCore:
         if self.term != term:
             return  # "skip to be the leader in term"
         self.role = Role.LEADER
+        self._head_start_ms = 0
         self.leader_id = self.self_id
         self.last_send_heartbeat_ms = None  # lastSendHeartBeatTime = -1: beat at once
         # The election itself was a quorum contact; like a heartbeat round it counts from its
@@ -884,6 +901,7 @@ class ElectorCore:
 
     def _change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> None:
         self.last_parse = ParseResult.WAIT_TO_REVOTE
+        self._head_start_ms = 0
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
         self.last_leader_heartbeat_ms = now_ms

@@ -101,12 +101,14 @@ class SendTakeLeadership:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """Answer the transfer request (`ident` None: a preferred-leader transfer, log only)."""
+    """Answer the transfer request (`ident` None: a preferred-leader transfer, log only).
+    `why`: for a refusal, what the operator needs to act on it (logged, and told the client)."""
 
     target: str
     code: ResponseCode
     ident: bytes | None
     request_id: int
+    why: str = field(default="", compare=False)
 
 
 TransferEffect = SetTransferee | SendTakeLeadership | Answer
@@ -171,7 +173,9 @@ class TransferCore:
         """A LEADERSHIP_TRANSFER request (or the preferred-leader check's own)."""
         code = refuse(self.cfg, view, self.transfer is not None, target, term, now_ms)
         if code is not None:
-            return [Answer(target, code, ident, request_id)]
+            why = (f"{target} is not reachable (no answer to this leader's pushes lately)"
+                   if code == ResponseCode.TAKE_LEADERSHIP_FAILED else "")
+            return [Answer(target, code, ident, request_id, why)]
         self.transfer = Transfer(target, view.term, now_ms + self.cfg.timeout_ms, ident,
                                  request_id)
         self.next_drive_ms = now_ms  # the target may be caught up already
@@ -188,13 +192,20 @@ class TransferCore:
                 return self._end(ResponseCode.SUCCESS)
             if t.take_rid and view.leader_id is None and now_ms < t.deadline_ms:
                 return []  # deposed by the target's election: wait for its outcome
-            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED,
+                             f"the election of term {view.term} ended with "
+                             f"{view.leader_id or 'no leader yet'} leading, not {t.target}")
         if now_ms >= t.deadline_ms:
-            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            p = view.peers.get(t.target)
+            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED, (
+                f"{t.target} did not win its election within {self.cfg.timeout_ms} ms" if t.take_rid
+                else f"{t.target} did not catch up within {self.cfg.timeout_ms} ms (it holds up to "
+                     f"entry {p.match_index if p else -1}, this leader's log ends at "
+                     f"{view.ledger_end_index})"))
         if t.take_rid:
             return []  # sent: the target's election decides
-        if not reachable(self.cfg, view, t.target, now_ms):
-            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED)  # died or stalled meanwhile
+        if not reachable(self.cfg, view, t.target, now_ms):  # died or stalled meanwhile
+            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED, f"{t.target} stopped answering")
         if caught_up(view, t.target):
             self._next_rid += 1
             t.take_rid = self._next_rid
@@ -214,18 +225,29 @@ class TransferCore:
         deposes this node and `tick` sees it follow the target."""
         t = self.transfer
         if t is not None and request_id == t.take_rid and code != ResponseCode.SUCCESS:
-            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            try:
+                name = ResponseCode(code).name
+            except ValueError:
+                name = str(code)
+            return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED,
+                             f"{t.target} could not take leadership ({name}: not voting while it "
+                             f"repairs or catches up, or it ended up following another member)"
+                             if code == ResponseCode.TAKE_LEADERSHIP_FAILED else
+                             f"{t.target} could not take leadership ({name})")
         return []
 
     def on_send_failed(self) -> list[TransferEffect]:
         """TAKE_LEADERSHIP could not be sent (the target's connection is gone)."""
-        return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED) if self.transfer else []
+        if self.transfer is None:
+            return []
+        return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED,
+                         f"TAKE_LEADERSHIP could not be sent to {self.transfer.target}")
 
-    def _end(self, code: ResponseCode) -> list[TransferEffect]:
+    def _end(self, code: ResponseCode, why: str = "") -> list[TransferEffect]:
         t, self.transfer = self.transfer, None
         if t is None:
             return []
-        return [SetTransferee(None), Answer(t.target, code, t.ident, t.request_id)]
+        return [SetTransferee(None), Answer(t.target, code, t.ident, t.request_id, why)]
 
     def _check_preferred(self, view: TransferView, now_ms: int) -> list[TransferEffect]:
         """A leader that is not a preferred leader hands over to a preferred member that is

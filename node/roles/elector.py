@@ -418,13 +418,20 @@ class Elector:
                     effects += self.transfers.on_send_failed()
             elif isinstance(e, Answer):
                 if e.ident is not None:
-                    self.transport.control_reply(e.ident, P.encode(P.TransferResponse(
-                        int(e.code), self.cfg.group, self.core.term, self.core.leader_id or "",
-                        e.request_id)))
+                    # A refusal with a reason travels as an ERROR answer, which every client
+                    # reads for any request; TRANSFER's own answer has no room for one.
+                    answer = (P.ErrorResponse(int(e.code), self.cfg.group, self.core.term,
+                                              self.core.leader_id or "", e.why[:200],
+                                              int(P.MsgType.LEADERSHIP_TRANSFER), e.request_id)
+                              if e.why and e.code != ResponseCode.SUCCESS else
+                              P.TransferResponse(int(e.code), self.cfg.group, self.core.term,
+                                                 self.core.leader_id or "", e.request_id))
+                    self.transport.control_reply(e.ident, P.encode(answer))
                 if e.code == ResponseCode.SUCCESS:
                     self.log.info("%s handed leadership to %s", self.cfg.id, e.target)
                 else:
-                    self.log.warning("transfer to %s failed: %s", e.target, e.code.name)
+                    self.log.warning("transfer to %s failed: %s%s", e.target, e.code.name,
+                                     f": {e.why}" if e.why else "")
 
     # ------------------------------------------------------------------ inputs
     def start(self) -> None:

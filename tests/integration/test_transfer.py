@@ -42,6 +42,7 @@ def test_transfer_to_a_dead_node_fails_fast_and_the_group_keeps_its_leader(make_
         with pytest.raises(DLedgerError) as ei:
             cl.transfer_leadership(dead)
         assert ei.value.code == RC.TAKE_LEADERSHIP_FAILED and not ei.value.indeterminate
+        assert dead in ei.value.reason, ei.value.reason  # the leader says what went wrong with whom
         assert time.monotonic() - t0 < 3
         assert cl.append(b"still serving").index > 0
     assert c.leader(among=[x for x in c.nodes if x != dead]) == lead

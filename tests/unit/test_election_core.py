@@ -350,6 +350,36 @@ def test_take_leadership_success_and_failure():
                and m.code == ResponseCode.TAKE_LEADERSHIP_FAILED for m in msgs)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_member_woken_by_a_candidate_leaves_it_the_revote_even_when_its_round_is_slow(seed):
+    """A transfer on a loaded group: the target's first round (NOT_READY from both) ends only
+    when the slow old leader answers, near the round's timeout. The member that answered at once
+    entered term 2 as a candidate; it must not stand before the target's immediate revote, or it
+    votes for itself, the target loses and the transfer fails (CI saw TAKE_LEADERSHIP_FAILED).
+    The seed varies the woken member's random vote timer."""
+    cores, now = elect("n0")
+    fast = cores["n1"]
+    fast.rng = random.Random(seed)
+    t = cores["n2"]
+    t.on_take_leadership(TakeLeadershipRequest("g", "n2", "n0", 1, 42), now, "tok")
+    now = t.next_vote_ms
+    reqs = {s.peer: s.message for s in sends(check(t.tick(now, L0)))}
+    (resp,) = replies(check(fast.on_vote_request(reqs["n1"], L0, now)))
+    assert resp.vote_result == VoteResult.REJECT_TERM_NOT_READY and fast.term == 2
+    check(t.on_response(resp, now))
+    late = now + CFG.vote_round_timeout_ms - 1  # the old leader answers just before the deadline
+    for ms in range(now, late + 1, 10):  # meanwhile the woken member's timers run
+        check(fast.tick(ms, L0))
+    assert fast.voted_for is None, "the woken member stood before the candidate could revote"
+    (resp,) = replies(check(cores["n0"].on_vote_request(reqs["n0"], L0, late)))
+    check(t.on_response(resp, late))
+    step = check(t.tick(late, L0))  # REVOTE_IMMEDIATELY
+    for s in sends(step):
+        (resp,) = replies(check(cores[s.peer].on_vote_request(s.message, L0, late)))
+        check(t.on_response(resp, late))
+    assert t.role == Role.LEADER and t.term == 2
+
+
 def test_taking_leadership_rejects_rival_with_shorter_log():
     c = core("n1", term=2)
     c.on_take_leadership(TakeLeadershipRequest("g", "n1", "n0", 2, 1), 0, None)

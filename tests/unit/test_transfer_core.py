@@ -74,8 +74,11 @@ def test_timeout_fails_the_transfer():
     tc.request("n1", b"id", 7, -1, view(n1=BEHIND), NOW)
     answering = PeerView(True, NOW + 4900, 3, 40)  # alive, answering, never caught up
     assert tc.tick(view(n1=answering), NOW + 4999) == []
-    assert tc.tick(view(n1=answering), NOW + 5000) == [
-        SetTransferee(None), Answer("n1", RC.TAKE_LEADERSHIP_FAILED, b"id", 7)]
+    ended = tc.tick(view(n1=answering), NOW + 5000)
+    assert ended == [SetTransferee(None), Answer("n1", RC.TAKE_LEADERSHIP_FAILED, b"id", 7)]
+    # the refusal says why, with the figures an operator acts on
+    assert ended[-1].why == ("n1 did not catch up within 5000 ms (it holds up to entry 40, this "
+                             "leader's log ends at 50)"), ended[-1].why
 
 
 def test_deposed_waiting_past_the_deadline_fails():
@@ -89,14 +92,17 @@ def test_deposed_waiting_past_the_deadline_fails():
 def test_target_dies_during_transfer_fails():
     tc = TransferCore(CFG)
     tc.request("n1", None, 0, -1, view(n1=BEHIND), NOW)
-    assert tc.tick(view(n1=DEAD), NOW + 50)[-1] == Answer("n1", RC.TAKE_LEADERSHIP_FAILED, None, 0)
+    ended = tc.tick(view(n1=DEAD), NOW + 50)[-1]
+    assert ended == Answer("n1", RC.TAKE_LEADERSHIP_FAILED, None, 0)
+    assert ended.why == "n1 stopped answering"
 
 
 def test_leadership_lost_to_another_member_fails():
     tc = TransferCore(CFG)
     tc.request("n1", b"id", 7, -1, view(n1=BEHIND), NOW)
-    assert tc.tick(view(role=Role.FOLLOWER, term=4, leader="n2"), NOW + 50)[-1].code == \
-        RC.TAKE_LEADERSHIP_FAILED
+    ended = tc.tick(view(role=Role.FOLLOWER, term=4, leader="n2"), NOW + 50)[-1]
+    assert ended.code == RC.TAKE_LEADERSHIP_FAILED
+    assert ended.why == "the election of term 4 ended with n2 leading, not n1"
 
 
 def test_target_refusing_take_leadership_fails_and_stale_answers_are_ignored():
@@ -105,8 +111,9 @@ def test_target_refusing_take_leadership_fails_and_stale_answers_are_ignored():
     (send,) = tc.tick(view(), NOW + 1)
     assert tc.on_take_response(send.request_id + 1, int(RC.TAKE_LEADERSHIP_FAILED)) == []
     assert tc.on_take_response(send.request_id, int(RC.SUCCESS)) == []  # the election decides
-    assert tc.on_take_response(send.request_id, int(RC.TAKE_LEADERSHIP_FAILED)) == [
-        SetTransferee(None), Answer("n1", RC.TAKE_LEADERSHIP_FAILED, b"id", 7)]
+    ended = tc.on_take_response(send.request_id, int(RC.TAKE_LEADERSHIP_FAILED))
+    assert ended == [SetTransferee(None), Answer("n1", RC.TAKE_LEADERSHIP_FAILED, b"id", 7)]
+    assert ended[-1].why.startswith("n1 could not take leadership (TAKE_LEADERSHIP_FAILED")
 
 
 def test_take_leadership_that_cannot_be_sent_fails():

@@ -29,7 +29,7 @@ class TransferRelay:
         except P.ProtocolError:
             return
         dest = self.transfers.pop(msg.request_id, None)
-        if dest is not None and isinstance(msg, P.TransferResponse):
+        if dest is not None and isinstance(msg, (P.TransferResponse, P.ErrorResponse)):
             msg.request_id = dest[1]
             self.h.replies.send(dest[0], msg)
 
