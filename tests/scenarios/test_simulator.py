@@ -411,11 +411,13 @@ def test_a_read_answered_before_the_checker_sees_the_commit_is_checked_later() -
     """A leader's handler may learn a commit (the block), answer a linearizable GET from it and
     be killed before the checker read its store's committed index: the entry served is then
     past the history. It is checked once the history reaches it, and must be there by the end
-    (seeds 706,731 and 710,528 of the membership sweep failed on it, the group being right)."""
+    (seeds 706,731 and 710,528 of the membership sweep failed on it, the group being right;
+    since the woken member leaves a candidate its revote, 706,731 is the one of 706,000-708,999
+    and 710,000-712,999 that still builds that history)."""
     from tools.sim.config import Violation
     from tools.sim.world import Sim
 
-    for seed in (706_731, 710_528):
+    for seed in (706_731,):
         r = run_seed(SimConfig(seed=seed, steps=2500, faults=MEMBERSHIP_FAULTS + ("join",)))
         assert r.ok, _explain(r)
         assert r.stats.get("reads_served_ahead", 0) >= 1, "the seed no longer builds the history (pick another)"
