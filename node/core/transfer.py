@@ -193,8 +193,10 @@ class TransferCore:
             if t.take_rid and view.leader_id is None and now_ms < t.deadline_ms:
                 return []  # deposed by the target's election: wait for its outcome
             return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED,
-                             f"the election of term {view.term} ended with "
-                             f"{view.leader_id or 'no leader yet'} leading, not {t.target}")
+                             f"{view.leader_id} leads term {view.term}, not {t.target}"
+                             if view.leader_id else
+                             f"this node lost leadership (term {view.term}, no leader yet) "
+                             f"before {t.target} took it")
         if now_ms >= t.deadline_ms:
             p = view.peers.get(t.target)
             return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED, (
@@ -230,8 +232,9 @@ class TransferCore:
             except ValueError:
                 name = str(code)
             return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED,
-                             f"{t.target} could not take leadership ({name}: not voting while it "
-                             f"repairs or catches up, or it ended up following another member)"
+                             f"{t.target} could not take leadership ({name}: its store is not "
+                             f"writable, it does not vote while it repairs or catches up, it is "
+                             f"not a voter, or it ended up following another member)"
                              if code == ResponseCode.TAKE_LEADERSHIP_FAILED else
                              f"{t.target} could not take leadership ({name})")
         return []
