@@ -4,9 +4,10 @@ The current leader is found with METADATA and asked to hand over (it stops takin
 waits until the target has caught up, then tells it to take leadership). The command then polls
 METADATA until --to is the leader, all within --timeout. A refused transfer (e.g. the target is
 dead or lagging: TAKE_LEADERSHIP_FAILED) exits 1; an accepted transfer not yet observed when the
-timeout ends exits 3 (it may still complete). A refusal says why: the response code, and what
-the group says of the target (it did not answer: down or unreachable; or it is behind the
-leader by N entries and did not catch up within the leader's transfer-timeout-ms).
+timeout ends exits 3 (it may still complete). A refusal says why: the response code, the
+leader's reason (the target unreachable, not caught up in time, or another member won the
+election it started), and what the group says of the target now (it did not answer: down or
+unreachable; or it is behind the leader by N entries).
 
 --json prints {"leader", "term"} once the target leads.
 
@@ -42,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def why_refused(c: DLedgerClient, target: str, e: DLedgerError) -> str:
-    """What the group says of `target` after a refused transfer: the leader answers only a
-    code (TAKE_LEADERSHIP_FAILED), and "n0 refused the transfer" left the operator guessing
-    between a dead target and a lagging one. One METADATA round tells them apart."""
+    """What the group says of `target` after a refused transfer, next to the leader's reason
+    (a leader of an older version gives none, and "n0 refused the transfer" left the operator
+    guessing between a dead target and a lagging one). One METADATA round tells them apart."""
     try:
         m = c.metadata(min(c.timeout, 2.0))
     except Exception:  # noqa: BLE001 - the diagnosis is a courtesy; the refusal stands
