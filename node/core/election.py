@@ -535,15 +535,13 @@ class ElectorCore:
         d: VoteDecision = decide_vote(self.view(ledger), req)
         if d.candidate_term is not None:
             # changeRoleToCandidate(request.term) + needIncreaseTermImmediately, applied now.
-            self._change_role_to_candidate(d.candidate_term)
-            self._increase_term_now(now_ms)
             # The candidate revotes the moment its round ends (REVOTE_IMMEDIATELY), and on a
             # loaded machine that round can take most of its timeout: this node leaves it that
             # long before standing in the term itself. Otherwise it may vote for itself first,
             # and a candidate whose log is as good as any (a transfer target) loses to the very
             # member it woke up (docs/election.md "Decisions and deviations from DLedger").
-            if self.role == Role.CANDIDATE:
-                self._head_start_ms = self.cfg.vote_round_timeout_ms
+            self._change_role_to_candidate(d.candidate_term)
+            self._increase_term_now(now_ms, head_start_ms=self.cfg.vote_round_timeout_ms)
         if d.grant_to is not None:
             self.voted_for = d.grant_to  # memberState.setCurrVoteFor -> Persist effect
         self._out.replies.append(Reply(VoteResponse(
@@ -844,15 +842,17 @@ class ElectorCore:
         self.voted_for = None
         self._vote_round = None  # a round of the old term can no longer count
 
-    def _increase_term_now(self, now_ms: int) -> None:
+    def _increase_term_now(self, now_ms: int, head_start_ms: int = 0) -> None:
         """maintainAsCandidate's needIncreaseTermImmediately branch: enter the new term now,
-        then wait a (randomized) vote interval before asking for votes ourselves."""
+        then wait a (randomized) vote interval, plus `head_start_ms` owed to the candidate that
+        woke this node (`_vote_due_ms`), before asking for votes ourselves."""
         if self.role != Role.CANDIDATE:
             return
         self._next_term()
         self.last_parse = ParseResult.WAIT_TO_REVOTE
         self.next_vote_ms = next_time_to_request_vote(
             now_ms, self.last_vote_cost_ms, self.cfg, self.rng, self.taking_leadership)
+        self._head_start_ms = head_start_ms  # after the timer: setting it clears any head start
 
     def _enter_higher_term(self, term: int, now_ms: int) -> None:
         """A member is in `term` > mine: enter it at once, durably (Persist, vote cleared),

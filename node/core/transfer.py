@@ -227,10 +227,7 @@ class TransferCore:
         deposes this node and `tick` sees it follow the target."""
         t = self.transfer
         if t is not None and request_id == t.take_rid and code != ResponseCode.SUCCESS:
-            try:
-                name = ResponseCode(code).name
-            except ValueError:
-                name = str(code)
+            name = ResponseCode.name_of(code)
             return self._end(ResponseCode.TAKE_LEADERSHIP_FAILED,
                              f"{t.target} could not take leadership ({name}: its store is not "
                              f"writable, it does not vote while it repairs or catches up, it is "
